@@ -1,0 +1,292 @@
+"""Messages, content blocks and message categories. Pure data, no I/O."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import IntEnum, StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    JsonValue,
+    Tag,
+    field_validator,
+    model_validator,
+)
+
+from statekeeper.ids import new_id
+
+__all__ = [
+    "ContentBlock",
+    "FileBlock",
+    "ImageBlock",
+    "Message",
+    "MessageCategory",
+    "OtherBlock",
+    "Role",
+    "TextBlock",
+    "ToolCallBlock",
+    "ToolResultBlock",
+    "utcnow",
+]
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware in UTC."""
+    return datetime.now(UTC)
+
+
+class Role(StrEnum):
+    """Who speaks a message."""
+
+    SYSTEM = "system"
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
+
+
+class MessageCategory(IntEnum):
+    """How important a message is when the context window must shrink.
+
+    Lower values are more important: SYSTEM is never dropped, SYSTEM_OUTPUT goes first.
+    """
+
+    SYSTEM = 1
+    CONTEXT = 2
+    DIALOG = 3
+    SYSTEM_OUTPUT = 4
+
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class TextBlock(BaseModel):
+    """Plain text."""
+
+    model_config = _FROZEN
+    type: Literal["text"] = "text"
+    text: str
+
+
+class ImageBlock(BaseModel):
+    """An image, by URL (including ``data:`` URLs) or by provider file id."""
+
+    model_config = _FROZEN
+    type: Literal["image"] = "image"
+    url: str | None = None
+    file_id: str | None = None
+    detail: str | None = None
+
+    @model_validator(mode="after")
+    def _has_source(self) -> ImageBlock:
+        if self.url is None and self.file_id is None:
+            raise ValueError("an image block needs a url or a file_id")
+        return self
+
+
+class ToolCallBlock(BaseModel):
+    """A request from the model to call a tool. ``arguments`` is the JSON text the model sent."""
+
+    model_config = _FROZEN
+    type: Literal["tool_call"] = "tool_call"
+    id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    arguments: str = "{}"
+
+
+class ToolResultBlock(BaseModel):
+    """The result of a tool call, linked to the call by ``tool_call_id``."""
+
+    model_config = _FROZEN
+    type: Literal["tool_result"] = "tool_result"
+    tool_call_id: str = Field(min_length=1)
+    content: str
+    is_error: bool = False
+
+
+class FileBlock(BaseModel):
+    """An attached file, by URL, inline base64 data or provider file id."""
+
+    model_config = _FROZEN
+    type: Literal["file"] = "file"
+    name: str | None = None
+    mime_type: str | None = None
+    url: str | None = None
+    data: str | None = None
+    file_id: str | None = None
+
+
+class OtherBlock(BaseModel):
+    """Any adapter-specific block (audio, reasoning, citations ...), kept as JSON."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+    type: str
+
+    def as_dict(self) -> dict[str, Any]:
+        """The block as the JSON object it came from."""
+        return self.model_dump(mode="json")
+
+
+_KNOWN = frozenset({"text", "image", "tool_call", "tool_result", "file"})
+
+
+def _block_tag(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return kind if kind in _KNOWN else "other"
+
+
+ContentBlock = Annotated[
+    Annotated[TextBlock, Tag("text")]
+    | Annotated[ImageBlock, Tag("image")]
+    | Annotated[ToolCallBlock, Tag("tool_call")]
+    | Annotated[ToolResultBlock, Tag("tool_result")]
+    | Annotated[FileBlock, Tag("file")]
+    | Annotated[OtherBlock, Tag("other")],
+    Discriminator(_block_tag),
+]
+"""One part of a message's content."""
+
+_DEFAULT_CATEGORY = {
+    Role.SYSTEM: MessageCategory.SYSTEM,
+    Role.USER: MessageCategory.DIALOG,
+    Role.ASSISTANT: MessageCategory.DIALOG,
+    Role.TOOL: MessageCategory.SYSTEM_OUTPUT,
+}
+
+
+class Message(BaseModel):
+    """One message of a conversation. Immutable: changes make new instances.
+
+    ``content`` is either a string or a list of blocks. ``category`` defaults from the
+    role (system -> SYSTEM, tool -> SYSTEM_OUTPUT, otherwise DIALOG). ``tokens`` is the
+    token count if it was measured, else None.
+    """
+
+    model_config = _FROZEN
+
+    role: Role
+    content: str | list[ContentBlock] = ""
+    category: MessageCategory = None  # type: ignore[assignment]  # set from role below
+    id: str = Field(default_factory=lambda: new_id("msg"), min_length=1, max_length=128)
+    created_at: datetime = Field(default_factory=utcnow)
+    name: str | None = None
+    metadata: dict[str, JsonValue] = Field(default_factory=dict)
+    tokens: int | None = Field(default=None, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_category(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("category") is None:
+            role = data.get("role")
+            try:
+                data = {**data, "category": _DEFAULT_CATEGORY[Role(role)]}
+            except ValueError:
+                pass  # the role validator reports the bad role
+        return data
+
+    @field_validator("category", mode="before")
+    @classmethod
+    def _category_by_name(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                return MessageCategory[value.upper()]
+            except KeyError:
+                raise ValueError(
+                    f"unknown category {value!r}; use one of "
+                    + ", ".join(c.name for c in MessageCategory)
+                ) from None
+        return value
+
+    # -- constructors -------------------------------------------------------------------
+
+    @classmethod
+    def system(cls, text: str, **fields: Any) -> Message:
+        """A system instruction (category SYSTEM)."""
+        return cls(role=Role.SYSTEM, content=text, **fields)
+
+    @classmethod
+    def user(cls, content: str | list[ContentBlock], **fields: Any) -> Message:
+        """A user message (category DIALOG)."""
+        return cls(role=Role.USER, content=content, **fields)
+
+    @classmethod
+    def assistant(
+        cls,
+        content: str | list[ContentBlock] = "",
+        *,
+        tool_calls: list[ToolCallBlock] | None = None,
+        **fields: Any,
+    ) -> Message:
+        """An assistant message, optionally with tool calls after its text."""
+        blocks: list[ContentBlock] = []
+        if tool_calls:
+            if isinstance(content, str):
+                blocks = [TextBlock(text=content)] if content else []
+            else:
+                blocks = list(content)
+            blocks.extend(tool_calls)
+            return cls(role=Role.ASSISTANT, content=blocks, **fields)
+        return cls(role=Role.ASSISTANT, content=content, **fields)
+
+    @classmethod
+    def tool_result(
+        cls, tool_call_id: str, output: str, *, is_error: bool = False, **fields: Any
+    ) -> Message:
+        """The result of one tool call (category SYSTEM_OUTPUT)."""
+        block = ToolResultBlock(tool_call_id=tool_call_id, content=output, is_error=is_error)
+        return cls(role=Role.TOOL, content=[block], **fields)
+
+    @classmethod
+    def context(cls, text: str, **fields: Any) -> Message:
+        """Reference material the model should keep seeing (category CONTEXT)."""
+        return cls(role=Role.USER, content=text, category=MessageCategory.CONTEXT, **fields)
+
+    # -- views --------------------------------------------------------------------------
+
+    @property
+    def blocks(self) -> list[ContentBlock]:
+        """The content as a list of blocks (a string becomes one text block)."""
+        if isinstance(self.content, str):
+            return [TextBlock(text=self.content)] if self.content else []
+        return list(self.content)
+
+    @property
+    def text(self) -> str:
+        """The text of the message: its text blocks (and tool results) joined."""
+        if isinstance(self.content, str):
+            return self.content
+        parts: list[str] = []
+        for block in self.content:
+            if isinstance(block, TextBlock):
+                parts.append(block.text)
+            elif isinstance(block, ToolResultBlock):
+                parts.append(block.content)
+        return "\n".join(parts)
+
+    @property
+    def tool_calls(self) -> list[ToolCallBlock]:
+        """The tool calls this message makes."""
+        return [b for b in self.blocks if isinstance(b, ToolCallBlock)]
+
+    @property
+    def tool_results(self) -> list[ToolResultBlock]:
+        """The tool results this message carries."""
+        return [b for b in self.blocks if isinstance(b, ToolResultBlock)]
+
+    def with_changes(self, **changes: Any) -> Message:
+        """A validated copy with some fields replaced."""
+        data = self.model_dump()
+        data.update(changes)
+        return Message.model_validate(data)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The message as plain JSON data."""
+        return self.model_dump(mode="json", exclude_defaults=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Message:
+        """Validate a message from plain JSON data."""
+        return cls.model_validate(data)

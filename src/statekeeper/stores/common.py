@@ -1,0 +1,64 @@
+"""Checks and error messages shared by every backend, so they all say the same thing."""
+
+from __future__ import annotations
+
+from statekeeper.errors import ConflictError, InvalidInputError, NotFoundError
+from statekeeper.ids import validate_id
+from statekeeper.jsoncodec import encode_json
+from statekeeper.stores.base import SessionRecord
+
+__all__ = [
+    "check_record_ids",
+    "check_record_version",
+    "check_session_record",
+    "record_not_found",
+    "session_not_found",
+]
+
+
+def check_session_record(record: SessionRecord, limit: int) -> SessionRecord:
+    """Validate a session record's ids and size before it is stored."""
+    validate_id(record.tenant, "tenant")
+    validate_id(record.id, "session id")
+    for name in ("continued_from", "continued_to"):
+        value = getattr(record, name)
+        if value is not None:
+            validate_id(value, name)
+    if record.forked_from is not None:
+        validate_id(record.forked_from.session_id, "forked_from session id")
+    if record.created_at.tzinfo is None or record.last_active.tzinfo is None:
+        raise InvalidInputError("session timestamps must be timezone-aware (use UTC)")
+    encode_json(record.to_doc(), what=f"session {record.id!r}", limit=limit)
+    return record
+
+
+def check_record_ids(tenant: str, namespace: str, key: str | None = None) -> None:
+    """Validate the ids that address a record or an event log."""
+    validate_id(tenant, "tenant")
+    validate_id(namespace, "namespace")
+    if key is not None:
+        validate_id(key, "record key")
+
+
+def check_record_version(
+    namespace: str, key: str, version: int, expected_version: int | None
+) -> None:
+    """Raise `ConflictError` when a record's version is not the expected one (0: absent)."""
+    if expected_version is not None and expected_version != version:
+        state = "does not exist" if version == 0 else f"is at version {version}"
+        raise ConflictError(
+            f"record {namespace}/{key} {state}, not version {expected_version}: "
+            "another writer changed it; reload and retry",
+            expected=expected_version,
+            actual=version,
+        )
+
+
+def session_not_found(session_id: str) -> NotFoundError:
+    """The error for a session this tenant does not have."""
+    return NotFoundError(f"session {session_id!r} not found")
+
+
+def record_not_found(namespace: str, key: str) -> NotFoundError:
+    """The error for a record this tenant does not have."""
+    return NotFoundError(f"record {namespace}/{key} not found")

@@ -1,0 +1,307 @@
+"""The in-memory reference store (``memory://``).
+
+For tests, demos and debugging: nothing survives the process. It follows exactly the
+same rules as the durable backends (it runs the same conformance suite) and stores JSON
+text, never live objects, so callers cannot change stored data by mutating a result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from pydantic import JsonValue
+
+from statekeeper.core.messages import utcnow
+from statekeeper.errors import AlreadyExistsError, NotFoundError
+from statekeeper.ids import validate_id
+from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES, decode_json, encode_json
+from statekeeper.stores.base import (
+    AppendResult,
+    Entry,
+    EntryDraft,
+    Event,
+    EventDraft,
+    Page,
+    SessionPatch,
+    SessionQuery,
+    SessionRecord,
+    VersionedRecord,
+    apply_patch,
+    check_tenant_and_id,
+    check_version,
+    decode_cursor,
+    encode_cursor,
+    matches_query,
+    plan_append,
+)
+from statekeeper.stores.common import (
+    check_record_ids,
+    check_record_version,
+    check_session_record,
+    record_not_found,
+    session_not_found,
+)
+
+__all__ = ["MemoryStore"]
+
+
+@dataclass
+class _Transcript:
+    rows: list[tuple[str, int | None, str, datetime, str]] = field(default_factory=list)
+    by_id: dict[str, int] = field(default_factory=dict)
+
+    def entry(self, seq: int) -> Entry:
+        entry_id, parent, kind, created, text = self.rows[seq - 1]
+        return Entry(seq, entry_id, parent, kind, created, decode_json(text))
+
+
+@dataclass
+class _Record:
+    text: str
+    version: int
+    updated_at: datetime
+    expires_at: datetime | None
+
+    def live(self, now: datetime) -> bool:
+        return self.expires_at is None or self.expires_at > now
+
+
+class MemoryStore:
+    """A store that keeps everything in this process's memory."""
+
+    def __init__(self, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> None:
+        self.url = "memory://"
+        self.max_payload_bytes = max_payload_bytes
+        self._sessions: dict[tuple[str, str], SessionRecord] = {}
+        self._transcripts: dict[tuple[str, str], _Transcript] = {}
+        self._records: dict[tuple[str, str, str], _Record] = {}
+        self._events: dict[tuple[str, str], list[tuple[str, str, datetime, str]]] = {}
+
+    async def close(self) -> None:
+        """Nothing to release."""
+
+    # -- sessions ------------------------------------------------------------------------
+
+    def _session(self, tenant: str, session_id: str) -> SessionRecord:
+        check_tenant_and_id(tenant, session_id)
+        try:
+            return self._sessions[tenant, session_id]
+        except KeyError:
+            raise session_not_found(session_id) from None
+
+    async def create_session(self, record: SessionRecord) -> SessionRecord:
+        record = check_session_record(record, self.max_payload_bytes)
+        if (record.tenant, record.id) in self._sessions:
+            raise AlreadyExistsError(f"session {record.id!r} already exists")
+        self._sessions[record.tenant, record.id] = record
+        self._transcripts[record.tenant, record.id] = _Transcript()
+        return record
+
+    async def get_session(self, tenant: str, session_id: str) -> SessionRecord:
+        return self._session(tenant, session_id)
+
+    async def update_session(
+        self,
+        tenant: str,
+        session_id: str,
+        patch: SessionPatch,
+        *,
+        expected_version: int | None = None,
+    ) -> SessionRecord:
+        record = self._session(tenant, session_id)
+        check_version(record, expected_version)
+        updated = check_session_record(
+            apply_patch(record, patch, now=utcnow()), self.max_payload_bytes
+        )
+        self._sessions[tenant, session_id] = updated
+        return updated
+
+    async def list_sessions(self, tenant: str, query: SessionQuery) -> Page:
+        validate_id(tenant, "tenant")
+        rows = sorted(
+            (r for (t, _), r in self._sessions.items() if t == tenant and matches_query(r, query)),
+            key=lambda r: (r.last_active, r.id),
+            reverse=True,
+        )
+        if query.cursor is not None:
+            position = decode_cursor(query.cursor)
+            rows = [r for r in rows if (r.last_active, r.id) < position]
+        rows = rows[query.offset :]
+        items = rows[: query.limit]
+        more = len(rows) > query.limit
+        cursor = encode_cursor(items[-1].last_active, items[-1].id) if more else None
+        return Page(items=items, next_cursor=cursor)
+
+    async def delete_session(self, tenant: str, session_id: str) -> None:
+        self._session(tenant, session_id)
+        del self._sessions[tenant, session_id]
+        del self._transcripts[tenant, session_id]
+
+    # -- transcripts ---------------------------------------------------------------------
+
+    async def append_entries(
+        self,
+        tenant: str,
+        session_id: str,
+        drafts: Sequence[EntryDraft],
+        *,
+        expected_version: int | None = None,
+        patch: SessionPatch | None = None,
+        move_head: bool = True,
+    ) -> AppendResult:
+        record = self._session(tenant, session_id)
+        transcript = self._transcripts[tenant, session_id]
+        existing = {
+            d.id: transcript.entry(transcript.by_id[d.id])
+            for d in drafts
+            if d.id in transcript.by_id
+        }
+        plan = plan_append(
+            record,
+            drafts,
+            existing,
+            expected_version=expected_version,
+            patch=patch,
+            move_head=move_head,
+            max_payload_bytes=self.max_payload_bytes,
+            now=utcnow(),
+        )
+        if plan.replayed:
+            return AppendResult(session=record, entries=plan.replayed, replayed=True)
+        session = check_session_record(plan.session, self.max_payload_bytes)
+        for entry, text in zip(plan.entries, plan.encoded, strict=True):
+            transcript.rows.append((entry.id, entry.parent_seq, entry.kind, entry.created_at, text))
+            transcript.by_id[entry.id] = entry.seq
+        self._sessions[tenant, session_id] = session
+        return AppendResult(session=session, entries=[transcript.entry(e.seq) for e in plan.entries])
+
+    async def read_entries(
+        self,
+        tenant: str,
+        session_id: str,
+        *,
+        after_seq: int = 0,
+        until_seq: int | None = None,
+        limit: int | None = None,
+    ) -> list[Entry]:
+        self._session(tenant, session_id)
+        transcript = self._transcripts[tenant, session_id]
+        last = len(transcript.rows) if until_seq is None else min(until_seq, len(transcript.rows))
+        seqs = range(max(after_seq, 0) + 1, last + 1)
+        if limit is not None:
+            seqs = seqs[:limit]
+        return [transcript.entry(seq) for seq in seqs]
+
+    async def get_entry(self, tenant: str, session_id: str, entry_id: str) -> Entry:
+        self._session(tenant, session_id)
+        transcript = self._transcripts[tenant, session_id]
+        try:
+            return transcript.entry(transcript.by_id[entry_id])
+        except KeyError:
+            raise NotFoundError(f"entry {entry_id!r} not found in session {session_id!r}") from None
+
+    # -- records -------------------------------------------------------------------------
+
+    def _live(self, tenant: str, namespace: str, key: str) -> _Record | None:
+        check_record_ids(tenant, namespace, key)
+        found = self._records.get((tenant, namespace, key))
+        return found if found is not None and found.live(utcnow()) else None
+
+    async def get_record(self, tenant: str, namespace: str, key: str) -> VersionedRecord:
+        found = self._live(tenant, namespace, key)
+        if found is None:
+            raise record_not_found(namespace, key)
+        return _versioned(namespace, key, found)
+
+    async def put_record(
+        self,
+        tenant: str,
+        namespace: str,
+        key: str,
+        value: JsonValue,
+        *,
+        expected_version: int | None = None,
+        expires_at: datetime | None = None,
+    ) -> VersionedRecord:
+        found = self._live(tenant, namespace, key)
+        version = found.version if found else 0
+        check_record_version(namespace, key, version, expected_version)
+        text = encode_json(value, what=f"record {namespace}/{key}", limit=self.max_payload_bytes)
+        stored = _Record(text, version + 1, utcnow(), expires_at)
+        self._records[tenant, namespace, key] = stored
+        return _versioned(namespace, key, stored)
+
+    async def list_records(
+        self,
+        tenant: str,
+        namespace: str,
+        *,
+        prefix: str = "",
+        after_key: str | None = None,
+        limit: int = 100,
+    ) -> list[VersionedRecord]:
+        check_record_ids(tenant, namespace)
+        now = utcnow()
+        keys = sorted(
+            k
+            for (t, ns, k), r in self._records.items()
+            if t == tenant and ns == namespace and k.startswith(prefix) and r.live(now)
+        )
+        if after_key is not None:
+            keys = [k for k in keys if k > after_key]
+        return [_versioned(namespace, k, self._records[tenant, namespace, k]) for k in keys[:limit]]
+
+    async def delete_record(
+        self, tenant: str, namespace: str, key: str, *, expected_version: int | None = None
+    ) -> None:
+        found = self._live(tenant, namespace, key)
+        if found is None:
+            raise record_not_found(namespace, key)
+        check_record_version(namespace, key, found.version, expected_version)
+        del self._records[tenant, namespace, key]
+
+    # -- events --------------------------------------------------------------------------
+
+    async def append_events(
+        self, tenant: str, log_id: str, events: Sequence[EventDraft]
+    ) -> list[Event]:
+        check_record_ids(tenant, log_id)
+        texts = [
+            encode_json(e.payload, what=f"event {e.stream}/{e.kind}", limit=self.max_payload_bytes)
+            for e in events
+        ]
+        log = self._events.setdefault((tenant, log_id), [])
+        first = len(log) + 1
+        for event, text in zip(events, texts, strict=True):
+            log.append((event.stream, event.kind, event.ts, text))
+        return await self.read_events(tenant, log_id, after_seq=first - 1)
+
+    async def read_events(
+        self, tenant: str, log_id: str, *, after_seq: int = 0, limit: int | None = None
+    ) -> list[Event]:
+        check_record_ids(tenant, log_id)
+        log = self._events.get((tenant, log_id), [])
+        start = max(after_seq, 0)
+        stop = len(log) if limit is None else min(len(log), start + limit)
+        return [
+            Event(log_id, seq + 1, *log[seq][:3], decode_json(log[seq][3]))
+            for seq in range(start, stop)
+        ]
+
+    async def delete_event_log(self, tenant: str, log_id: str) -> None:
+        check_record_ids(tenant, log_id)
+        self._events.pop((tenant, log_id), None)
+
+
+def _versioned(namespace: str, key: str, stored: _Record) -> VersionedRecord:
+    return VersionedRecord(
+        namespace=namespace,
+        key=key,
+        value=decode_json(stored.text),
+        version=stored.version,
+        updated_at=stored.updated_at,
+        expires_at=stored.expires_at,
+    )
+

@@ -1,0 +1,722 @@
+"""The embedded SQLite store (``sqlite:///path.db``), statekeeper's default.
+
+One connection per store, used only from the store's worker thread, so the event loop
+never blocks on the disk or on another process's lock. WAL journal; every write is one
+``BEGIN IMMEDIATE`` transaction, so concurrent writers (threads or processes) queue on
+SQLite's busy handler instead of failing with "database is locked".
+
+Durability: ``power`` (default) fsyncs the WAL on every commit (``synchronous=FULL``) and
+survives a power loss; ``process`` (``synchronous=NORMAL``) survives a process crash only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import JsonValue
+
+from statekeeper.core.messages import utcnow
+from statekeeper.errors import (
+    AlreadyExistsError,
+    ConflictError,
+    NotFoundError,
+    PayloadTooLargeError,
+    SchemaVersionError,
+    StoreCorruptError,
+    StoreError,
+    StoreFullError,
+    StoreReadOnlyError,
+    StoreUnavailableError,
+)
+from statekeeper.ids import validate_id
+from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES, encode_json
+from statekeeper.stores.base import (
+    AppendPlan,
+    AppendResult,
+    Durability,
+    Entry,
+    EntryDraft,
+    Event,
+    EventDraft,
+    Page,
+    SessionPatch,
+    SessionQuery,
+    SessionRecord,
+    VersionedRecord,
+    apply_patch,
+    check_tenant_and_id,
+    check_version,
+    corrupt_entry,
+    decode_cursor,
+    encode_cursor,
+    plan_append,
+)
+from statekeeper.stores.common import (
+    check_record_ids,
+    check_record_version,
+    check_session_record,
+    record_not_found,
+    session_not_found,
+)
+from statekeeper.stores.sqlite_schema import MIGRATIONS, SCHEMA_VERSION
+from statekeeper.stores.worker import Worker
+
+__all__ = ["SQLiteStore"]
+
+
+class _Careful(Exception):
+    """Internal: the fast append path cannot be used; roll back and take the careful one."""
+
+
+T = TypeVar("T")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_BUSY = {5, 6}  # SQLITE_BUSY, SQLITE_LOCKED
+_KEY_END = "\x7f"  # sorts after every character an id may contain
+
+
+def _us(value: datetime) -> int:
+    delta = value - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def _dt(us: int) -> datetime:
+    return _EPOCH + timedelta(microseconds=us)
+
+
+class SQLiteStore:
+    """A store in one SQLite file. Open with ``await SQLiteStore.open(path)``."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        durability: Durability = Durability.POWER,
+        busy_timeout: float = 30.0,
+        read_only: bool = False,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    ) -> None:
+        self.path = Path(path)
+        self.url = f"sqlite:///{self.path}"
+        self.durability = Durability(durability)
+        self.busy_timeout = busy_timeout
+        self.read_only = read_only
+        self.max_payload_bytes = max_payload_bytes
+        self._worker = Worker("statekeeper-sqlite")
+        self._conn: sqlite3.Connection | None = None
+        # (tenant, id) -> (sk, record): skips re-parsing an unchanged head on every append.
+        self._heads: dict[tuple[str, str], tuple[int, SessionRecord]] = {}
+
+    @classmethod
+    async def open(cls, path: str | os.PathLike[str], **options: Any) -> SQLiteStore:
+        """Open (creating if needed) the database at ``path`` and migrate its schema."""
+        store = cls(path, **options)
+        try:
+            await store._worker.run(store._connect)
+        except BaseException:
+            store._worker.shutdown()
+            raise
+        return store
+
+    def __del__(self) -> None:
+        if self._conn is not None:
+            warnings.warn(
+                f"SQLiteStore({self.path}) was not closed; call await store.close()",
+                ResourceWarning,
+                stacklevel=1,
+            )
+
+    async def close(self) -> None:
+        """Close the connection and stop the worker thread. Idempotent."""
+        if self._conn is None:
+            return
+        conn, self._conn = self._conn, None
+        self._worker.run_blocking(conn.close)
+        self._worker.shutdown()
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    def _connect(self) -> None:
+        if self.read_only:
+            if not self.path.exists():
+                raise StoreUnavailableError(f"no database at {self.path} to open read-only")
+            target, uri = f"file:{self.path}?mode=ro", True
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            target, uri = str(self.path), False
+        try:
+            conn = sqlite3.connect(
+                target,
+                isolation_level=None,
+                check_same_thread=False,
+                timeout=self.busy_timeout,
+                uri=uri,
+            )
+        except sqlite3.Error as exc:
+            raise _translate(exc, f"cannot open {self.path}") from exc
+        try:
+            self._retry(lambda: self._setup(conn))
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+
+    def _setup(self, conn: sqlite3.Connection) -> None:
+        sync = "FULL" if self.durability is Durability.POWER else "NORMAL"
+        conn.execute(f"PRAGMA synchronous={sync}")
+        if not self.read_only:
+            conn.execute("PRAGMA journal_mode=WAL")
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"{self.path} has schema version {version}, but this statekeeper knows "
+                f"versions up to {SCHEMA_VERSION}; upgrade statekeeper to open it"
+            )
+        if version == SCHEMA_VERSION:
+            return
+        if self.read_only:
+            raise StoreUnavailableError(
+                f"{self.path} is at schema version {version} and needs migrating to "
+                f"{SCHEMA_VERSION}; open it once without read_only"
+            )
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]  # another process?
+            for number in range(version, SCHEMA_VERSION):
+                for statement in MIGRATIONS[number].split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+            conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    @property
+    def _db(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise StoreUnavailableError("the store is closed; open a new one")
+        return self._conn
+
+    def _retry(self, fn: Callable[[], T]) -> T:
+        """Run ``fn``, retrying while another connection holds the lock, translating errors."""
+        deadline = time.monotonic() + self.busy_timeout
+        delay = 0.001
+        while True:
+            try:
+                return fn()
+            except sqlite3.Error as exc:
+                code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+                if code in _BUSY and time.monotonic() < deadline:
+                    time.sleep(delay)
+                    delay = min(delay * 2, 0.05)
+                    continue
+                raise _translate(exc, str(self.path)) from exc
+
+    async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        def call() -> T:
+            db = self._db
+            db.execute("BEGIN")
+            try:
+                return fn(db)
+            finally:
+                db.execute("COMMIT")
+
+        return await self._worker.run(lambda: self._retry(call))
+
+    async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        if self.read_only:
+            raise StoreReadOnlyError(f"{self.path} was opened read-only")
+
+        def call() -> T:
+            db = self._db
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                result = fn(db)
+                db.execute("COMMIT")
+            except BaseException:
+                self._heads.clear()  # cached heads may be ahead of what is on disk
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+            return result
+
+        return await self._worker.run(lambda: self._retry(call))
+
+    def _head(self, db: sqlite3.Connection, tenant: str, session_id: str) -> tuple[int, SessionRecord]:
+        row = db.execute(
+            "SELECT sk, version FROM sessions WHERE tenant=? AND id=?", (tenant, session_id)
+        ).fetchone()
+        if row is None:
+            raise session_not_found(session_id)
+        cached = self._heads.get((tenant, session_id))
+        if cached is not None and cached[0] == row[0] and cached[1].version == row[1]:
+            return cached
+        (doc,) = db.execute("SELECT doc FROM sessions WHERE sk=?", (row[0],)).fetchone()
+        try:
+            record = SessionRecord.model_validate_json(doc)
+        except ValueError as exc:
+            raise StoreCorruptError(
+                f"the record of session {session_id!r} in {self.path} cannot be decoded: {exc}"
+            ) from exc
+        self._heads[tenant, session_id] = (row[0], record)
+        return row[0], record
+
+    def _save_head(
+        self, db: sqlite3.Connection, sk: int, record: SessionRecord, old_version: int
+    ) -> bool:
+        """Write a head over version ``old_version``; False if that is no longer stored."""
+        doc = record.model_dump_json()
+        if len(doc) > self.max_payload_bytes:
+            raise PayloadTooLargeError(
+                f"session {record.id!r} record would be {len(doc)} bytes; "
+                f"the limit is {self.max_payload_bytes}"
+            )
+        cursor = db.execute(
+            "UPDATE sessions SET agent_id=?, active_us=?, version=?, doc=? "
+            "WHERE sk=? AND version=?",
+            (record.agent_id, _us(record.last_active), record.version, doc, sk, old_version),
+        )
+        if cursor.rowcount != 1:
+            return False
+        self._heads[record.tenant, record.id] = (sk, record)
+        return True
+
+    # -- sessions ------------------------------------------------------------------------
+
+    async def create_session(self, record: SessionRecord) -> SessionRecord:
+        record = check_session_record(record, self.max_payload_bytes)
+        record = record.model_copy(update={"version": 1, "head_seq": 0, "last_seq": 0})
+
+        def create(db: sqlite3.Connection) -> SessionRecord:
+            try:
+                cursor = db.execute(
+                    "INSERT INTO sessions (tenant, id, agent_id, active_us, created_us, version,"
+                    " doc) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        record.tenant,
+                        record.id,
+                        record.agent_id,
+                        _us(record.last_active),
+                        _us(record.created_at),
+                        record.version,
+                        record.model_dump_json(),
+                    ),
+                )
+            except sqlite3.IntegrityError:
+                raise AlreadyExistsError(f"session {record.id!r} already exists") from None
+            assert cursor.lastrowid is not None
+            self._heads[record.tenant, record.id] = (cursor.lastrowid, record)
+            return record
+
+        return await self._write(create)
+
+    async def get_session(self, tenant: str, session_id: str) -> SessionRecord:
+        check_tenant_and_id(tenant, session_id)
+        return await self._read(lambda db: self._head(db, tenant, session_id)[1])
+
+    async def update_session(
+        self,
+        tenant: str,
+        session_id: str,
+        patch: SessionPatch,
+        *,
+        expected_version: int | None = None,
+    ) -> SessionRecord:
+        check_tenant_and_id(tenant, session_id)
+
+        def update(db: sqlite3.Connection) -> SessionRecord:
+            sk, record = self._head(db, tenant, session_id)
+            check_version(record, expected_version)
+            updated = apply_patch(record, patch, now=utcnow())
+            if patch.set:
+                check_session_record(updated, self.max_payload_bytes)
+            self._save_head(db, sk, updated, record.version)
+            return updated
+
+        return await self._write(update)
+
+    async def list_sessions(self, tenant: str, query: SessionQuery) -> Page:
+        validate_id(tenant, "tenant")
+        where = ["tenant=?"]
+        params: list[Any] = [tenant]
+        if query.agent_id is not None:
+            where.append("agent_id=?")
+            params.append(query.agent_id)
+        if query.active_after is not None:
+            where.append("active_us>?")
+            params.append(_us(query.active_after))
+        if query.active_before is not None:
+            where.append("active_us<?")
+            params.append(_us(query.active_before))
+        for key, value in query.metadata.items():
+            validate_id(key, "metadata filter key")
+            where.append("doc -> ? = ?")
+            params += [f'$.metadata."{key}"', encode_json(value)]
+        if query.cursor is not None:
+            stamp, after_id = decode_cursor(query.cursor)
+            where.append("(active_us, id) < (?, ?)")
+            params += [_us(stamp), after_id]
+        sql = (
+            f"SELECT doc FROM sessions WHERE {' AND '.join(where)} "
+            "ORDER BY active_us DESC, id DESC LIMIT ? OFFSET ?"
+        )
+        params += [query.limit + 1, query.offset]
+
+        def run(db: sqlite3.Connection) -> list[SessionRecord]:
+            return [SessionRecord.model_validate_json(doc) for (doc,) in db.execute(sql, params)]
+
+        rows = await self._read(run)
+        items = rows[: query.limit]
+        more = len(rows) > query.limit
+        cursor = encode_cursor(items[-1].last_active, items[-1].id) if more else None
+        return Page(items=items, next_cursor=cursor)
+
+    async def delete_session(self, tenant: str, session_id: str) -> None:
+        check_tenant_and_id(tenant, session_id)
+
+        def delete(db: sqlite3.Connection) -> None:
+            sk, _ = self._head(db, tenant, session_id)
+            db.execute("DELETE FROM entries WHERE session_sk=?", (sk,))
+            db.execute("DELETE FROM sessions WHERE sk=?", (sk,))
+            self._heads.pop((tenant, session_id), None)
+
+        await self._write(delete)
+
+    # -- transcripts ---------------------------------------------------------------------
+
+    async def append_entries(
+        self,
+        tenant: str,
+        session_id: str,
+        drafts: Sequence[EntryDraft],
+        *,
+        expected_version: int | None = None,
+        patch: SessionPatch | None = None,
+        move_head: bool = True,
+    ) -> AppendResult:
+        check_tenant_and_id(tenant, session_id)
+
+        def plan(record: SessionRecord, existing: dict[str, Entry]) -> AppendPlan:
+            planned = plan_append(
+                record,
+                drafts,
+                existing,
+                expected_version=expected_version,
+                patch=patch,
+                move_head=move_head,
+                max_payload_bytes=self.max_payload_bytes,
+                now=utcnow(),
+            )
+            if planned.entries and patch is not None and patch.set:
+                check_session_record(planned.session, self.max_payload_bytes)
+            return planned
+
+        def write(db: sqlite3.Connection, sk: int, planned: AppendPlan) -> AppendResult:
+            db.executemany(
+                "INSERT INTO entries (session_sk, seq, id, parent_seq, kind, created_us, payload)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (sk, e.seq, e.id, e.parent_seq, e.kind, _us(e.created_at), text)
+                    for e, text in zip(planned.entries, planned.encoded, strict=True)
+                ],
+            )
+            return AppendResult(session=planned.session, entries=planned.entries)
+
+        def fast(db: sqlite3.Connection) -> AppendResult:
+            # The usual case: this process wrote the head last. The UPDATE's version check
+            # proves the cached head is current, so no SELECT is needed; anything unusual
+            # (another writer, a reused id) goes the careful way.
+            cached = self._heads.get((tenant, session_id))
+            if cached is None:
+                raise _Careful
+            sk, record = cached
+            try:
+                planned = plan(record, {})
+            except ConflictError:
+                raise _Careful from None
+            if not self._save_head(db, sk, planned.session, record.version):
+                raise _Careful
+            try:
+                return write(db, sk, planned)
+            except sqlite3.IntegrityError:
+                raise _Careful from None
+
+        def careful(db: sqlite3.Connection) -> AppendResult:
+            sk, record = self._head(db, tenant, session_id)
+            marks = ",".join("?" * len(drafts))
+            existing = {
+                e.id: e
+                for e in self._entries(
+                    db,
+                    "SELECT seq, id, parent_seq, kind, created_us, payload FROM entries "
+                    f"WHERE session_sk=? AND id IN ({marks})",
+                    [sk, *(d.id for d in drafts)],
+                )
+            }
+            planned = plan(record, existing)
+            if planned.replayed:
+                return AppendResult(session=record, entries=planned.replayed, replayed=True)
+            self._save_head(db, sk, planned.session, record.version)
+            return write(db, sk, planned)
+
+        try:
+            return await self._write(fast)
+        except _Careful:
+            return await self._write(careful)
+
+    def _entries(self, db: sqlite3.Connection, sql: str, params: Sequence[Any]) -> list[Entry]:
+        out: list[Entry] = []
+        for seq, entry_id, parent, kind, created_us, text in db.execute(sql, params):
+            created = _dt(created_us)
+            try:
+                payload = json.loads(text)
+                if not isinstance(payload, dict):
+                    raise ValueError(f"expected a JSON object, got {type(payload).__name__}")
+            except ValueError as exc:
+                out.append(corrupt_entry(seq, entry_id, parent, created, str(text), str(exc)))
+                continue
+            out.append(Entry(seq, entry_id, parent, kind, created, payload))
+        return out
+
+    async def read_entries(
+        self,
+        tenant: str,
+        session_id: str,
+        *,
+        after_seq: int = 0,
+        until_seq: int | None = None,
+        limit: int | None = None,
+    ) -> list[Entry]:
+        check_tenant_and_id(tenant, session_id)
+
+        def read(db: sqlite3.Connection) -> list[Entry]:
+            sk, _ = self._head(db, tenant, session_id)
+            return self._entries(
+                db,
+                "SELECT seq, id, parent_seq, kind, created_us, payload FROM entries "
+                "WHERE session_sk=? AND seq>? AND seq<=? ORDER BY seq LIMIT ?",
+                [sk, after_seq, until_seq if until_seq is not None else 2**62, limit or -1],
+            )
+
+        return await self._read(read)
+
+    async def get_entry(self, tenant: str, session_id: str, entry_id: str) -> Entry:
+        check_tenant_and_id(tenant, session_id)
+
+        def get(db: sqlite3.Connection) -> Entry:
+            sk, _ = self._head(db, tenant, session_id)
+            found = self._entries(
+                db,
+                "SELECT seq, id, parent_seq, kind, created_us, payload FROM entries "
+                "WHERE session_sk=? AND id=?",
+                [sk, entry_id],
+            )
+            if not found:
+                raise NotFoundError(f"entry {entry_id!r} not found in session {session_id!r}")
+            return found[0]
+
+        return await self._read(get)
+
+    # -- records -------------------------------------------------------------------------
+
+    @staticmethod
+    def _record(namespace: str, row: tuple[Any, ...]) -> VersionedRecord:
+        key, version, updated_us, expires_us, text = row
+        try:
+            value = json.loads(text)
+        except ValueError as exc:
+            raise StoreCorruptError(f"record {namespace}/{key} cannot be decoded: {exc}") from exc
+        return VersionedRecord(
+            namespace=namespace,
+            key=key,
+            value=value,
+            version=version,
+            updated_at=_dt(updated_us),
+            expires_at=None if expires_us is None else _dt(expires_us),
+        )
+
+    _LIVE = "(expires_us IS NULL OR expires_us > ?)"
+
+    async def get_record(self, tenant: str, namespace: str, key: str) -> VersionedRecord:
+        check_record_ids(tenant, namespace, key)
+
+        def get(db: sqlite3.Connection) -> VersionedRecord:
+            row = db.execute(
+                "SELECT key, version, updated_us, expires_us, value FROM records "
+                f"WHERE tenant=? AND namespace=? AND key=? AND {self._LIVE}",
+                (tenant, namespace, key, _us(utcnow())),
+            ).fetchone()
+            if row is None:
+                raise record_not_found(namespace, key)
+            return self._record(namespace, row)
+
+        return await self._read(get)
+
+    async def put_record(
+        self,
+        tenant: str,
+        namespace: str,
+        key: str,
+        value: JsonValue,
+        *,
+        expected_version: int | None = None,
+        expires_at: datetime | None = None,
+    ) -> VersionedRecord:
+        check_record_ids(tenant, namespace, key)
+        text = encode_json(value, what=f"record {namespace}/{key}", limit=self.max_payload_bytes)
+        expires_us = None if expires_at is None else _us(expires_at)
+
+        def put(db: sqlite3.Connection) -> VersionedRecord:
+            now = utcnow()
+            row = db.execute(
+                f"SELECT version FROM records WHERE tenant=? AND namespace=? AND key=? "
+                f"AND {self._LIVE}",
+                (tenant, namespace, key, _us(now)),
+            ).fetchone()
+            version = row[0] if row else 0
+            check_record_version(namespace, key, version, expected_version)
+            db.execute(
+                "INSERT OR REPLACE INTO records (tenant, namespace, key, version, updated_us,"
+                " expires_us, value) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (tenant, namespace, key, version + 1, _us(now), expires_us, text),
+            )
+            return self._record(namespace, (key, version + 1, _us(now), expires_us, text))
+
+        return await self._write(put)
+
+    async def list_records(
+        self,
+        tenant: str,
+        namespace: str,
+        *,
+        prefix: str = "",
+        after_key: str | None = None,
+        limit: int = 100,
+    ) -> list[VersionedRecord]:
+        check_record_ids(tenant, namespace)
+        if prefix:
+            validate_id(prefix, "key prefix")
+        low = max(prefix, after_key or "")
+
+        def run(db: sqlite3.Connection) -> list[VersionedRecord]:
+            rows = db.execute(
+                "SELECT key, version, updated_us, expires_us, value FROM records "
+                f"WHERE tenant=? AND namespace=? AND key>=? AND key<? AND key>? AND {self._LIVE}"
+                " ORDER BY key LIMIT ?",
+                (tenant, namespace, low, prefix + _KEY_END, after_key or "", _us(utcnow()), limit),
+            ).fetchall()
+            return [self._record(namespace, row) for row in rows]
+
+        return await self._read(run)
+
+    async def delete_record(
+        self, tenant: str, namespace: str, key: str, *, expected_version: int | None = None
+    ) -> None:
+        check_record_ids(tenant, namespace, key)
+
+        def delete(db: sqlite3.Connection) -> None:
+            row = db.execute(
+                f"SELECT version FROM records WHERE tenant=? AND namespace=? AND key=? "
+                f"AND {self._LIVE}",
+                (tenant, namespace, key, _us(utcnow())),
+            ).fetchone()
+            if row is None:
+                raise record_not_found(namespace, key)
+            check_record_version(namespace, key, row[0], expected_version)
+            db.execute(
+                "DELETE FROM records WHERE tenant=? AND namespace=? AND key=?",
+                (tenant, namespace, key),
+            )
+
+        await self._write(delete)
+
+    # -- events --------------------------------------------------------------------------
+
+    async def append_events(
+        self, tenant: str, log_id: str, events: Sequence[EventDraft]
+    ) -> list[Event]:
+        check_record_ids(tenant, log_id)
+        texts = [
+            encode_json(e.payload, what=f"event {e.stream}/{e.kind}", limit=self.max_payload_bytes)
+            for e in events
+        ]
+
+        def append(db: sqlite3.Connection) -> list[Event]:
+            (last,) = db.execute(
+                "SELECT coalesce(max(seq), 0) FROM events WHERE tenant=? AND log_id=?",
+                (tenant, log_id),
+            ).fetchone()
+            db.executemany(
+                "INSERT INTO events (tenant, log_id, seq, stream, kind, ts_us, payload)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (tenant, log_id, last + i, e.stream, e.kind, _us(e.ts), text)
+                    for i, (e, text) in enumerate(zip(events, texts, strict=True), start=1)
+                ],
+            )
+            return [
+                Event(log_id, last + i, e.stream, e.kind, _dt(_us(e.ts)), json.loads(text))
+                for i, (e, text) in enumerate(zip(events, texts, strict=True), start=1)
+            ]
+
+        return await self._write(append)
+
+    async def read_events(
+        self, tenant: str, log_id: str, *, after_seq: int = 0, limit: int | None = None
+    ) -> list[Event]:
+        check_record_ids(tenant, log_id)
+
+        def read(db: sqlite3.Connection) -> list[Event]:
+            out: list[Event] = []
+            for seq, stream, kind, ts_us, text in db.execute(
+                "SELECT seq, stream, kind, ts_us, payload FROM events "
+                "WHERE tenant=? AND log_id=? AND seq>? ORDER BY seq LIMIT ?",
+                (tenant, log_id, after_seq, limit or -1),
+            ):
+                try:
+                    payload = json.loads(text)
+                except ValueError as exc:
+                    payload = {"error": f"corrupt event: {exc}", "raw": str(text)[:200]}
+                    stream, kind = "error", "corrupt"
+                out.append(Event(log_id, seq, stream, kind, _dt(ts_us), payload))
+            return out
+
+        return await self._read(read)
+
+    async def delete_event_log(self, tenant: str, log_id: str) -> None:
+        check_record_ids(tenant, log_id)
+        await self._write(
+            lambda db: db.execute(
+                "DELETE FROM events WHERE tenant=? AND log_id=?", (tenant, log_id)
+            ).close()
+        )
+
+
+def _translate(exc: sqlite3.Error, where: str) -> StoreError:
+    """The most specific statekeeper error for a sqlite3 error."""
+    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+    if code in _BUSY:
+        return StoreUnavailableError(
+            f"{where} is locked by another writer for longer than the busy timeout; "
+            "retry, or raise busy_timeout"
+        )
+    if code == 8:  # SQLITE_READONLY
+        return StoreReadOnlyError(f"{where} is read-only: {exc}; check the file's permissions")
+    if code == 13:  # SQLITE_FULL
+        return StoreFullError(f"{where}: the disk or database is full ({exc}); free space")
+    if code in (11, 26):  # SQLITE_CORRUPT, SQLITE_NOTADB
+        return StoreCorruptError(f"{where} is not a valid statekeeper database: {exc}")
+    if code == 14:  # SQLITE_CANTOPEN
+        return StoreUnavailableError(f"cannot open {where}: {exc}")
+    if isinstance(exc, sqlite3.ProgrammingError):
+        return StoreUnavailableError(f"{where}: {exc}")
+    return StoreError(f"{where}: {exc}")
+
