@@ -18,9 +18,7 @@ DEFAULT_MAX_PAYLOAD_BYTES = 16 * 1024 * 1024
 _encoder = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
-def encode_json(
-    value: Any, *, what: str = "value", limit: int = DEFAULT_MAX_PAYLOAD_BYTES
-) -> str:
+def encode_json(value: Any, *, what: str = "value", limit: int = DEFAULT_MAX_PAYLOAD_BYTES) -> str:
     """Encode ``value`` as compact JSON text, or raise a typed error naming ``what``."""
     try:
         text = _encoder.encode(value)

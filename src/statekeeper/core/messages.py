@@ -149,6 +149,7 @@ ContentBlock = Annotated[
 ]
 """One part of a message's content."""
 
+_ROLE_VALUES = frozenset(r.value for r in Role)
 _DEFAULT_CATEGORY = {
     Role.SYSTEM: MessageCategory.SYSTEM,
     Role.USER: MessageCategory.DIALOG,
@@ -181,10 +182,8 @@ class Message(BaseModel):
     def _default_category(cls, data: Any) -> Any:
         if isinstance(data, dict) and data.get("category") is None:
             role = data.get("role")
-            try:
+            if isinstance(role, str) and role in _ROLE_VALUES:  # else the validator reports it
                 data = {**data, "category": _DEFAULT_CATEGORY[Role(role)]}
-            except ValueError:
-                pass  # the role validator reports the bad role
         return data
 
     @field_validator("category", mode="before")

@@ -426,9 +426,19 @@ def check_tenant_and_id(tenant: str, session_id: str) -> None:
     validate_id(session_id, "session id")
 
 
-def apply_patch(record: SessionRecord, patch: SessionPatch, *, now: datetime) -> SessionRecord:
-    """The record after ``patch``: fields set, counters added, version bumped."""
-    changes: dict[str, Any] = {name: getattr(record, name) + n for name, n in patch.add.items()}
+def apply_patch(
+    record: SessionRecord,
+    patch: SessionPatch,
+    *,
+    now: datetime,
+    internal: dict[str, Any] | None = None,
+) -> SessionRecord:
+    """The record after ``patch``: fields set, counters added, version bumped.
+
+    ``internal`` carries store-maintained fields (``last_seq``, ``head_seq``) of an append.
+    """
+    changes: dict[str, Any] = dict(internal or {})
+    changes.update({name: getattr(record, name) + n for name, n in patch.add.items()})
     changes["version"] = record.version + 1
     changes["last_active"] = now
     if patch.set:
@@ -539,11 +549,13 @@ def plan_append(
                 )
         text = encode_json(draft.payload, what=f"entry {draft.id!r}", limit=max_payload_bytes)
         encoded.append(text)
-        entries.append(Entry(seq, draft.id, parent, str(draft.kind), draft.created_at, draft.payload))
+        entries.append(
+            Entry(seq, draft.id, parent, str(draft.kind), draft.created_at, draft.payload)
+        )
         previous = seq
 
     moved = {"last_seq": seq, "head_seq": seq} if move_head else {"last_seq": seq}
-    session = apply_patch(record.model_copy(update=moved), patch or _NO_PATCH, now=now)
+    session = apply_patch(record, patch or _NO_PATCH, now=now, internal=moved)
     return AppendPlan(entries, encoded, session, [])
 
 

@@ -175,7 +175,9 @@ class MemoryStore:
             transcript.rows.append((entry.id, entry.parent_seq, entry.kind, entry.created_at, text))
             transcript.by_id[entry.id] = entry.seq
         self._sessions[tenant, session_id] = session
-        return AppendResult(session=session, entries=[transcript.entry(e.seq) for e in plan.entries])
+        return AppendResult(
+            session=session, entries=[transcript.entry(e.seq) for e in plan.entries]
+        )
 
     async def read_entries(
         self,
@@ -304,4 +306,3 @@ def _versioned(namespace: str, key: str, stored: _Record) -> VersionedRecord:
         updated_at=stored.updated_at,
         expires_at=stored.expires_at,
     )
-

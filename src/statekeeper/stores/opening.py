@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TypeVar, cast
+
 from statekeeper.errors import InvalidInputError
 from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES
 from statekeeper.stores.base import Durability, Store
 
 __all__ = ["open_memory", "open_sqlite"]
 
+T = TypeVar("T")
 
-def _take(options: dict[str, str], name: str, kind: type, default: object) -> object:
+
+def _take(options: dict[str, str], name: str, kind: type[T], default: T) -> T:
     raw = options.pop(name, None)
     if raw is None:
         return default
@@ -17,8 +21,8 @@ def _take(options: dict[str, str], name: str, kind: type, default: object) -> ob
         if kind is bool:
             if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
                 raise ValueError(raw)
-            return raw.lower() in ("1", "true", "yes")
-        return kind(raw)
+            return cast(T, raw.lower() in ("1", "true", "yes"))
+        return kind(raw)  # type: ignore[call-arg]
     except ValueError:
         raise InvalidInputError(
             f"store option {name}={raw!r} is not a valid {kind.__name__}"
@@ -36,7 +40,7 @@ async def open_memory(location: str, options: dict[str, str]) -> Store:
 
     limit = _take(options, "max_payload_bytes", int, DEFAULT_MAX_PAYLOAD_BYTES)
     _no_more(options, "memory")
-    return MemoryStore(max_payload_bytes=limit)  # type: ignore[arg-type]
+    return MemoryStore(max_payload_bytes=limit)
 
 
 async def open_sqlite(location: str, options: dict[str, str]) -> Store:
@@ -56,11 +60,13 @@ async def open_sqlite(location: str, options: dict[str, str]) -> Store:
         raise InvalidInputError(f"mode={mode!r} must be 'rw' or 'ro'")
     busy_timeout = _take(options, "busy_timeout", float, 30.0)
     limit = _take(options, "max_payload_bytes", int, DEFAULT_MAX_PAYLOAD_BYTES)
+    inline = _take(options, "inline_writes", bool, True)
     _no_more(options, "sqlite")
     return await SQLiteStore.open(
         path,
         durability=Durability(durability),
         busy_timeout=busy_timeout,
         read_only=mode == "ro",
+        inline_writes=inline,
         max_payload_bytes=limit,
     )

@@ -11,9 +11,11 @@ survives a power loss; ``process`` (``synchronous=NORMAL``) survives a process c
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sqlite3
+import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -79,6 +81,7 @@ class _Careful(Exception):
 T = TypeVar("T")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _BUSY = {5, 6}  # SQLITE_BUSY, SQLITE_LOCKED
+_CHECKPOINT_EVERY = 500  # inline commits between WAL checkpoints
 _KEY_END = "\x7f"  # sorts after every character an id may contain
 
 
@@ -101,6 +104,7 @@ class SQLiteStore:
         durability: Durability = Durability.POWER,
         busy_timeout: float = 30.0,
         read_only: bool = False,
+        inline_writes: bool = True,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> None:
         self.path = Path(path)
@@ -109,7 +113,11 @@ class SQLiteStore:
         self.busy_timeout = busy_timeout
         self.read_only = read_only
         self.max_payload_bytes = max_payload_bytes
+        self.inline_writes = inline_writes
         self._worker = Worker("statekeeper-sqlite")
+        self._lock = threading.Lock()  # one user of the connection at a time
+        self._commits_since_checkpoint = 0
+        self._checkpoint: asyncio.Future[None] | None = None
         self._conn: sqlite3.Connection | None = None
         # (tenant, id) -> (sk, record): skips re-parsing an unchanged head on every append.
         self._heads: dict[tuple[str, str], tuple[int, SessionRecord]] = {}
@@ -137,6 +145,8 @@ class SQLiteStore:
         """Close the connection and stop the worker thread. Idempotent."""
         if self._conn is None:
             return
+        if self._checkpoint is not None:
+            await self._checkpoint
         conn, self._conn = self._conn, None
         self._worker.run_blocking(conn.close)
         self._worker.shutdown()
@@ -156,7 +166,7 @@ class SQLiteStore:
                 target,
                 isolation_level=None,
                 check_same_thread=False,
-                timeout=self.busy_timeout,
+                timeout=0,
                 uri=uri,
             )
         except sqlite3.Error as exc:
@@ -173,6 +183,7 @@ class SQLiteStore:
         conn.execute(f"PRAGMA synchronous={sync}")
         if not self.read_only:
             conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA wal_autocheckpoint=0")  # see _after_inline_commit
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
             raise SchemaVersionError(
@@ -206,21 +217,60 @@ class SQLiteStore:
         return self._conn
 
     def _retry(self, fn: Callable[[], T]) -> T:
-        """Run ``fn``, retrying while another connection holds the lock, translating errors."""
+        """Run ``fn`` on the worker, retrying while another connection holds the lock."""
         deadline = time.monotonic() + self.busy_timeout
-        delay = 0.001
+        delay = 0.0005
         while True:
             try:
-                return fn()
+                with self._lock:
+                    return fn()
             except sqlite3.Error as exc:
-                code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
-                if code in _BUSY and time.monotonic() < deadline:
+                if _is_busy(exc) and time.monotonic() < deadline:
                     time.sleep(delay)
                     delay = min(delay * 2, 0.05)
                     continue
                 raise _translate(exc, str(self.path)) from exc
 
-    async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def _run(self, call: Callable[[], T], *, inline: bool) -> T:
+        """Run a transaction: inline when it cannot wait, else on the worker thread.
+
+        The connection never waits for a lock (busy timeout 0). A short transaction is
+        tried right here on the event loop, which costs less than the hop to a thread
+        (about 0.1 ms); if another connection holds the lock, or the worker is busy, it
+        goes to the worker, which waits and retries without blocking the loop.
+        """
+        if inline and self.inline_writes and self._lock.acquire(blocking=False):
+            try:
+                result = call()
+            except sqlite3.Error as exc:
+                if not _is_busy(exc):
+                    raise _translate(exc, str(self.path)) from exc
+            else:
+                self._after_inline_commit()
+                return result
+            finally:
+                self._lock.release()
+        return await self._worker.run(lambda: self._retry(call))
+
+    def _after_inline_commit(self) -> None:
+        # Checkpoints copy the WAL into the database file (and fsync it): slow work that
+        # belongs on the worker, not inside an inline commit.
+        self._commits_since_checkpoint += 1
+        if self._commits_since_checkpoint >= _CHECKPOINT_EVERY and self._checkpoint is None:
+            self._commits_since_checkpoint = 0
+            self._checkpoint = asyncio.ensure_future(self._run_checkpoint())
+
+    async def _run_checkpoint(self) -> None:
+        try:
+            await self._worker.run(
+                lambda: self._retry(lambda: self._db.execute("PRAGMA wal_checkpoint(PASSIVE)"))
+            )
+        except StoreError:
+            pass  # a later checkpoint will catch up; the WAL stays valid meanwhile
+        finally:
+            self._checkpoint = None
+
+    async def _read(self, fn: Callable[[sqlite3.Connection], T], *, inline: bool = False) -> T:
         def call() -> T:
             db = self._db
             db.execute("BEGIN")
@@ -229,7 +279,7 @@ class SQLiteStore:
             finally:
                 db.execute("COMMIT")
 
-        return await self._worker.run(lambda: self._retry(call))
+        return await self._run(call, inline=inline)
 
     async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         if self.read_only:
@@ -248,9 +298,11 @@ class SQLiteStore:
                 raise
             return result
 
-        return await self._worker.run(lambda: self._retry(call))
+        return await self._run(call, inline=True)
 
-    def _head(self, db: sqlite3.Connection, tenant: str, session_id: str) -> tuple[int, SessionRecord]:
+    def _head(
+        self, db: sqlite3.Connection, tenant: str, session_id: str
+    ) -> tuple[int, SessionRecord]:
         row = db.execute(
             "SELECT sk, version FROM sessions WHERE tenant=? AND id=?", (tenant, session_id)
         ).fetchone()
@@ -320,7 +372,7 @@ class SQLiteStore:
 
     async def get_session(self, tenant: str, session_id: str) -> SessionRecord:
         check_tenant_and_id(tenant, session_id)
-        return await self._read(lambda db: self._head(db, tenant, session_id)[1])
+        return await self._read(lambda db: self._head(db, tenant, session_id)[1], inline=True)
 
     async def update_session(
         self,
@@ -700,6 +752,10 @@ class SQLiteStore:
         )
 
 
+def _is_busy(exc: sqlite3.Error) -> bool:
+    return getattr(exc, "sqlite_errorcode", 0) & 0xFF in _BUSY
+
+
 def _translate(exc: sqlite3.Error, where: str) -> StoreError:
     """The most specific statekeeper error for a sqlite3 error."""
     code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
@@ -719,4 +775,3 @@ def _translate(exc: sqlite3.Error, where: str) -> StoreError:
     if isinstance(exc, sqlite3.ProgrammingError):
         return StoreUnavailableError(f"{where}: {exc}")
     return StoreError(f"{where}: {exc}")
-

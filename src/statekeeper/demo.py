@@ -1,0 +1,150 @@
+"""``make demo``: a scripted support conversation on the embedded SQLite store.
+
+It crosses a session boundary, compacts, forks, packs a context window and prints what
+it did. Run it twice: the second run finds the first run's sessions on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+from statekeeper.core.messages import Message, ToolCallBlock
+from statekeeper.errors import MissingExtraError
+from statekeeper.sessions import Session, SessionManager
+from statekeeper.stores import open_store
+
+DEMO_DB = Path(os.environ.get("STATEKEEPER_DEMO_DB", ".statekeeper/demo.db"))
+
+SCRIPT: list[tuple[str, str]] = [
+    ("My order 1042 has not arrived.", "Sorry to hear that. Let me look up order 1042."),
+    ("It was due on Monday.", "The carrier shows it left the depot on Tuesday."),
+    ("Can you send it again?", "I can open a replacement request once the carrier confirms."),
+    ("How long will that take?", "Usually one business day."),
+    ("Fine, please go ahead.", "Done: replacement request R-77 is open."),
+    ("Will I get an email?", "Yes, a confirmation goes to the address on the order."),
+]
+
+
+async def summarize(messages: list[Message]) -> str:
+    """A stand-in for an LLM summary call: keeps the first line of each user turn."""
+    asks = [m.text.split(".")[0] for m in messages if m.role == "user"]
+    return "Summary of earlier conversation: the customer said: " + "; ".join(asks) + "."
+
+
+async def run() -> None:
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError as exc:  # pragma: no cover - the demo is run with the dev extra
+        raise MissingExtraError("the demo", "cli") from exc
+
+    console = Console()
+    store = await open_store(f"sqlite:///{DEMO_DB}")
+    try:
+        manager = SessionManager(store, "demo-user", agent_id="support-bot", max_messages=10)
+        earlier = [r async for r in manager.iter()]
+        if earlier:
+            console.print(
+                f"[green]Found {len(earlier)} session(s) from earlier runs in {DEMO_DB}: "
+                "the data survived the restart.[/]"
+            )
+        else:
+            console.print(f"First run: creating {DEMO_DB}")
+
+        run_no = len({r.metadata.get("run") for r in earlier}) + 1
+        session = await manager.create(
+            title=f"Order 1042 (demo run {run_no})",
+            metadata={"run": run_no, "channel": "web"},
+            messages=[
+                Message.system("You are a courteous support agent for an online shop."),
+                Message.context("Policy: replacements ship after the carrier confirms loss."),
+            ],
+        )
+        first_id = session.id
+        console.print(f"Created session [bold]{first_id}[/]")
+
+        await converse(session, console)
+
+        view = await session.view()
+        console.print(
+            f"Boundary: after {manager.max_messages} messages the conversation moved on to "
+            f"[bold]{session.id}[/] (continuation {session.record.continuation_index}, "
+            f"continued_from={session.record.continued_from}); it carried over "
+            f"{sum(1 for m in view.messages if m.category.name in ('SYSTEM', 'CONTEXT'))} "
+            "system/context messages and a transition marker."
+        )
+
+        result = await session.compact(summarize, keep_last=2)
+        console.print(
+            f"Compacted: {result.replaced} messages became one summary; view tokens "
+            f"{result.tokens_before} -> {result.tokens_after} (freed {result.tokens_freed}). "
+            "The originals are still stored."
+        )
+
+        branch = await session.branch()
+        fork_at = branch[len(branch) // 2].seq
+        fork = await session.fork(at=fork_at, title="What if the customer asked for a refund?")
+        await fork.append(Message.user("Actually, I would rather have a refund."))
+        await fork.append(Message.assistant("Understood: I have started refund F-12 instead."))
+        console.print(
+            f"Forked {session.id} at entry {fork_at} into [bold]{fork.id}[/] without copying "
+            f"history; the fork sees {len(await fork.messages())} messages."
+        )
+
+        window = await session.context_window(budget=120)
+        console.print(
+            f"Context window under 120 tokens: {len(window.messages)} messages, "
+            f"{window.tokens} tokens, {len(window.dropped)} dropped, {len(window.elided)} elided."
+        )
+
+        table = Table(title=f"Sessions of demo-user in {DEMO_DB}")
+        for column in ("id", "title", "msgs", "tokens", "compactions", "links"):
+            table.add_column(column)
+        async for record in manager.iter():
+            links = []
+            if record.continued_from:
+                links.append(f"from {record.continued_from[-6:]}")
+            if record.continued_to:
+                links.append(f"to {record.continued_to[-6:]}")
+            if record.forked_from:
+                links.append(f"fork of {record.forked_from.session_id[-6:]}")
+            table.add_row(
+                record.id,
+                record.title or "",
+                str(record.message_count),
+                str(record.total_tokens),
+                str(record.compaction_count),
+                ", ".join(links),
+            )
+        console.print(table)
+        console.print("Active view of the continued session:")
+        for message in await session.messages():
+            console.print(f"  [cyan]{message.role:>9}[/] {message.text[:90]}")
+    finally:
+        await store.close()
+
+
+async def converse(session: Session, console: object) -> None:
+    """Play the scripted conversation, with one tool call and its result."""
+    for turn, (question, answer) in enumerate(SCRIPT):
+        await session.append(Message.user(question))
+        if turn == 0:
+            call = ToolCallBlock(id="call_1", name="lookup_order", arguments='{"order": 1042}')
+            await session.append(
+                Message.assistant("Looking it up.", tool_calls=[call]),
+                Message.tool_result("call_1", '{"status": "in transit", "eta": "Thursday"}'),
+            )
+        await session.append(Message.assistant(answer))
+
+
+def main() -> None:
+    """Entry point of ``python -m statekeeper.demo``."""
+    asyncio.run(run())
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""Compaction: one summary entry stands for older messages in the active view.
+
+Atomic by construction: the summariser runs first, and the only write is a single
+append (the compaction entry plus the head update, in one transaction). If the
+summariser fails, nothing is written. Originals are never deleted. Entries appended
+while the summariser ran come after the compaction's range and stay in the view.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from statekeeper.core.messages import Message, MessageCategory, Role
+from statekeeper.core.tokens import message_tokens
+from statekeeper.errors import ConflictError, InvalidPayloadError
+from statekeeper.sessions.view import SUMMARY_KEY, TranscriptView, is_replaceable
+from statekeeper.stores.base import Entry, EntryDraft, EntryKind, SessionPatch
+
+if TYPE_CHECKING:
+    from statekeeper.sessions.manager import Session
+
+__all__ = ["CompactionResult", "Summarizer", "compact_session"]
+
+Summarizer = Callable[[list[Message]], Awaitable[str | Message]]
+"""Turns the messages to compact into a summary (in real use, an LLM call)."""
+
+_MAX_ATTEMPTS = 8
+
+
+@dataclass(frozen=True)
+class CompactionResult:
+    """What a compaction did. ``entry`` is None when there was nothing to compact."""
+
+    entry: Entry | None
+    summary: Message | None
+    replaced: int
+    tokens_before: int
+    tokens_after: int
+
+    @property
+    def tokens_freed(self) -> int:
+        """Tokens the active view lost by the compaction."""
+        return self.tokens_before - self.tokens_after
+
+
+def _choose(view: TranscriptView, keep_last: int) -> list[int]:
+    """Indices of view messages to summarise: replaceable ones except the newest few.
+
+    The cut never separates a tool call from its results: if a kept result answers a
+    call that would be summarised, the call (and everything after it) is kept too.
+    """
+    replaceable = [i for i, m in enumerate(view.messages) if is_replaceable(m)]
+    chosen = replaceable[: max(len(replaceable) - keep_last, 0)]
+    if not chosen:
+        return []
+    kept_results = {
+        r.tool_call_id
+        for i, m in enumerate(view.messages)
+        if i > chosen[-1]
+        for r in m.tool_results
+    }
+    for position, index in enumerate(chosen):
+        if any(call.id in kept_results for call in view.messages[index].tool_calls):
+            return chosen[:position]
+    return chosen
+
+
+async def compact_session(
+    session: Session, summarize: Summarizer, *, keep_last: int = 4
+) -> CompactionResult:
+    """Summarise all but the newest ``keep_last`` replaceable messages of the active view.
+
+    SYSTEM and CONTEXT messages are never summarised away; earlier summaries are.
+    Records the compaction count and the tokens freed on the session.
+    """
+    if keep_last < 0:
+        raise InvalidPayloadError("keep_last must be >= 0")
+    await session.refresh()
+    view = await session.view()
+    chosen = _choose(view, keep_last)
+    before = view.tokens
+    if not chosen:
+        return CompactionResult(None, None, 0, before, before)
+    originals = [view.messages[i] for i in chosen]
+    through_seq = view.seqs[chosen[-1]]
+
+    produced = await summarize(originals)
+    if isinstance(produced, str):
+        produced = Message(role=Role.USER, content=produced)
+    summary = produced.with_changes(
+        category=MessageCategory.CONTEXT,
+        metadata={**produced.metadata, SUMMARY_KEY: True, "through_seq": through_seq},
+        tokens=None,
+    )
+    summary = summary.with_changes(tokens=message_tokens(summary, session.manager.counter))
+    replaced_tokens = sum(m.tokens or 0 for m in originals)
+
+    for _ in range(_MAX_ATTEMPTS):
+        if view.branch and through_seq not in {e.seq for e in view.branch}:
+            raise ConflictError(
+                f"session {session.id!r} switched branches while compacting; compact again"
+            )
+        after = view.tokens - replaced_tokens + (summary.tokens or 0)
+        draft = EntryDraft(
+            kind=EntryKind.COMPACTION,
+            payload={
+                "summary": summary.to_dict(),
+                "through_seq": through_seq,
+                "replaced": len(originals),
+                "tokens_before": view.tokens,
+                "tokens_after": after,
+            },
+        )
+        patch = SessionPatch(set={"fresh_tokens": after}, add={"compaction_count": 1})
+        try:
+            entries = await session._append_raw([draft], patch, expected_version=session.version)
+        except ConflictError:
+            # Someone appended while the summariser ran: keep their entries and retry on
+            # top of them with the same summary.
+            await session.refresh()
+            view = await session.view()
+            continue
+        return CompactionResult(entries[0], summary, len(originals), before, after)
+    raise ConflictError(
+        f"session {session.id!r} kept changing while compacting; retry when it is quieter"
+    )

@@ -1,0 +1,467 @@
+"""Sessions for one tenant: create, load, list, delete, and the `Session` handle.
+
+A `Session` is a handle on one conversation. Appends are O(1): one transcript entry per
+message and a small head update, never a rewrite. By default a handle appends only on
+top of the version it last saw, so two writers on one conversation get a typed
+`ConflictError` instead of an interleaved transcript; ``strict=False`` lets the store
+serialise appends instead (each is chained onto whatever the head is then).
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from pydantic import JsonValue
+
+from statekeeper.core.context import ContextWindow, build_context_window
+from statekeeper.core.messages import Message, MessageCategory, Role
+from statekeeper.core.tokens import DEFAULT_COUNTER, TokenCounter, message_tokens
+from statekeeper.errors import (
+    AlreadyExistsError,
+    ConflictError,
+    InvalidInputError,
+    NotFoundError,
+)
+from statekeeper.ids import new_id, validate_id
+from statekeeper.sessions.compaction import CompactionResult, Summarizer, compact_session
+from statekeeper.sessions.state import ScopedState
+from statekeeper.sessions.view import TranscriptView, active_branch, build_view
+from statekeeper.stores.base import (
+    DeliveryContext,
+    Entry,
+    EntryDraft,
+    ForkPoint,
+    Page,
+    SessionPatch,
+    SessionQuery,
+    SessionRecord,
+    Store,
+)
+
+__all__ = ["AppendOutcome", "Session", "SessionManager"]
+
+_RESERVED_TENANT_PREFIX = "statekeeper."
+_MARKER_KEY = "statekeeper.marker"
+_CARRIED_KEY = "statekeeper.carried"  # messages a continuation started with
+
+
+@dataclass(frozen=True)
+class AppendOutcome:
+    """What `Session.append` stored, and where (``continued_from`` if it crossed a boundary)."""
+
+    entries: list[Entry]
+    session_id: str
+    continued_from: str | None = None
+
+
+class SessionManager:
+    """Sessions of one tenant (user) in a store.
+
+    ``max_messages`` / ``max_tokens`` set the session boundary: an append that would cross
+    it first moves the conversation to a continuation session (when ``auto_continue``).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        tenant: str,
+        *,
+        agent_id: str | None = None,
+        max_messages: int | None = 5000,
+        max_tokens: int | None = None,
+        auto_continue: bool = True,
+        counter: TokenCounter | None = None,
+    ) -> None:
+        validate_id(tenant, "tenant")
+        if tenant.startswith(_RESERVED_TENANT_PREFIX):
+            raise InvalidInputError(f"tenant ids starting {_RESERVED_TENANT_PREFIX!r} are reserved")
+        if agent_id is not None:
+            validate_id(agent_id, "agent id")
+        self.store = store
+        self.tenant = tenant
+        self.agent_id = agent_id
+        self.max_messages = max_messages
+        self.max_tokens = max_tokens
+        self.auto_continue = auto_continue
+        self.counter = counter or DEFAULT_COUNTER
+
+    async def create(
+        self,
+        *,
+        session_id: str | None = None,
+        title: str | None = None,
+        agent_id: str | None = None,
+        metadata: dict[str, JsonValue] | None = None,
+        model_override: str | None = None,
+        thinking_level: str | None = None,
+        delivery: DeliveryContext | None = None,
+        messages: Sequence[Message] = (),
+    ) -> Session:
+        """Create a session (optionally with first messages). `AlreadyExistsError` if taken."""
+        record = SessionRecord(
+            id=validate_id(session_id, "session id") if session_id is not None else new_id("ses"),
+            tenant=self.tenant,
+            agent_id=agent_id or self.agent_id,
+            title=title,
+            metadata=metadata or {},
+            model_override=model_override,
+            thinking_level=thinking_level,
+            delivery=delivery,
+        )
+        session = Session(self, await self.store.create_session(record))
+        if messages:
+            await session.append(*messages)
+        return session
+
+    async def get(self, session_id: str) -> Session:
+        """Open an existing session. `NotFoundError` if this tenant has no such session."""
+        return Session(self, await self.store.get_session(self.tenant, session_id))
+
+    async def latest(self, session_id: str) -> Session:
+        """The newest continuation of a conversation (following ``continued_to`` links)."""
+        record = await self.store.get_session(self.tenant, session_id)
+        seen = {record.id}
+        while record.continued_to is not None:
+            try:
+                record = await self.store.get_session(self.tenant, record.continued_to)
+            except NotFoundError:
+                break  # a continuation that was reserved but not created yet
+            if record.id in seen:
+                break
+            seen.add(record.id)
+        return Session(self, record)
+
+    async def list(
+        self,
+        *,
+        limit: int = 50,
+        cursor: str | None = None,
+        offset: int = 0,
+        agent_id: str | None = None,
+        metadata: dict[str, JsonValue] | None = None,
+        active_after: datetime | None = None,
+        active_before: datetime | None = None,
+    ) -> Page:
+        """One page of sessions, most recently active first; pass ``next_cursor`` on."""
+        query = SessionQuery(
+            limit=limit,
+            cursor=cursor,
+            offset=offset,
+            agent_id=agent_id,
+            metadata=metadata or {},
+            active_after=active_after,
+            active_before=active_before,
+        )
+        return await self.store.list_sessions(self.tenant, query)
+
+    async def iter(self, *, page_size: int = 100, **filters: Any) -> AsyncIterator[SessionRecord]:
+        """Every session matching the filters, page by page."""
+        cursor: str | None = None
+        while True:
+            page = await self.list(limit=page_size, cursor=cursor, **filters)
+            for record in page.items:
+                yield record
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    async def delete(self, session_id: str) -> None:
+        """Delete a session and its whole transcript. `NotFoundError` if absent."""
+        await self.store.delete_session(self.tenant, session_id)
+
+    # -- transcript reads shared by handles ------------------------------------------------
+
+    async def load_branch(
+        self, record: SessionRecord, head_seq: int | None = None
+    ) -> builtins.list[Entry]:
+        """The active branch of ``record`` (through forks into the sessions it came from)."""
+        head = record.head_seq if head_seq is None else head_seq
+        entries = await self.store.read_entries(self.tenant, record.id, until_seq=head)
+        branch = active_branch(entries, head)
+        if record.forked_from is not None and (not branch or branch[0].parent_seq is None):
+            origin = await self.store.get_session(self.tenant, record.forked_from.session_id)
+            branch = await self.load_branch(origin, record.forked_from.seq) + branch
+        return branch
+
+
+class Session:
+    """A handle on one conversation. See the module docstring for the append rules."""
+
+    def __init__(self, manager: SessionManager, record: SessionRecord) -> None:
+        self.manager = manager
+        self._record = record
+        self.state = ScopedState(self)
+
+    def __repr__(self) -> str:
+        return f"<Session {self.id} v{self.version} head={self._record.head_seq}>"
+
+    @property
+    def record(self) -> SessionRecord:
+        """The session head as this handle last saw it."""
+        return self._record
+
+    @property
+    def id(self) -> str:
+        """The session id (changes when the conversation moves to a continuation)."""
+        return self._record.id
+
+    @property
+    def version(self) -> int:
+        """The version this handle last saw; appends compare-and-set on it by default."""
+        return self._record.version
+
+    @property
+    def _store(self) -> Store:
+        return self.manager.store
+
+    @property
+    def _tenant(self) -> str:
+        return self.manager.tenant
+
+    def _adopt(self, record: SessionRecord) -> None:
+        self._record = record
+
+    async def refresh(self) -> SessionRecord:
+        """Re-read the head (after a `ConflictError`, or to see other writers' changes)."""
+        self._adopt(await self._store.get_session(self._tenant, self.id))
+        return self._record
+
+    # -- writing ---------------------------------------------------------------------------
+
+    async def append(self, *messages: Message, strict: bool = True) -> AppendOutcome:
+        """Append messages atomically (all or none), O(1) in the transcript's length.
+
+        Token counts are filled in with the manager's counter. Crossing the session
+        boundary first moves this handle to a continuation session.
+        """
+        if not messages:
+            raise InvalidInputError("append needs at least one message")
+        counted = [
+            m
+            if m.tokens is not None
+            else m.with_changes(tokens=message_tokens(m, self.manager.counter))
+            for m in messages
+        ]
+        continued_from = None
+        if self.manager.auto_continue and self.needs_continuation(extra=counted):
+            continued_from = self.id
+            await self.continue_session()
+        tokens = sum(m.tokens or 0 for m in counted)
+        result = await self._store.append_entries(
+            self._tenant,
+            self.id,
+            [EntryDraft(id=m.id, payload=m.to_dict(), created_at=m.created_at) for m in counted],
+            expected_version=self.version if strict else None,
+            patch=SessionPatch(
+                add={"total_tokens": tokens, "fresh_tokens": tokens, "message_count": len(counted)}
+            ),
+        )
+        if not result.replayed:
+            self._adopt(result.session)
+        return AppendOutcome(result.entries, self.id, continued_from)
+
+    async def update(self, **fields: Any) -> SessionRecord:
+        """Set head fields (title, metadata, model_override, thinking_level, delivery ...)."""
+        if "delivery" in fields and isinstance(fields["delivery"], DeliveryContext):
+            fields["delivery"] = fields["delivery"].model_dump(mode="json")
+        record = await self._store.update_session(
+            self._tenant, self.id, SessionPatch(set=fields), expected_version=self.version
+        )
+        self._adopt(record)
+        return record
+
+    async def delete(self) -> None:
+        """Delete this session and its transcript."""
+        await self.manager.delete(self.id)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    async def entries(
+        self, *, after_seq: int = 0, until_seq: int | None = None, limit: int | None = None
+    ) -> list[Entry]:
+        """Raw stored entries of this session, every branch, in seq order."""
+        return await self._store.read_entries(
+            self._tenant, self.id, after_seq=after_seq, until_seq=until_seq, limit=limit
+        )
+
+    async def branch(self) -> list[Entry]:
+        """The active branch, root first (including the history it was forked from).
+
+        Reads the current head first, so other writers' appends are included.
+        """
+        return await self.manager.load_branch(await self.refresh())
+
+    async def view(self) -> TranscriptView:
+        """The active view: messages with compactions applied, plus corrupt-entry reports."""
+        return build_view(await self.branch())
+
+    async def messages(self) -> list[Message]:
+        """The messages of the active view."""
+        return (await self.view()).messages
+
+    async def context_window(self, budget: int, *, reserve: int = 0) -> ContextWindow:
+        """Messages for the next model call, packed by category under a token budget."""
+        view = await self.view()
+        return build_context_window(
+            view.messages, budget, counter=self.manager.counter, reserve=reserve
+        )
+
+    # -- branches, forks, compaction, continuation ---------------------------------------
+
+    async def _resolve(self, at: int | str | None) -> int:
+        if at is None:
+            return self._record.head_seq
+        if isinstance(at, str):
+            return (await self._store.get_entry(self._tenant, self.id, at)).seq
+        if not 0 <= at <= self._record.last_seq:
+            raise InvalidInputError(
+                f"no entry {at} in session {self.id!r} (entries 1..{self._record.last_seq})"
+            )
+        return at
+
+    async def checkout(self, at: int | str) -> SessionRecord:
+        """Make the branch ending at entry ``at`` (seq or id) active; new appends fork there."""
+        seq = await self._resolve(at)
+        view = build_view(await self.manager.load_branch(self._record, seq))
+        patch = SessionPatch(set={"head_seq": seq, "fresh_tokens": view.tokens})
+        record = await self._store.update_session(
+            self._tenant, self.id, patch, expected_version=self.version
+        )
+        self._adopt(record)
+        return record
+
+    async def fork(
+        self,
+        at: int | str | None = None,
+        *,
+        session_id: str | None = None,
+        title: str | None = None,
+    ) -> Session:
+        """A new session whose history is this one's up to entry ``at`` (default: the head).
+
+        Nothing is copied: the new session reads the shared history from this one.
+        """
+        seq = await self._resolve(at)
+        view = build_view(await self.manager.load_branch(self._record, seq))
+        source = self._record
+        record = SessionRecord(
+            id=validate_id(session_id, "session id") if session_id is not None else new_id("ses"),
+            tenant=self._tenant,
+            agent_id=source.agent_id,
+            title=title if title is not None else source.title,
+            metadata=dict(source.metadata),
+            model_override=source.model_override,
+            thinking_level=source.thinking_level,
+            delivery=source.delivery,
+            forked_from=ForkPoint(session_id=source.id, seq=seq),
+            state=dict(source.state),
+            total_tokens=view.tokens,
+            fresh_tokens=view.tokens,
+            message_count=len(view.messages),
+        )
+        return Session(self.manager, await self._store.create_session(record))
+
+    async def compact(self, summarize: Summarizer, *, keep_last: int = 4) -> CompactionResult:
+        """Summarise older messages into one summary entry (see `compact_session`)."""
+        return await compact_session(self, summarize, keep_last=keep_last)
+
+    def needs_continuation(self, *, extra: Sequence[Message] = ()) -> bool:
+        """Whether appending ``extra`` would cross the manager's session boundary."""
+        record = self._record
+        carried = record.metadata.get(_CARRIED_KEY, 0)
+        if isinstance(carried, int) and record.message_count <= carried:
+            return False  # a fresh continuation: moving on again would not shrink anything
+        limit_m, limit_t = self.manager.max_messages, self.manager.max_tokens
+        if limit_m is not None and record.message_count + len(extra) > limit_m:
+            return True
+        extra_tokens = sum(m.tokens or 0 for m in extra)
+        return limit_t is not None and record.fresh_tokens + extra_tokens > limit_t
+
+    async def continue_session(self) -> Session:
+        """Move this conversation to a new, linked continuation session and return self.
+
+        The new session starts with this one's SYSTEM and CONTEXT messages (including
+        compaction summaries) and a transition marker. Crash-safe: the link is reserved
+        on this session first, so a retry finishes the same continuation.
+        """
+        await self.refresh()
+        old = self._record
+        target = old.continued_to
+        if target is None:
+            target = new_id("ses")
+            try:
+                old = await self._store.update_session(
+                    self._tenant,
+                    old.id,
+                    SessionPatch(set={"continued_to": target}),
+                    expected_version=old.version,
+                )
+            except ConflictError:
+                await self.refresh()
+                if self._record.continued_to is None:
+                    raise
+                target = self._record.continued_to
+        try:
+            record = await self._store.get_session(self._tenant, target)
+        except NotFoundError:
+            record = await self._create_continuation(old, target)
+        self._adopt(record)
+        self.state.reset_temp()
+        return self
+
+    async def _create_continuation(self, old: SessionRecord, target: str) -> SessionRecord:
+        view = await Session(self.manager, old).view()
+        carried = [
+            m.with_changes(id=new_id("msg"))
+            for m in view.messages
+            if m.category in (MessageCategory.SYSTEM, MessageCategory.CONTEXT)
+            and m.metadata.get(_MARKER_KEY) != "continuation"
+        ]
+        marker = Message(
+            role=Role.SYSTEM,
+            category=MessageCategory.CONTEXT,
+            content=f"[This conversation continues from session {old.id}.]",
+            metadata={_MARKER_KEY: "continuation", "continued_from": old.id},
+        )
+        carried.append(marker.with_changes(tokens=message_tokens(marker, self.manager.counter)))
+        record = SessionRecord(
+            id=target,
+            tenant=self._tenant,
+            agent_id=old.agent_id,
+            title=old.title,
+            metadata={**old.metadata, _CARRIED_KEY: len(carried)},
+            model_override=old.model_override,
+            thinking_level=old.thinking_level,
+            delivery=old.delivery,
+            continued_from=old.id,
+            continuation_index=old.continuation_index + 1,
+            state=dict(old.state),
+            total_tokens=old.total_tokens,
+        )
+        try:
+            created = await self._store.create_session(record)
+        except AlreadyExistsError:
+            return await self._store.get_session(self._tenant, target)
+        tokens = sum(m.tokens or 0 for m in carried)
+        result = await self._store.append_entries(
+            self._tenant,
+            target,
+            [EntryDraft(id=m.id, payload=m.to_dict(), created_at=m.created_at) for m in carried],
+            expected_version=created.version,
+            patch=SessionPatch(add={"fresh_tokens": tokens, "message_count": len(carried)}),
+        )
+        return result.session
+
+    async def _append_raw(
+        self, drafts: list[EntryDraft], patch: SessionPatch, *, expected_version: int | None
+    ) -> list[Entry]:
+        result = await self._store.append_entries(
+            self._tenant, self.id, drafts, expected_version=expected_version, patch=patch
+        )
+        if not result.replayed:
+            self._adopt(result.session)
+        return result.entries

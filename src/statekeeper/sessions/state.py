@@ -1,0 +1,151 @@
+"""Scoped key-value state on a session, changed through recorded deltas.
+
+Keys choose their scope by prefix:
+
+    "app:theme"     shared by every user of the app (agent)
+    "user:locale"   this tenant's, across all their sessions
+    "temp:scratch"  this handle's only; never persisted
+    "draft"         (no prefix) this session's
+
+Every change to persisted scopes is recorded as a ``state`` entry in the transcript
+holding the delta, so the history of state is replayable like the conversation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
+
+from pydantic import JsonValue
+
+from statekeeper.errors import ConflictError, InvalidInputError, NotFoundError
+from statekeeper.stores.base import EntryDraft, EntryKind, SessionPatch
+
+if TYPE_CHECKING:
+    from statekeeper.sessions.manager import Session
+
+__all__ = ["APP_TENANT", "ScopedState"]
+
+APP_TENANT = "statekeeper.app"
+"""The reserved tenant that holds app-wide state (user tenants may not use it)."""
+
+_SCOPES = ("app:", "user:", "temp:")
+_MAX_ATTEMPTS = 10
+
+
+def _split(key: str) -> tuple[str, str]:
+    if not isinstance(key, str) or not key:
+        raise InvalidInputError("state keys must be non-empty strings")
+    for prefix in _SCOPES:
+        if key.startswith(prefix):
+            name = key[len(prefix) :]
+            if not name:
+                raise InvalidInputError(f"state key {key!r} has a scope but no name")
+            return prefix[:-1], name
+    return "session", key
+
+
+class ScopedState:
+    """The state of one session handle across the four scopes."""
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+        self._temp: dict[str, JsonValue] = {}
+
+    def reset_temp(self) -> None:
+        """Forget temporary keys (done when the handle moves to a continuation)."""
+        self._temp.clear()
+
+    def _shared(self, scope: str) -> tuple[str, str, str]:
+        manager = self._session.manager
+        tenant = APP_TENANT if scope == "app" else manager.tenant
+        return tenant, f"state.{scope}", self._session.record.agent_id or "default"
+
+    async def _load_shared(self, scope: str) -> tuple[dict[str, JsonValue], int]:
+        tenant, namespace, key = self._shared(scope)
+        try:
+            record = await self._session.manager.store.get_record(tenant, namespace, key)
+        except NotFoundError:
+            return {}, 0
+        value = record.value
+        return (dict(value) if isinstance(value, dict) else {}), record.version
+
+    async def all(self) -> dict[str, JsonValue]:
+        """Every key of every scope, with its prefix."""
+        out: dict[str, JsonValue] = {}
+        for scope in ("app", "user"):
+            values, _ = await self._load_shared(scope)
+            out.update({f"{scope}:{k}": v for k, v in values.items()})
+        out.update(self._session.record.state)
+        out.update({f"temp:{k}": v for k, v in self._temp.items()})
+        return out
+
+    async def get(self, key: str, default: JsonValue = None) -> JsonValue:
+        """One key's value, or ``default``."""
+        scope, name = _split(key)
+        if scope == "temp":
+            return self._temp.get(name, default)
+        if scope == "session":
+            return self._session.record.state.get(name, default)
+        values, _ = await self._load_shared(scope)
+        return values.get(name, default)
+
+    async def update(self, delta: Mapping[str, JsonValue]) -> None:
+        """Set keys in their scopes and record the persisted part of the delta."""
+        await self._change(dict(delta), [])
+
+    async def delete(self, *keys: str) -> None:
+        """Remove keys from their scopes (absent keys are ignored)."""
+        await self._change({}, list(keys))
+
+    async def _change(self, delta: dict[str, JsonValue], deleted: Iterable[str]) -> None:
+        by_scope: dict[str, tuple[dict[str, JsonValue], list[str]]] = {
+            s: ({}, []) for s in ("app", "user", "session", "temp")
+        }
+        for key, value in delta.items():
+            scope, name = _split(key)
+            by_scope[scope][0][name] = value
+        for key in deleted:
+            scope, name = _split(key)
+            by_scope[scope][1].append(name)
+
+        for scope in ("app", "user"):
+            sets, removes = by_scope[scope]
+            if sets or removes:
+                await self._write_shared(scope, sets, removes)
+
+        sets, removes = by_scope["session"]
+        recorded = {
+            scope: {"set": by_scope[scope][0], "deleted": by_scope[scope][1]}
+            for scope in ("app", "user", "session")
+            if by_scope[scope][0] or by_scope[scope][1]
+        }
+        if recorded:
+            new_state = {**self._session.record.state, **sets}
+            for name in removes:
+                new_state.pop(name, None)
+            draft = EntryDraft(kind=EntryKind.STATE, payload={"delta": recorded})
+            patch = SessionPatch(set={"state": new_state})
+            await self._session._append_raw([draft], patch, expected_version=self._session.version)
+
+        temp_sets, temp_removes = by_scope["temp"]
+        self._temp.update(temp_sets)
+        for name in temp_removes:
+            self._temp.pop(name, None)
+
+    async def _write_shared(
+        self, scope: str, sets: dict[str, JsonValue], removes: list[str]
+    ) -> None:
+        tenant, namespace, key = self._shared(scope)
+        store = self._session.manager.store
+        for _ in range(_MAX_ATTEMPTS):
+            values, version = await self._load_shared(scope)
+            values.update(sets)
+            for name in removes:
+                values.pop(name, None)
+            try:
+                await store.put_record(tenant, namespace, key, values, expected_version=version)
+                return
+            except ConflictError:
+                continue
+        raise ConflictError(f"{scope} state kept changing under concurrent writers; retry")

@@ -1,0 +1,147 @@
+"""Pure transcript logic: the active branch of the entry DAG and the view a model sees.
+
+The active branch is the path from the session's head to the root, following
+``parent_seq``. The view is that branch turned into messages, with each compaction
+applied: a compaction's summary stands in for the older messages it covers (the
+originals stay stored and readable), and entries appended while the summariser ran,
+being after the compaction's range, stay in the view.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from pydantic import ValidationError
+
+from statekeeper.core.messages import Message, MessageCategory
+from statekeeper.errors import StoreCorruptError
+from statekeeper.stores.base import Entry, EntryKind
+
+__all__ = [
+    "SUMMARY_KEY",
+    "TranscriptView",
+    "active_branch",
+    "build_view",
+    "is_replaceable",
+]
+
+SUMMARY_KEY = "statekeeper.summary"
+"""Metadata key marking a compaction summary message."""
+
+
+@dataclass(frozen=True)
+class TranscriptView:
+    """The active view of a session.
+
+    ``messages`` is what the next model call builds on (compactions applied); ``seqs``
+    gives the entry seq each message came from (a summary has its compaction's seq);
+    ``corrupt`` lists entries that could not be decoded: reported, never silently skipped.
+    """
+
+    messages: list[Message]
+    seqs: list[int]
+    branch: list[Entry]
+    corrupt: list[Entry] = field(default_factory=list)
+
+    @property
+    def tokens(self) -> int:
+        """Sum of the messages' stored token counts."""
+        return sum(m.tokens or 0 for m in self.messages)
+
+
+def active_branch(entries: Sequence[Entry], head_seq: int) -> list[Entry]:
+    """The entries from the root to ``head_seq``, given every entry with seq <= head.
+
+    ``entries`` must be in seq order starting at seq 1 (as ``read_entries`` returns them).
+    """
+    if head_seq == 0:
+        return []
+    by_seq = entries if entries and entries[0].seq == 1 else []
+    if len(by_seq) < head_seq or by_seq[head_seq - 1].seq != head_seq:
+        raise StoreCorruptError(f"entry {head_seq} (the session head) is missing")
+    path: list[Entry] = []
+    seq: int | None = head_seq
+    while seq is not None:
+        entry = by_seq[seq - 1]
+        path.append(entry)
+        if entry.parent_seq is not None and entry.parent_seq >= seq:
+            raise StoreCorruptError(f"entry {seq} points forward to parent {entry.parent_seq}")
+        seq = entry.parent_seq
+    path.reverse()
+    return path
+
+
+def is_replaceable(message: Message) -> bool:
+    """Whether a compaction may summarise this message away.
+
+    SYSTEM and CONTEXT messages stay; earlier summaries are summarised again.
+    """
+    if message.category is MessageCategory.SYSTEM:
+        return False
+    if message.category is MessageCategory.CONTEXT:
+        return bool(message.metadata.get(SUMMARY_KEY))
+    return True
+
+
+def build_view(branch: Sequence[Entry]) -> TranscriptView:
+    """Turn a branch into the message view, applying compactions in order."""
+    items: list[tuple[int, Message]] = []
+    corrupt: list[Entry] = []
+    position = {entry.seq: index for index, entry in enumerate(branch)}
+    for entry in branch:
+        if entry.kind == EntryKind.MESSAGE:
+            try:
+                items.append((entry.seq, Message.model_validate(entry.payload)))
+            except ValidationError as exc:
+                corrupt.append(_as_corrupt(entry, f"not a valid message: {exc.errors()[:1]}"))
+        elif entry.kind == EntryKind.COMPACTION:
+            try:
+                summary = Message.model_validate(entry.payload["summary"])
+                through = position[int(entry.payload["through_seq"])]
+            except (KeyError, TypeError, ValueError) as exc:
+                corrupt.append(_as_corrupt(entry, f"not a valid compaction: {exc!r}"))
+                continue
+            items = _apply_compaction(items, position, through, entry.seq, summary)
+        elif entry.kind == EntryKind.CORRUPT:
+            corrupt.append(entry)
+    return TranscriptView(
+        messages=[m for _, m in items],
+        seqs=[s for s, _ in items],
+        branch=list(branch),
+        corrupt=corrupt,
+    )
+
+
+def _apply_compaction(
+    items: list[tuple[int, Message]],
+    position: dict[int, int],
+    through: int,
+    seq: int,
+    summary: Message,
+) -> list[tuple[int, Message]]:
+    out: list[tuple[int, Message]] = []
+    placed = False
+    for item_seq, message in items:
+        # A summary's seq is its compaction entry, which lies after the range it covers,
+        # so an earlier summary is judged by where its own compaction sits.
+        if position[item_seq] <= through and is_replaceable(message):
+            if not placed:
+                out.append((seq, summary))
+                placed = True
+            continue
+        out.append((item_seq, message))
+    if not placed:
+        out.append((seq, summary))
+    return out
+
+
+def _as_corrupt(entry: Entry, error: str) -> Entry:
+    return Entry(
+        entry.seq,
+        entry.id,
+        entry.parent_seq,
+        EntryKind.CORRUPT,
+        entry.created_at,
+        {"error": error, "kind": entry.kind},
+    )

@@ -1,0 +1,110 @@
+"""Compaction: atomic, originals kept, concurrent appends kept, counters recorded."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from statekeeper.core.messages import Message, MessageCategory, ToolCallBlock
+from statekeeper.sessions import SessionManager
+from statekeeper.sessions.view import SUMMARY_KEY
+
+
+async def summarize(messages: list[Message]) -> str:
+    return "summary of " + ",".join(m.text for m in messages)
+
+
+async def test_summary_replaces_older_messages_and_originals_stay(manager: SessionManager) -> None:
+    chat = await manager.create(
+        messages=[Message.system("sys"), Message.context("doc")]
+        + [Message.user(f"m{i}") for i in range(6)]
+    )
+    before = chat.record.fresh_tokens
+    result = await chat.compact(summarize, keep_last=2)
+
+    assert result.replaced == 4
+    texts = [m.text for m in await chat.messages()]
+    assert texts == ["sys", "doc", "summary of m0,m1,m2,m3", "m4", "m5"]
+    view = await chat.view()
+    assert view.messages[2].category is MessageCategory.CONTEXT
+    assert view.messages[2].metadata[SUMMARY_KEY] is True
+    assert len(await chat.entries()) == 9  # 8 messages + the compaction entry
+    assert chat.record.compaction_count == 1
+    assert result.tokens_before == before
+    assert chat.record.fresh_tokens == result.tokens_after == view.tokens
+    assert result.tokens_freed == result.tokens_before - result.tokens_after
+
+
+async def test_failing_summariser_writes_nothing(manager: SessionManager) -> None:
+    chat = await manager.create(messages=[Message.user(f"m{i}") for i in range(5)])
+    version = chat.version
+
+    async def broken(messages: list[Message]) -> str:
+        raise RuntimeError("model unavailable")
+
+    with pytest.raises(RuntimeError):
+        await chat.compact(broken, keep_last=1)
+    again = await manager.get(chat.id)
+    assert again.version == version
+    assert [m.text for m in await again.messages()] == [f"m{i}" for i in range(5)]
+    assert again.record.compaction_count == 0
+
+
+async def test_entries_appended_while_summarising_are_kept(manager: SessionManager) -> None:
+    chat = await manager.create(messages=[Message.user(f"m{i}") for i in range(5)])
+    writer = await manager.get(chat.id)
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(messages: list[Message]) -> str:
+        started.set()
+        await release.wait()
+        return "S"
+
+    task = asyncio.create_task(chat.compact(slow, keep_last=1))
+    await started.wait()
+    await writer.append(Message.user("late-1"))
+    await writer.append(Message.user("late-2"))
+    release.set()
+    result = await task
+
+    assert result.replaced == 4
+    assert [m.text for m in await chat.messages()] == ["S", "m4", "late-1", "late-2"]
+
+
+async def test_second_compaction_summarises_the_first_summary(manager: SessionManager) -> None:
+    chat = await manager.create(messages=[Message.user(f"m{i}") for i in range(4)])
+    await chat.compact(summarize, keep_last=1)
+    await chat.append(Message.user("m4"), Message.user("m5"))
+    await chat.compact(summarize, keep_last=1)
+    texts = [m.text for m in await chat.messages()]
+    assert texts == ["summary of summary of m0,m1,m2,m3,m4", "m5"]
+    assert chat.record.compaction_count == 2
+
+
+async def test_compaction_never_splits_a_tool_call_from_its_result(
+    manager: SessionManager,
+) -> None:
+    call = ToolCallBlock(id="c1", name="lookup")
+    chat = await manager.create(
+        messages=[
+            Message.user("q1"),
+            Message.assistant("a1"),
+            Message.assistant("", tool_calls=[call]),
+            Message.tool_result("c1", "result"),
+        ]
+    )
+    await chat.compact(summarize, keep_last=1)
+    view = await chat.messages()
+    calls = {c.id for m in view for c in m.tool_calls}
+    results = {r.tool_call_id for m in view for r in m.tool_results}
+    assert calls == results == {"c1"}
+    assert view[0].text == "summary of q1,a1"
+
+
+async def test_nothing_to_compact_changes_nothing(manager: SessionManager) -> None:
+    chat = await manager.create(messages=[Message.system("s"), Message.user("u")])
+    result = await chat.compact(summarize, keep_last=4)
+    assert result.entry is None
+    assert result.replaced == 0
+    assert chat.record.compaction_count == 0
