@@ -3,7 +3,7 @@
 A backend registers an async generator that yields a fresh, empty store and cleans up
 after it::
 
-    @backend("postgres")
+    @backend("postgres", capabilities={SHARED})
     async def postgres_store(ctx: BackendContext) -> AsyncIterator[Store]:
         url = os.environ.get("STATEKEEPER_TEST_POSTGRES_URL", "postgresql://localhost/sk_test")
         if not await tcp_reachable("localhost", 5432):
@@ -12,12 +12,17 @@ after it::
         try:
             yield store
         finally:
-            ...  # drop the schema named ctx.unique
             await store.close()
+            if not ctx.reopen:
+                ...  # drop the schema named ctx.unique
 
 Every test taking the ``store`` fixture then runs once more, with the backend's name as
 its test id (``test_x[postgres]``). ``ctx.options`` are store options a test asks for
 (for example ``max_payload_bytes``): pass them on to ``open_store``.
+
+A backend that can open a second handle on the same data (a file, a server) declares
+``capabilities={SHARED}``: the factory is then also called with ``ctx.reopen=True`` and
+the context of an existing store, and must open that store's data without wiping it.
 
 A server backend whose server is not running declares itself skipped with
 `require_service`; when ``CI=true`` or ``STATEKEEPER_REQUIRE_SERVICES=1`` is set that
@@ -32,7 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +50,8 @@ from statekeeper.stores import Store, open_store
 
 __all__ = [
     "BACKENDS",
+    "CAPABILITIES",
+    "SHARED",
     "Backend",
     "BackendContext",
     "backend",
@@ -67,9 +74,18 @@ class BackendContext:
     """A short token unique to this store, for naming a database, schema or key prefix."""
     options: Mapping[str, Any] = field(default_factory=dict)
     """Store options the test asks for (e.g. ``max_payload_bytes``); pass to open_store."""
+    reopen: bool = False
+    """True when asked for another handle on the data of an earlier store with the same
+    context (backends with the `SHARED` capability only): open that data without creating
+    or wiping it, and on exit only close the handle."""
 
 
 Factory = Callable[[BackendContext], AsyncIterator[Store]]
+
+SHARED = "shared"
+"""Capability: two handles can be open on the same data, as two processes would be (a
+database file or server). Tests that need a second handle skip on other backends."""
+CAPABILITIES = frozenset({SHARED})
 
 
 @dataclass(frozen=True)
@@ -78,21 +94,29 @@ class Backend:
 
     name: str
     open: Callable[[BackendContext], AbstractAsyncContextManager[Store]]
+    capabilities: frozenset[str] = frozenset()
 
 
 BACKENDS: dict[str, Backend] = {}
 """Registered backends by name, in registration order (the order tests run in)."""
 
 
-def backend(name: str) -> Callable[[Factory], Factory]:
-    """Register an async generator yielding a fresh, empty store as backend ``name``."""
+def backend(name: str, *, capabilities: Iterable[str] = ()) -> Callable[[Factory], Factory]:
+    """Register an async generator yielding a fresh, empty store as backend ``name``.
+
+    ``capabilities`` names optional behaviour the backend has (`SHARED`); the tests that
+    need one skip on backends without it.
+    """
+    features = frozenset(capabilities)
 
     def register(factory: Factory) -> Factory:
         if name in BACKENDS:
             raise ValueError(f"a conformance backend named {name!r} is already registered")
         if not name or not all(c.isalnum() or c in "-_" for c in name):
             raise ValueError(f"backend name {name!r} must be letters, digits, - and _")
-        BACKENDS[name] = Backend(name, asynccontextmanager(factory))
+        if not features <= CAPABILITIES:
+            raise ValueError(f"unknown capabilities {sorted(features - CAPABILITIES)}")
+        BACKENDS[name] = Backend(name, asynccontextmanager(factory), features)
         return factory
 
     return register
@@ -142,11 +166,11 @@ def require_service(name: str, reason: str) -> NoReturn:
 _reachable: dict[tuple[str, int], bool] = {}
 
 
-async def tcp_reachable(host: str, port: int, *, timeout: float = 1.0) -> bool:
+async def tcp_reachable(host: str, port: int, *, seconds: float = 1.0) -> bool:
     """Whether a TCP server answers at host:port. Cached, so only the first test waits."""
     if (host, port) not in _reachable:
         try:
-            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), seconds)
         except (OSError, TimeoutError):
             _reachable[host, port] = False
         else:
@@ -174,7 +198,7 @@ def _sqlite_url(path: Path, query: str = "") -> str:
     return f"{url}?{query}" if query else url
 
 
-@backend("sqlite")
+@backend("sqlite", capabilities={SHARED})
 async def sqlite_store(ctx: BackendContext) -> AsyncIterator[Store]:
     """SQLite with the default durability (power: fsync on every commit)."""
     store = await open_store(_sqlite_url(ctx.tmp_path / "state.db"), **ctx.options)
@@ -184,7 +208,7 @@ async def sqlite_store(ctx: BackendContext) -> AsyncIterator[Store]:
         await store.close()
 
 
-@backend("sqlite-process")
+@backend("sqlite-process", capabilities={SHARED})
 async def sqlite_process_store(ctx: BackendContext) -> AsyncIterator[Store]:
     """SQLite with ``durability=process`` (synchronous=NORMAL)."""
     url = _sqlite_url(ctx.tmp_path / "state.db", "durability=process")

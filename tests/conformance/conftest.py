@@ -3,22 +3,51 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import pytest
 
 from statekeeper.stores import Store
 
-from .backends import BACKENDS, Backend, BackendContext
+from .backends import BACKENDS, SHARED, Backend, BackendContext
 
 
-class StoreOpener(Protocol):
-    """Opens another fresh store of the backend under test, with store options."""
+class StoreOpener:
+    """Opens further stores of the backend under test; closes them all at the end."""
 
-    def __call__(self, **options: Any) -> Awaitable[Store]: ...
+    def __init__(self, backend: Backend, tmp_path: Path, stack: AsyncExitStack) -> None:
+        self._backend = backend
+        self._tmp_path = tmp_path
+        self._stack = stack
+        self._contexts: dict[int, BackendContext] = {}
+
+    async def __call__(self, **options: Any) -> Store:
+        """A fresh, empty store, opened with store ``options`` (e.g. max_payload_bytes)."""
+        directory = self._tmp_path / f"store-{len(self._contexts) + 1}"
+        directory.mkdir()
+        ctx = BackendContext(
+            name=self._backend.name,
+            tmp_path=directory,
+            unique=f"sk{uuid.uuid4().hex[:16]}",
+            options=options,
+        )
+        store = await self._stack.enter_async_context(self._backend.open(ctx))
+        self._contexts[id(store)] = ctx
+        return store
+
+    async def another_handle(self, store: Store) -> Store:
+        """A second handle on ``store``'s data, as another process would open it.
+
+        Skips the test on backends without the `SHARED` capability.
+        """
+        if SHARED not in self._backend.capabilities:
+            pytest.skip(f"{self._backend.name} cannot open two handles on the same data")
+        ctx = replace(self._contexts[id(store)], reopen=True)
+        return await self._stack.enter_async_context(self._backend.open(ctx))
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -48,7 +77,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.xfail(strict=True, reason=reason))
 
 
-@pytest.fixture(params=list(BACKENDS), ids=str)
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Run each store test once per backend (only SHARED backends for ``other_handle``)."""
+    if "store_backend" not in metafunc.fixturenames:
+        return
+    needs = {SHARED} if "other_handle" in metafunc.fixturenames else set()
+    names = [name for name, b in BACKENDS.items() if needs <= b.capabilities]
+    metafunc.parametrize("store_backend", names, ids=str, indirect=True)
+
+
+@pytest.fixture
 def store_backend(request: pytest.FixtureRequest) -> Backend:
     """The backend under test (the test id names it)."""
     return BACKENDS[request.param]
@@ -56,30 +94,18 @@ def store_backend(request: pytest.FixtureRequest) -> Backend:
 
 @pytest.fixture
 async def open_test_store(store_backend: Backend, tmp_path: Path) -> AsyncIterator[StoreOpener]:
-    """Open further fresh stores of the backend under test, e.g. with a small size limit.
-
-    Every store opened is closed and cleaned up at the end of the test.
-    """
+    """Open further stores of the backend under test (with options, or a second handle)."""
     async with AsyncExitStack() as stack:
-        count = 0
-
-        async def opener(**options: Any) -> Store:
-            nonlocal count
-            count += 1
-            directory = tmp_path / f"store-{count}"
-            directory.mkdir()
-            ctx = BackendContext(
-                name=store_backend.name,
-                tmp_path=directory,
-                unique=f"sk{uuid.uuid4().hex[:16]}",
-                options=options,
-            )
-            return await stack.enter_async_context(store_backend.open(ctx))
-
-        yield opener
+        yield StoreOpener(store_backend, tmp_path, stack)
 
 
 @pytest.fixture
 async def store(open_test_store: StoreOpener) -> Store:
     """A fresh, empty store of the backend under test."""
     return await open_test_store()
+
+
+@pytest.fixture
+async def other_handle(open_test_store: StoreOpener, store: Store) -> Store:
+    """A second handle on the data of ``store`` (skips on backends without `SHARED`)."""
+    return await open_test_store.another_handle(store)

@@ -63,8 +63,9 @@ json_scalars = (
 )
 json_values = st.recursive(
     json_scalars,
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(json_text, children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(json_text, children, max_size=4)
+    ),
     max_leaves=12,
 )
 json_objects = st.dictionaries(json_text, json_values, max_size=5)

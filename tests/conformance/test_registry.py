@@ -50,9 +50,7 @@ def test_a_name_can_be_registered_only_once() -> None:
         ({"CI": "false", "STATEKEEPER_REQUIRE_SERVICES": "1"}, True),
     ],
 )
-def test_services_required_follows_the_environment(
-    environ: dict[str, str], required: bool
-) -> None:
+def test_services_required_follows_the_environment(environ: dict[str, str], required: bool) -> None:
     assert services_required(environ) is required
 
 
@@ -86,4 +84,4 @@ async def test_tcp_reachable_tells_a_listening_server_from_a_closed_port() -> No
     closed_port = closed.sockets[0].getsockname()[1]
     closed.close()
     await closed.wait_closed()
-    assert not await tcp_reachable("127.0.0.1", closed_port, timeout=2.0)
+    assert not await tcp_reachable("127.0.0.1", closed_port, seconds=2.0)

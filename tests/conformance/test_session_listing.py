@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -46,7 +47,7 @@ async def walk(store: Store, tenant: str, **query: Any) -> list[list[str]]:
         assert len(pages) < 50, "paging does not end"
 
 
-async def make_sessions(store: Store, stamps: dict[str, float]) -> list[SessionRecord]:
+async def make_sessions(store: Store, stamps: Mapping[str, float]) -> list[SessionRecord]:
     """Sessions named by the keys, last active at ``at(value)``, as the store has them."""
     for session_id, seconds in stamps.items():
         await new_session(store, session_id, last_active=at(seconds))
@@ -181,9 +182,7 @@ async def test_metadata_filter_objects_match_whatever_their_key_order(store: Sto
 
 @hypothesis_settings
 @given(value=json_values)
-async def test_metadata_filter_finds_a_session_by_any_json_value(
-    store: Store, value: Any
-) -> None:
+async def test_metadata_filter_finds_a_session_by_any_json_value(store: Store, value: Any) -> None:
     tenant = fresh_id("tenant")
     await new_session(store, "match", tenant=tenant, metadata={"k": value, "other": 1})
     await new_session(store, "decoy", tenant=tenant, metadata={"k": ["decoy", value]})
@@ -257,6 +256,6 @@ async def test_a_cursor_with_a_naive_timestamp_raises_invalid_input(store: Store
 @pytest.mark.parametrize("bound", ["active_after", "active_before"])
 async def test_a_naive_activity_bound_raises_invalid_input(store: Store, bound: str) -> None:
     await make_sessions(store, {"s1": 1})
-    query = SessionQuery(**{bound: datetime(2030, 1, 1)})  # type: ignore[arg-type]
+    query = SessionQuery.model_validate({bound: datetime(2030, 1, 1)})
     with pytest.raises(InvalidInputError):
         await store.list_sessions(TENANT, query)

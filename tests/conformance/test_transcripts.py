@@ -5,8 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from statekeeper.errors import (
     ConflictError,
@@ -21,12 +19,9 @@ from statekeeper.stores.base import EntryDraft, SessionPatch, SessionRecord
 from .backends import backend_bug
 from .conftest import StoreOpener
 from .support import (
-    ALL_BACKENDS,
     SQLITE,
     TENANT,
     draft,
-    fresh_id,
-    hypothesis_settings,
     new_session,
     seqs_of,
 )
@@ -122,7 +117,9 @@ async def test_a_parent_may_be_an_earlier_entry_of_the_same_batch(store: Store) 
     assert result.session.head_seq == 5
 
 
-@pytest.mark.parametrize("parent", [0, -1, 4, 5, 99], ids=["zero", "negative", "self", "next", "far"])
+@pytest.mark.parametrize(
+    "parent", [0, -1, 4, 5, 99], ids=["zero", "negative", "self", "next", "far"]
+)
 async def test_an_invalid_parent_raises_and_writes_nothing(store: Store, parent: int) -> None:
     before = await with_entries(store, "s1", 2)
     # The bad draft comes second (seq 4 if written): seq 4 and later are not yet entries.
@@ -143,7 +140,11 @@ async def test_an_invalid_parent_raises_and_writes_nothing(store: Store, parent:
 )
 async def test_a_batch_with_one_non_json_entry_writes_nothing(store: Store, value: Any) -> None:
     before = await with_entries(store, "s1", 1)
-    drafts = [draft("good1"), EntryDraft(id="bad", payload={"v": [1, {"deep": value}]}), draft("g2")]
+    drafts = [
+        draft("good1"),
+        EntryDraft(id="bad", payload={"v": [1, {"deep": value}]}),
+        draft("g2"),
+    ]
     with pytest.raises(InvalidPayloadError):
         await store.append_entries(
             TENANT, "s1", drafts, patch=SessionPatch(add={"message_count": 3})
@@ -310,7 +311,9 @@ async def test_the_same_entry_id_in_two_sessions_is_two_entries(store: Store) ->
         ({"after_seq": 6, "until_seq": 4}, []),
         ({"until_seq": 0}, []),
     ],
-    ids=lambda v: ",".join(f"{k}={n}" for k, n in v.items()) or "all" if isinstance(v, dict) else "",
+    ids=lambda v: (
+        ",".join(f"{k}={n}" for k, n in v.items()) or "all" if isinstance(v, dict) else ""
+    ),
 )
 async def test_read_entries_window(
     store: Store, window: dict[str, int], expected: list[int]

@@ -198,7 +198,10 @@ def test_chat_content_parts() -> None:
     assert item["content"] == [
         {"type": "text", "text": "look"},
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAA", "detail": "high"}},
-        {"type": "file", "file": {"file_data": "data:application/pdf;base64,QUJD", "filename": "a.pdf"}},
+        {
+            "type": "file",
+            "file": {"file_data": "data:application/pdf;base64,QUJD", "filename": "a.pdf"},
+        },
         {"type": "file", "file": {"file_id": "file-1"}},
         {"type": "input_audio", "input_audio": {"data": "UklG", "format": "wav"}},
     ]
@@ -307,7 +310,7 @@ _BAD_CHAT: list[tuple[Any, str]] = [
     ({"role": "user", "content": "x", "tool_calls": []}, "cannot have tool_calls"),
     ({"role": "user", "content": ["text"]}, "part 0 must be an object"),
     ({"role": "user", "content": [{"text": "x"}]}, "part 0 needs a non-empty string 'type'"),
-    ({"role": "user", "content": [{"type": "text"}]}, "part 0 needs a non-empty string 'text'"),
+    ({"role": "user", "content": [{"type": "text"}]}, "part 0 needs a string 'text'"),
     ({"role": "user", "content": [{"type": "image_url", "image_url": {}}]}, "'url'"),
     ({"role": "user", "content": [{"type": "file"}]}, "file must be an object"),
     ({"role": "user", "content": "x", "name": 3}, "'name'"),
@@ -316,7 +319,10 @@ _BAD_CHAT: list[tuple[Any, str]] = [
     ({"role": "assistant", "tool_calls": [{"id": "c"}]}, "tool call 0 function must be"),
     ({"role": "assistant", "tool_calls": [{"id": "c", "function": {}}]}, "'name'"),
     (
-        {"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": 1}}]},
+        {
+            "role": "assistant",
+            "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": 1}}],
+        },
         "arguments must be a JSON string",
     ),
     (
@@ -343,7 +349,12 @@ def test_from_functions_need_a_list(items: Any) -> None:
 
 def test_chat_tool_call_arguments_given_as_an_object_become_json_text() -> None:
     [message] = from_openai_chat(
-        [{"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": {"a": 1}}}]}]
+        [
+            {
+                "role": "assistant",
+                "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": {"a": 1}}}],
+            }
+        ]
     )
     assert message.tool_calls == [ToolCallBlock(id="c", name="f", arguments='{"a": 1}')]
 
@@ -360,7 +371,11 @@ def test_responses_shapes() -> None:
         Message.assistant("A cat."),
     ]
     assert to_openai_responses(messages) == [
-        {"type": "message", "role": "system", "content": [{"type": "input_text", "text": "Be brief."}]},
+        {
+            "type": "message",
+            "role": "system",
+            "content": [{"type": "input_text", "text": "Be brief."}],
+        },
         {
             "type": "message",
             "role": "user",
@@ -369,16 +384,32 @@ def test_responses_shapes() -> None:
                 {"type": "input_image", "file_id": "file-9"},
             ],
         },
-        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]},
-        {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+        {
+            "type": "message",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": "Checking."}],
+        },
+        {
+            "type": "function_call",
+            "call_id": "call_1",
+            "name": "get_weather",
+            "arguments": '{"city": "Paris"}',
+        },
         {"type": "function_call_output", "call_id": "call_1", "output": "a cat"},
-        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "A cat."}]},
+        {
+            "type": "message",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": "A cat."}],
+        },
     ]
 
 
 def test_responses_easy_form_and_developer_role() -> None:
     [user, dev] = from_openai_responses(
-        [{"role": "user", "content": "hi"}, {"type": "message", "role": "developer", "content": "x"}]
+        [
+            {"role": "user", "content": "hi"},
+            {"type": "message", "role": "developer", "content": "x"},
+        ]
     )
     assert (user.role, user.content) == (Role.USER, "hi")
     assert dev.role is Role.SYSTEM
@@ -410,8 +441,12 @@ def test_responses_function_calls_merge_into_the_assistant_message_before_them()
 
 
 def test_responses_other_blocks_pass_through() -> None:
-    reasoning = {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "hm"}]}
-    items = [
+    reasoning = {
+        "type": "reasoning",
+        "id": "rs_1",
+        "summary": [{"type": "summary_text", "text": "hm"}],
+    }
+    items: list[dict[str, Any]] = [
         {"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
         reasoning,
         {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
@@ -451,7 +486,11 @@ def test_responses_files_images_and_outputs() -> None:
                 {"type": "input_image", "image_url": "https://x/i.png", "detail": "low"},
             ],
         },
-        {"type": "function_call_output", "call_id": "c", "output": [{"type": "input_text", "text": "ok"}]},
+        {
+            "type": "function_call_output",
+            "call_id": "c",
+            "output": [{"type": "input_text", "text": "ok"}],
+        },
     ]
     user, tool = from_openai_responses(items)
     assert user.blocks == [

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from statekeeper.core import tokens as tokens_module
 from statekeeper.core.messages import (
+    ContentBlock,
     FileBlock,
     ImageBlock,
     Message,
@@ -122,7 +123,9 @@ _blocks = st.one_of(
 
 @settings(deadline=None)
 @given(st.lists(_blocks, max_size=5), _blocks)
-def test_more_content_never_fewer_message_tokens(blocks: list[TextBlock], extra: TextBlock) -> None:
+def test_more_content_never_fewer_message_tokens(
+    blocks: list[ContentBlock], extra: ContentBlock
+) -> None:
     smaller = Message.user(list(blocks))
     larger = Message.user([*blocks, extra])
     assert EST.count_message(smaller) <= EST.count_message(larger)

@@ -10,7 +10,8 @@ name, arguments) and tool results (call id, content). Lost in both formats:
 * ``id``, ``created_at``, ``metadata`` and ``tokens`` (read messages get new ones);
 * ``category``: it comes back as the role's default (a CONTEXT message returns as DIALOG);
 * a tool result's ``is_error`` (neither format has a field for it);
-* the ``developer`` role (read as ``system``);
+* the ``developer`` role (read as ``system``), and item fields with no place in a
+  `Message` (``id`` and ``status`` of Responses items, ``audio`` of chat messages ...);
 * grouping: each tool result becomes one item and comes back as one tool message; tool
   results inside a user message are written as tool items just before it; in an assistant
   message, tool calls come after its other content.
@@ -22,7 +23,8 @@ and drops `OtherBlock` s other than the chat part types ``input_audio`` and ``re
 
 Responses loses ``name``. `OtherBlock` s always pass through: part types (``input_*``,
 ``output_*``, ``refusal``) inside the message, any other type (``reasoning``,
-``item_reference`` ...) as a top-level item, read back as an assistant message of its own.
+``item_reference`` ...) as a top-level item, read back as an assistant message of its own
+(function calls right after it join it).
 A ``function_call`` item merges into the message read just before it when that is an
 assistant message, else starts a new assistant message; so an assistant message of tool
 calls only, directly after another assistant message, comes back merged into it.
@@ -49,12 +51,7 @@ from statekeeper.core.messages import (
 )
 from statekeeper.errors import InvalidPayloadError
 
-__all__ = [
-    "from_openai_chat",
-    "from_openai_responses",
-    "to_openai_chat",
-    "to_openai_responses",
-]
+__all__ = ["from_openai_chat", "from_openai_responses", "to_openai_chat", "to_openai_responses"]
 
 _ROLES = {
     "system": Role.SYSTEM,
@@ -105,7 +102,7 @@ def _str(
         return None
     if not isinstance(value, str) or (required and not empty and not value):
         got = "missing" if value is None else repr(value)[:60]
-        raise _Bad(f"{where} needs a non-empty string {key!r} ({got})")
+        raise _Bad(f"{where} needs a{'' if empty else ' non-empty'} string {key!r} ({got})")
     return value
 
 

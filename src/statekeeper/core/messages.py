@@ -13,6 +13,7 @@ from pydantic import (
     Field,
     JsonValue,
     Tag,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -125,6 +126,13 @@ class OtherBlock(BaseModel):
     model_config = ConfigDict(frozen=True, extra="allow")
     type: str
 
+    @field_validator("type")
+    @classmethod
+    def _not_a_known_type(cls, value: str) -> str:
+        if value in _KNOWN:
+            raise ValueError(f"a {value!r} block must use its own block type, not OtherBlock")
+        return value
+
     def as_dict(self) -> dict[str, Any]:
         """The block as the JSON object it came from."""
         return self.model_dump(mode="json")
@@ -149,7 +157,6 @@ ContentBlock = Annotated[
 ]
 """One part of a message's content."""
 
-_ROLE_VALUES = frozenset(r.value for r in Role)
 _DEFAULT_CATEGORY = {
     Role.SYSTEM: MessageCategory.SYSTEM,
     Role.USER: MessageCategory.DIALOG,
@@ -170,25 +177,19 @@ class Message(BaseModel):
 
     role: Role
     content: str | list[ContentBlock] = ""
-    category: MessageCategory = None  # type: ignore[assignment]  # set from role below
+    category: MessageCategory = Field(default=None, validate_default=True)  # from the role
     id: str = Field(default_factory=lambda: new_id("msg"), min_length=1, max_length=128)
     created_at: datetime = Field(default_factory=utcnow)
     name: str | None = None
     metadata: dict[str, JsonValue] = Field(default_factory=dict)
     tokens: int | None = Field(default=None, ge=0)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _default_category(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("category") is None:
-            role = data.get("role")
-            if isinstance(role, str) and role in _ROLE_VALUES:  # else the validator reports it
-                data = {**data, "category": _DEFAULT_CATEGORY[Role(role)]}
-        return data
-
     @field_validator("category", mode="before")
     @classmethod
-    def _category_by_name(cls, value: Any) -> Any:
+    def _category_by_name(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is None:
+            # The role is absent when it was invalid; its own error says so.
+            return _DEFAULT_CATEGORY.get(info.data.get("role", Role.USER), MessageCategory.DIALOG)
         if isinstance(value, str):
             try:
                 return MessageCategory[value.upper()]
@@ -276,8 +277,13 @@ class Message(BaseModel):
         return [b for b in self.blocks if isinstance(b, ToolResultBlock)]
 
     def with_changes(self, **changes: Any) -> Message:
-        """A validated copy with some fields replaced."""
+        """A validated copy with some fields replaced.
+
+        A new ``content`` clears the token count unless ``tokens`` is given too.
+        """
         data = self.model_dump()
+        if "content" in changes and "tokens" not in changes:
+            data["tokens"] = None
         data.update(changes)
         return Message.model_validate(data)
 

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from statekeeper.core.messages import Message, MessageCategory
 from statekeeper.errors import StoreCorruptError
+from statekeeper.jsoncodec import gc_paused
 from statekeeper.stores.base import Entry, EntryKind
 
 __all__ = [
@@ -89,6 +90,22 @@ def build_view(branch: Sequence[Entry]) -> TranscriptView:
     items: list[tuple[int, Message]] = []
     corrupt: list[Entry] = []
     position = {entry.seq: index for index, entry in enumerate(branch)}
+    with gc_paused():
+        _fill(branch, position, items, corrupt)
+    return TranscriptView(
+        messages=[m for _, m in items],
+        seqs=[s for s, _ in items],
+        branch=list(branch),
+        corrupt=corrupt,
+    )
+
+
+def _fill(
+    branch: Sequence[Entry],
+    position: dict[int, int],
+    items: list[tuple[int, Message]],
+    corrupt: list[Entry],
+) -> None:
     for entry in branch:
         if entry.kind == EntryKind.MESSAGE:
             try:
@@ -102,15 +119,9 @@ def build_view(branch: Sequence[Entry]) -> TranscriptView:
             except (KeyError, TypeError, ValueError) as exc:
                 corrupt.append(_as_corrupt(entry, f"not a valid compaction: {exc!r}"))
                 continue
-            items = _apply_compaction(items, position, through, entry.seq, summary)
+            items[:] = _apply_compaction(items, position, through, entry.seq, summary)
         elif entry.kind == EntryKind.CORRUPT:
             corrupt.append(entry)
-    return TranscriptView(
-        messages=[m for _, m in items],
-        seqs=[s for s, _ in items],
-        branch=list(branch),
-        corrupt=corrupt,
-    )
 
 
 def _apply_compaction(

@@ -25,9 +25,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue
 
 from statekeeper.core.messages import utcnow
 from statekeeper.errors import (
@@ -37,7 +37,7 @@ from statekeeper.errors import (
     StatekeeperError,
 )
 from statekeeper.ids import new_id, validate_id
-from statekeeper.jsoncodec import decode_json, encode_json
+from statekeeper.jsoncodec import decode_json, encode_json, loads
 
 __all__ = [
     "AppendResult",
@@ -107,8 +107,8 @@ class SessionRecord(BaseModel):
     tenant: str
     agent_id: str | None = None
     title: str | None = None
-    created_at: datetime = Field(default_factory=utcnow)
-    last_active: datetime = Field(default_factory=utcnow)
+    created_at: AwareDatetime = Field(default_factory=utcnow)
+    last_active: AwareDatetime = Field(default_factory=utcnow)
     metadata: dict[str, JsonValue] = Field(default_factory=dict)
     model_override: str | None = None
     thinking_level: str | None = None
@@ -162,12 +162,16 @@ class SessionPatch(BaseModel):
     set: dict[str, Any] = Field(default_factory=dict)
     add: dict[Counter, int] = Field(default_factory=dict)
 
-    def model_post_init(self, __context: Any) -> None:
-        unknown = set(self.set) - _PATCHABLE
-        if unknown:
+    def __init__(self, **data: Any) -> None:
+        # Checked before pydantic runs, so callers get statekeeper's error type.
+        unknown = set(data.get("set") or {}) - _PATCHABLE
+        unknown_counters = set(data.get("add") or {}) - set(get_args(Counter))
+        if unknown or unknown_counters:
             raise InvalidInputError(
-                f"cannot set session field(s) {sorted(unknown)}; settable: {sorted(_PATCHABLE)}"
+                f"cannot set session field(s) {sorted(unknown | unknown_counters)}; "
+                f"settable: {sorted(_PATCHABLE)}; counters: {sorted(get_args(Counter))}"
             )
+        super().__init__(**data)
 
 
 class EntryKind(StrEnum):
@@ -204,7 +208,7 @@ class EntryDraft(BaseModel):
     kind: str = EntryKind.MESSAGE
     payload: dict[str, Any]
     parent: Literal["head"] | int | None = "head"
-    created_at: datetime = Field(default_factory=utcnow)
+    created_at: AwareDatetime = Field(default_factory=utcnow)
 
 
 class AppendResult(BaseModel):
@@ -257,7 +261,7 @@ class EventDraft(BaseModel):
     stream: str
     kind: str
     payload: dict[str, Any] = Field(default_factory=dict)
-    ts: datetime = Field(default_factory=utcnow)
+    ts: AwareDatetime = Field(default_factory=utcnow)
 
 
 @dataclass(frozen=True, slots=True)
@@ -549,9 +553,8 @@ def plan_append(
                 )
         text = encode_json(draft.payload, what=f"entry {draft.id!r}", limit=max_payload_bytes)
         encoded.append(text)
-        entries.append(
-            Entry(seq, draft.id, parent, str(draft.kind), draft.created_at, draft.payload)
-        )
+        # The entry as a read returns it: decoded from what is stored (tuples as lists ...).
+        entries.append(Entry(seq, draft.id, parent, str(draft.kind), draft.created_at, loads(text)))
         previous = seq
 
     moved = {"last_seq": seq, "head_seq": seq} if move_head else {"last_seq": seq}

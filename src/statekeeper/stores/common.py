@@ -8,12 +8,20 @@ from statekeeper.jsoncodec import encode_json
 from statekeeper.stores.base import SessionRecord
 
 __all__ = [
+    "check_limit",
     "check_record_ids",
     "check_record_version",
     "check_session_record",
+    "new_session_record",
     "record_not_found",
     "session_not_found",
 ]
+
+
+def new_session_record(record: SessionRecord, limit: int) -> SessionRecord:
+    """A record as ``create_session`` stores it: validated, version 1, no entries yet."""
+    check_session_record(record, limit)
+    return record.model_copy(update={"version": 1, "head_seq": 0, "last_seq": 0})
 
 
 def check_session_record(record: SessionRecord, limit: int) -> SessionRecord:
@@ -26,8 +34,6 @@ def check_session_record(record: SessionRecord, limit: int) -> SessionRecord:
             validate_id(value, name)
     if record.forked_from is not None:
         validate_id(record.forked_from.session_id, "forked_from session id")
-    if record.created_at.tzinfo is None or record.last_active.tzinfo is None:
-        raise InvalidInputError("session timestamps must be timezone-aware (use UTC)")
     encode_json(record.to_doc(), what=f"session {record.id!r}", limit=limit)
     return record
 
@@ -52,6 +58,13 @@ def check_record_version(
             expected=expected_version,
             actual=version,
         )
+
+
+def check_limit(limit: int | None) -> int | None:
+    """A read's ``limit``: None (no limit) or a count >= 0."""
+    if limit is not None and limit < 0:
+        raise InvalidInputError(f"limit must be >= 0, got {limit}")
+    return limit
 
 
 def session_not_found(session_id: str) -> NotFoundError:

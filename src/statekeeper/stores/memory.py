@@ -37,9 +37,11 @@ from statekeeper.stores.base import (
     plan_append,
 )
 from statekeeper.stores.common import (
+    check_limit,
     check_record_ids,
     check_record_version,
     check_session_record,
+    new_session_record,
     record_not_found,
     session_not_found,
 )
@@ -92,7 +94,7 @@ class MemoryStore:
             raise session_not_found(session_id) from None
 
     async def create_session(self, record: SessionRecord) -> SessionRecord:
-        record = check_session_record(record, self.max_payload_bytes)
+        record = new_session_record(record, self.max_payload_bytes)
         if (record.tenant, record.id) in self._sessions:
             raise AlreadyExistsError(f"session {record.id!r} already exists")
         self._sessions[record.tenant, record.id] = record
@@ -192,7 +194,7 @@ class MemoryStore:
         transcript = self._transcripts[tenant, session_id]
         last = len(transcript.rows) if until_seq is None else min(until_seq, len(transcript.rows))
         seqs = range(max(after_seq, 0) + 1, last + 1)
-        if limit is not None:
+        if check_limit(limit) is not None:
             seqs = seqs[:limit]
         return [transcript.entry(seq) for seq in seqs]
 
@@ -286,7 +288,7 @@ class MemoryStore:
         check_record_ids(tenant, log_id)
         log = self._events.get((tenant, log_id), [])
         start = max(after_seq, 0)
-        stop = len(log) if limit is None else min(len(log), start + limit)
+        stop = len(log) if check_limit(limit) is None else min(len(log), start + (limit or 0))
         return [
             Event(log_id, seq + 1, *log[seq][:3], decode_json(log[seq][3]))
             for seq in range(start, stop)

@@ -12,7 +12,6 @@ survives a power loss; ``process`` (``synchronous=NORMAL``) survives a process c
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import sqlite3
 import threading
@@ -39,7 +38,7 @@ from statekeeper.errors import (
     StoreUnavailableError,
 )
 from statekeeper.ids import validate_id
-from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES, encode_json
+from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES, encode_json, gc_paused, loads
 from statekeeper.stores.base import (
     AppendPlan,
     AppendResult,
@@ -62,9 +61,11 @@ from statekeeper.stores.base import (
     plan_append,
 )
 from statekeeper.stores.common import (
+    check_limit,
     check_record_ids,
     check_record_version,
     check_session_record,
+    new_session_record,
     record_not_found,
     session_not_found,
 )
@@ -344,8 +345,7 @@ class SQLiteStore:
     # -- sessions ------------------------------------------------------------------------
 
     async def create_session(self, record: SessionRecord) -> SessionRecord:
-        record = check_session_record(record, self.max_payload_bytes)
-        record = record.model_copy(update={"version": 1, "head_seq": 0, "last_seq": 0})
+        record = new_session_record(record, self.max_payload_bytes)
 
         def create(db: sqlite3.Connection) -> SessionRecord:
             try:
@@ -526,17 +526,23 @@ class SQLiteStore:
 
     def _entries(self, db: sqlite3.Connection, sql: str, params: Sequence[Any]) -> list[Entry]:
         out: list[Entry] = []
-        for seq, entry_id, parent, kind, created_us, text in db.execute(sql, params):
-            created = _dt(created_us)
-            try:
-                payload = json.loads(text)
-                if not isinstance(payload, dict):
-                    raise ValueError(f"expected a JSON object, got {type(payload).__name__}")
-            except ValueError as exc:
-                out.append(corrupt_entry(seq, entry_id, parent, created, str(text), str(exc)))
-                continue
-            out.append(Entry(seq, entry_id, parent, kind, created, payload))
+        with gc_paused():
+            for row in db.execute(sql, params):
+                out.append(self._entry(*row))
         return out
+
+    @staticmethod
+    def _entry(
+        seq: int, entry_id: str, parent: int | None, kind: str, created_us: int, text: str
+    ) -> Entry:
+        created = _dt(created_us)
+        try:
+            payload = loads(text)
+            if not isinstance(payload, dict):
+                raise ValueError(f"expected a JSON object, got {type(payload).__name__}")
+        except ValueError as exc:
+            return corrupt_entry(seq, entry_id, parent, created, str(text), str(exc))
+        return Entry(seq, entry_id, parent, kind, created, payload)
 
     async def read_entries(
         self,
@@ -555,7 +561,7 @@ class SQLiteStore:
                 db,
                 "SELECT seq, id, parent_seq, kind, created_us, payload FROM entries "
                 "WHERE session_sk=? AND seq>? AND seq<=? ORDER BY seq LIMIT ?",
-                [sk, after_seq, until_seq if until_seq is not None else 2**62, limit or -1],
+                [sk, after_seq, until_seq if until_seq is not None else 2**62, _limit(limit)],
             )
 
         return await self._read(read)
@@ -583,7 +589,7 @@ class SQLiteStore:
     def _record(namespace: str, row: tuple[Any, ...]) -> VersionedRecord:
         key, version, updated_us, expires_us, text = row
         try:
-            value = json.loads(text)
+            value = loads(text)
         except ValueError as exc:
             raise StoreCorruptError(f"record {namespace}/{key} cannot be decoded: {exc}") from exc
         return VersionedRecord(
@@ -715,7 +721,7 @@ class SQLiteStore:
                 ],
             )
             return [
-                Event(log_id, last + i, e.stream, e.kind, _dt(_us(e.ts)), json.loads(text))
+                Event(log_id, last + i, e.stream, e.kind, _dt(_us(e.ts)), loads(text))
                 for i, (e, text) in enumerate(zip(events, texts, strict=True), start=1)
             ]
 
@@ -731,10 +737,10 @@ class SQLiteStore:
             for seq, stream, kind, ts_us, text in db.execute(
                 "SELECT seq, stream, kind, ts_us, payload FROM events "
                 "WHERE tenant=? AND log_id=? AND seq>? ORDER BY seq LIMIT ?",
-                (tenant, log_id, after_seq, limit or -1),
+                (tenant, log_id, after_seq, _limit(limit)),
             ):
                 try:
-                    payload = json.loads(text)
+                    payload = loads(text)
                 except ValueError as exc:
                     payload = {"error": f"corrupt event: {exc}", "raw": str(text)[:200]}
                     stream, kind = "error", "corrupt"
@@ -750,6 +756,12 @@ class SQLiteStore:
                 "DELETE FROM events WHERE tenant=? AND log_id=?", (tenant, log_id)
             ).close()
         )
+
+
+def _limit(limit: int | None) -> int:
+    """A SQL LIMIT (-1: none)."""
+    checked = check_limit(limit)
+    return -1 if checked is None else checked
 
 
 def _is_busy(exc: sqlite3.Error) -> bool:

@@ -1,0 +1,93 @@
+"""The pure core: data types and rules. No I/O, no backend imports."""
+
+from statekeeper.core.context import ELIDED_PLACEHOLDER, ContextWindow, build_context_window
+from statekeeper.core.convert import (
+    from_openai_chat,
+    from_openai_responses,
+    to_openai_chat,
+    to_openai_responses,
+)
+from statekeeper.core.lifecycle import (
+    DEFAULT_TRANSITIONS,
+    STATUS_ALIASES,
+    AgentStatus,
+    Lifecycle,
+    Transition,
+    TransitionTable,
+    parse_status,
+    status_on_limit,
+)
+from statekeeper.core.limits import (
+    BudgetFlag,
+    ControlFlag,
+    IterationFlag,
+    Limits,
+    TimeFlag,
+    TokenFlag,
+)
+from statekeeper.core.messages import (
+    ContentBlock,
+    FileBlock,
+    ImageBlock,
+    Message,
+    MessageCategory,
+    OtherBlock,
+    Role,
+    TextBlock,
+    ToolCallBlock,
+    ToolResultBlock,
+    utcnow,
+)
+from statekeeper.core.metrics import DelegationInfo, Metrics, ModelUsage, TokenUsage, local_metrics
+from statekeeper.core.tokens import (
+    DEFAULT_COUNTER,
+    CallableCounter,
+    EstimateCounter,
+    TokenCounter,
+    message_tokens,
+)
+
+__all__ = [
+    "DEFAULT_COUNTER",
+    "DEFAULT_TRANSITIONS",
+    "ELIDED_PLACEHOLDER",
+    "STATUS_ALIASES",
+    "AgentStatus",
+    "BudgetFlag",
+    "CallableCounter",
+    "ContentBlock",
+    "ContextWindow",
+    "ControlFlag",
+    "DelegationInfo",
+    "EstimateCounter",
+    "FileBlock",
+    "ImageBlock",
+    "IterationFlag",
+    "Lifecycle",
+    "Limits",
+    "Message",
+    "MessageCategory",
+    "Metrics",
+    "ModelUsage",
+    "OtherBlock",
+    "Role",
+    "TextBlock",
+    "TimeFlag",
+    "TokenCounter",
+    "TokenFlag",
+    "TokenUsage",
+    "ToolCallBlock",
+    "ToolResultBlock",
+    "Transition",
+    "TransitionTable",
+    "build_context_window",
+    "from_openai_chat",
+    "from_openai_responses",
+    "local_metrics",
+    "message_tokens",
+    "parse_status",
+    "status_on_limit",
+    "to_openai_chat",
+    "to_openai_responses",
+    "utcnow",
+]
