@@ -60,6 +60,8 @@ async def test_another_tenants_data_is_invisible(store: Store) -> None:
         await store.update_session(b, "s1", SessionPatch(set={"title": "stolen"}))
     with pytest.raises(NotFoundError):
         await store.delete_session(b, "s1")
+    with pytest.raises(NotFoundError):
+        await store.prune_entries(b, "s1", kind="checkpoint", before_seq=9)
     assert (await store.list_sessions(b, SessionQuery())).items == []
     with pytest.raises(NotFoundError):
         await store.get_record(b, NS, "k")
@@ -157,6 +159,7 @@ async def test_a_hostile_tenant_is_refused(store: Store, bad: str) -> None:
         append_entries=lambda: store.append_entries(bad, "s1", [draft("e9")]),
         read_entries=lambda: store.read_entries(bad, "s1"),
         get_entry=lambda: store.get_entry(bad, "s1", "e1"),
+        prune_entries=lambda: store.prune_entries(bad, "s1", kind="checkpoint", before_seq=9),
         put_record=lambda: store.put_record(bad, NS, "k2", 1),
         get_record=lambda: store.get_record(bad, NS, "k"),
         list_records=lambda: store.list_records(bad, NS),
@@ -178,6 +181,7 @@ async def test_a_hostile_session_id_is_refused(store: Store, bad: str) -> None:
         append_entries=lambda: store.append_entries(TENANT, bad, [draft("e9")]),
         read_entries=lambda: store.read_entries(TENANT, bad),
         get_entry=lambda: store.get_entry(TENANT, bad, "e1"),
+        prune_entries=lambda: store.prune_entries(TENANT, bad, kind="checkpoint", before_seq=9),
     )
 
 

@@ -153,6 +153,15 @@ async def test_list_by_prefix_after_key_and_limit(store: Store) -> None:
     assert await keys(store, limit=0) == []
 
 
+@backend_bug("memory", reason="list_records(limit=-1) drops the last record (keys[:-1])")
+@backend_bug(*SQLITE, reason="list_records(limit=-1) returns every record (LIMIT -1)")
+async def test_list_with_a_negative_limit_is_refused(store: Store) -> None:
+    await store.put_record(TENANT, NS, "a", 1)
+    await store.put_record(TENANT, NS, "b", 2)
+    with pytest.raises(InvalidInputError):
+        await store.list_records(TENANT, NS, limit=-1)
+
+
 async def test_paging_with_after_key_visits_every_record_once(store: Store) -> None:
     for key in SORTED_KEYS:
         await store.put_record(TENANT, NS, key, key)

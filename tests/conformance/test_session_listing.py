@@ -24,7 +24,8 @@ from .support import (
     at,
     fresh_id,
     hypothesis_settings,
-    json_values,
+    json_exact_scalars,
+    json_trees,
     new_session,
 )
 
@@ -180,8 +181,24 @@ async def test_metadata_filter_objects_match_whatever_their_key_order(store: Sto
     assert [s.id for s in (await store.list_sessions(TENANT, query)).items] == ["s1"]
 
 
+FLOATS = [0.1, -0.0, 123.0, 1e16, 1.5e300, 0.0001, 2.5e-05, 1e-07, 6.103515625e-05, -3.2e-10]
+
+
+@backend_bug(
+    *SQLITE,
+    reason="metadata filters compare JSON text, and a float below 1e-4 is written as "
+    "'2.5e-05' by the filter's encoder but as '0.000025' in the stored record: no match",
+)
+async def test_metadata_filter_finds_sessions_by_float_values(store: Store) -> None:
+    for i, value in enumerate(FLOATS):
+        await new_session(store, f"s{i}", metadata={"x": value})
+    for i, value in enumerate(FLOATS):
+        page = await store.list_sessions(TENANT, SessionQuery(metadata={"x": value}))
+        assert [s.id for s in page.items] == [f"s{i}"], value
+
+
 @hypothesis_settings
-@given(value=json_values)
+@given(value=json_trees(json_exact_scalars))
 async def test_metadata_filter_finds_a_session_by_any_json_value(store: Store, value: Any) -> None:
     tenant = fresh_id("tenant")
     await new_session(store, "match", tenant=tenant, metadata={"k": value, "other": 1})

@@ -16,10 +16,8 @@ from statekeeper.errors import (
 from statekeeper.stores import Store
 from statekeeper.stores.base import EntryDraft, SessionPatch, SessionRecord
 
-from .backends import backend_bug
 from .conftest import StoreOpener
 from .support import (
-    SQLITE,
     TENANT,
     draft,
     new_session,
@@ -324,10 +322,15 @@ async def test_read_entries_window(
     assert [e.id for e in entries] == [f"e{seq}" for seq in expected]
 
 
-@backend_bug(*SQLITE, reason="read_entries(limit=0) returns every entry (LIMIT `limit or -1`)")
 async def test_read_entries_with_limit_zero_returns_nothing(store: Store) -> None:
     await with_entries(store, "s1", 3)
     assert await store.read_entries(TENANT, "s1", limit=0) == []
+
+
+async def test_read_entries_with_a_negative_limit_is_refused(store: Store) -> None:
+    await with_entries(store, "s1", 3)
+    with pytest.raises(InvalidInputError):
+        await store.read_entries(TENANT, "s1", limit=-1)
 
 
 async def test_get_entry_by_id(store: Store) -> None:

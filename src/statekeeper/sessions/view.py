@@ -54,17 +54,21 @@ class TranscriptView:
 def active_branch(entries: Sequence[Entry], head_seq: int) -> list[Entry]:
     """The entries from the root to ``head_seq``, given every entry with seq <= head.
 
-    ``entries`` must be in seq order starting at seq 1 (as ``read_entries`` returns them).
+    ``entries`` must be in seq order (as ``read_entries`` returns them).
     """
     if head_seq == 0:
         return []
-    by_seq = entries if entries and entries[0].seq == 1 else []
-    if len(by_seq) < head_seq or by_seq[head_seq - 1].seq != head_seq:
-        raise StoreCorruptError(f"entry {head_seq} (the session head) is missing")
+    contiguous = bool(entries) and entries[0].seq == 1 and entries[-1].seq == len(entries)
+    by_seq: dict[int, Entry] | None = None if contiguous else {e.seq: e for e in entries}
     path: list[Entry] = []
     seq: int | None = head_seq
     while seq is not None:
-        entry = by_seq[seq - 1]
+        if by_seq is None:
+            entry = entries[seq - 1] if seq <= len(entries) else None
+        else:
+            entry = by_seq.get(seq)
+        if entry is None:
+            raise StoreCorruptError(f"entry {seq} of the active branch is missing")
         path.append(entry)
         if entry.parent_seq is not None and entry.parent_seq >= seq:
             raise StoreCorruptError(f"entry {seq} points forward to parent {entry.parent_seq}")

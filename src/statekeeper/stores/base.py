@@ -201,13 +201,19 @@ class Entry:
 
 
 class EntryDraft(BaseModel):
-    """An entry to append. ``parent`` is "head" (the active tip), a seq, or None (a root)."""
+    """An entry to append. ``parent`` is "head" (the active tip), a seq, or None (a root).
+
+    A ``side`` entry (a run checkpoint, say) hangs off the branch: its parent is the tip
+    when it is written, but it never becomes the head and nothing chains onto it, so it
+    is never part of a branch and can be pruned later.
+    """
 
     model_config = _FROZEN
     id: str = Field(default_factory=lambda: new_id("ent"))
     kind: str = EntryKind.MESSAGE
     payload: dict[str, Any]
     parent: Literal["head"] | int | None = "head"
+    side: bool = False
     created_at: AwareDatetime = Field(default_factory=utcnow)
 
 
@@ -346,6 +352,16 @@ class TranscriptStore(Protocol):
 
     async def get_entry(self, tenant: str, session_id: str, entry_id: str) -> Entry:
         """One entry by id, or `NotFoundError`."""
+        ...
+
+    async def prune_entries(
+        self, tenant: str, session_id: str, *, kind: str, before_seq: int, id_prefix: str = ""
+    ) -> int:
+        """Delete entries of ``kind`` (ids starting ``id_prefix``) with ``seq < before_seq``.
+
+        The head and every parent of another entry are kept, so no branch is broken.
+        Returns how many were deleted.
+        """
         ...
 
 
@@ -538,6 +554,7 @@ def plan_append(
     encoded: list[str] = []
     seq = record.last_seq
     previous: int | None = record.head_seq or None
+    head = record.head_seq
     for draft in fresh:
         seq += 1
         if draft.parent == "head":
@@ -555,11 +572,27 @@ def plan_append(
         encoded.append(text)
         # The entry as a read returns it: decoded from what is stored (tuples as lists ...).
         entries.append(Entry(seq, draft.id, parent, str(draft.kind), draft.created_at, loads(text)))
-        previous = seq
+        if not draft.side:
+            previous = head = seq
 
-    moved = {"last_seq": seq, "head_seq": seq} if move_head else {"last_seq": seq}
+    moved = {"last_seq": seq, "head_seq": head} if move_head else {"last_seq": seq}
     session = apply_patch(record, patch or _NO_PATCH, now=now, internal=moved)
     return AppendPlan(entries, encoded, session, [])
+
+
+def prunable(
+    entries: Sequence[Entry], record: SessionRecord, kind: str, before_seq: int, id_prefix: str
+) -> list[int]:
+    """Seqs of ``entries`` (all of a session's) that `prune_entries` may delete."""
+    referenced = {e.parent_seq for e in entries} | {record.head_seq}
+    return [
+        e.seq
+        for e in entries
+        if e.kind == kind
+        and e.seq < before_seq
+        and e.seq not in referenced
+        and e.id.startswith(id_prefix)
+    ]
 
 
 def _roundtrip(payload: dict[str, Any]) -> Any:

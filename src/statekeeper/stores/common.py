@@ -5,10 +5,11 @@ from __future__ import annotations
 from statekeeper.errors import ConflictError, InvalidInputError, NotFoundError
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import encode_json
-from statekeeper.stores.base import SessionRecord
+from statekeeper.stores.base import EntryKind, SessionRecord
 
 __all__ = [
     "check_limit",
+    "check_prunable_kind",
     "check_record_ids",
     "check_record_version",
     "check_session_record",
@@ -65,6 +66,14 @@ def check_limit(limit: int | None) -> int | None:
     if limit is not None and limit < 0:
         raise InvalidInputError(f"limit must be >= 0, got {limit}")
     return limit
+
+
+def check_prunable_kind(kind: str) -> None:
+    """Messages are never pruned (counts and views depend on them); other kinds may be."""
+    if kind == EntryKind.MESSAGE:
+        raise InvalidInputError(
+            "message entries cannot be pruned; compact the session or delete it instead"
+        )
 
 
 def session_not_found(session_id: str) -> NotFoundError:

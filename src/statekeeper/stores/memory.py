@@ -35,9 +35,11 @@ from statekeeper.stores.base import (
     encode_cursor,
     matches_query,
     plan_append,
+    prunable,
 )
 from statekeeper.stores.common import (
     check_limit,
+    check_prunable_kind,
     check_record_ids,
     check_record_version,
     check_session_record,
@@ -51,11 +53,11 @@ __all__ = ["MemoryStore"]
 
 @dataclass
 class _Transcript:
-    rows: list[tuple[str, int | None, str, datetime, str]] = field(default_factory=list)
+    rows: dict[int, tuple[str, int | None, str, datetime, str]] = field(default_factory=dict)
     by_id: dict[str, int] = field(default_factory=dict)
 
     def entry(self, seq: int) -> Entry:
-        entry_id, parent, kind, created, text = self.rows[seq - 1]
+        entry_id, parent, kind, created, text = self.rows[seq]
         return Entry(seq, entry_id, parent, kind, created, decode_json(text))
 
 
@@ -174,7 +176,13 @@ class MemoryStore:
             return AppendResult(session=record, entries=plan.replayed, replayed=True)
         session = check_session_record(plan.session, self.max_payload_bytes)
         for entry, text in zip(plan.entries, plan.encoded, strict=True):
-            transcript.rows.append((entry.id, entry.parent_seq, entry.kind, entry.created_at, text))
+            transcript.rows[entry.seq] = (
+                entry.id,
+                entry.parent_seq,
+                entry.kind,
+                entry.created_at,
+                text,
+            )
             transcript.by_id[entry.id] = entry.seq
         self._sessions[tenant, session_id] = session
         return AppendResult(
@@ -192,11 +200,25 @@ class MemoryStore:
     ) -> list[Entry]:
         self._session(tenant, session_id)
         transcript = self._transcripts[tenant, session_id]
-        last = len(transcript.rows) if until_seq is None else min(until_seq, len(transcript.rows))
-        seqs = range(max(after_seq, 0) + 1, last + 1)
-        if check_limit(limit) is not None:
-            seqs = seqs[:limit]
-        return [transcript.entry(seq) for seq in seqs]
+        last = len(transcript.rows) if until_seq is None else until_seq
+        check_limit(limit)
+        seqs = [s for s in transcript.rows if after_seq < s <= last]
+        return [transcript.entry(seq) for seq in seqs[:limit]]
+
+    async def prune_entries(
+        self, tenant: str, session_id: str, *, kind: str, before_seq: int, id_prefix: str = ""
+    ) -> int:
+        record = self._session(tenant, session_id)
+        check_prunable_kind(kind)
+        transcript = self._transcripts[tenant, session_id]
+        doomed = prunable(
+            [transcript.entry(seq) for seq in transcript.rows], record, kind, before_seq, id_prefix
+        )
+        for seq in doomed:
+            del transcript.by_id[transcript.rows.pop(seq)[0]]
+        if doomed:
+            self._sessions[tenant, session_id] = apply_patch(record, SessionPatch(), now=utcnow())
+        return len(doomed)
 
     async def get_entry(self, tenant: str, session_id: str, entry_id: str) -> Entry:
         self._session(tenant, session_id)

@@ -62,6 +62,7 @@ from statekeeper.stores.base import (
 )
 from statekeeper.stores.common import (
     check_limit,
+    check_prunable_kind,
     check_record_ids,
     check_record_version,
     check_session_record,
@@ -565,6 +566,27 @@ class SQLiteStore:
             )
 
         return await self._read(read)
+
+    async def prune_entries(
+        self, tenant: str, session_id: str, *, kind: str, before_seq: int, id_prefix: str = ""
+    ) -> int:
+        check_tenant_and_id(tenant, session_id)
+        check_prunable_kind(kind)
+
+        def prune(db: sqlite3.Connection) -> int:
+            sk, record = self._head(db, tenant, session_id)
+            cursor = db.execute(
+                "DELETE FROM entries WHERE session_sk=? AND kind=? AND seq<? AND seq<>? "
+                "AND id>=? AND id<? AND seq NOT IN (SELECT parent_seq FROM entries "
+                "WHERE session_sk=? AND parent_seq IS NOT NULL)",
+                (sk, kind, before_seq, record.head_seq, id_prefix, id_prefix + _KEY_END, sk),
+            )
+            if cursor.rowcount:
+                updated = apply_patch(record, SessionPatch(), now=utcnow())
+                self._save_head(db, sk, updated, record.version)
+            return cursor.rowcount
+
+        return await self._write(prune)
 
     async def get_entry(self, tenant: str, session_id: str, entry_id: str) -> Entry:
         check_tenant_and_id(tenant, session_id)

@@ -1,0 +1,272 @@
+"""`RunState`: everything needed to continue a run exactly where it stopped. Pure data.
+
+The stored checkpoint is a `RunState` without ``items``: small, pointing into the
+session's transcript by ``transcript_seq``. `RunState.to_json` adds the items (the
+transcript messages the run sees), making a self-contained snapshot that can move a run
+between stores and machines; `RunState.from_json` reads it back, migrating older
+schema versions step by step and refusing newer ones.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue, ValidationError
+
+from statekeeper.core.lifecycle import AgentStatus
+from statekeeper.core.limits import Limits
+from statekeeper.core.messages import Message, utcnow
+from statekeeper.core.metrics import DelegationInfo, Metrics
+from statekeeper.errors import InvalidPayloadError, SchemaVersionError
+from statekeeper.ids import new_id, validate_id
+
+__all__ = [
+    "CURRENT_SCHEMA_VERSION",
+    "SCHEMA_VERSION_SUMMARIES",
+    "ApprovalDecision",
+    "ErrorDetails",
+    "GuardrailResult",
+    "Interruption",
+    "RunState",
+    "TraceState",
+    "migrate",
+]
+
+SCHEMA_VERSION_SUMMARIES: dict[int, str] = {
+    1: "Initial schema: run, status, turn, limits, metrics, tools, approvals, context.",
+    2: "Added trace state, guardrail kinds and delegation info; error details got a type.",
+}
+"""One line per schema version; a new version must add its line (checked at import)."""
+
+CURRENT_SCHEMA_VERSION = max(SCHEMA_VERSION_SUMMARIES)
+
+
+def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
+    data = dict(data)
+    data["trace"] = {"trace_id": new_id("trace"), "spans": 0, "current_span": None}
+    data["guardrails"] = [
+        {"name": g.get("name", "guardrail"), "kind": "input", **g}
+        for g in data.pop("guardrails", [])
+    ]
+    data.setdefault("delegation", None)
+    data.setdefault("revision", 0)
+    error = data.get("error")
+    if isinstance(error, dict) and "type" not in error:
+        data["error"] = {"type": "Error", **error}
+    return data
+
+
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2}
+"""``version -> function`` turning a state of that version into the next one."""
+
+if sorted(SCHEMA_VERSION_SUMMARIES) != list(range(1, CURRENT_SCHEMA_VERSION + 1)) or set(
+    MIGRATIONS
+) != set(range(1, CURRENT_SCHEMA_VERSION)):
+    raise RuntimeError("every schema version needs a summary, and every older one a migration")
+
+
+def migrate(data: dict[str, Any]) -> dict[str, Any]:
+    """Bring stored run-state data to the current schema version."""
+    version = data.get("schema_version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise InvalidPayloadError(
+            f"run state has no valid schema_version ({version!r}); it is not a statekeeper "
+            "run state or it was edited by hand"
+        )
+    if version > CURRENT_SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"run state schema version {version} is newer than this statekeeper "
+            f"(knows up to {CURRENT_SCHEMA_VERSION}: "
+            f"{SCHEMA_VERSION_SUMMARIES[CURRENT_SCHEMA_VERSION]}); upgrade statekeeper"
+        )
+    while version < CURRENT_SCHEMA_VERSION:
+        data = MIGRATIONS[version](data)
+        version += 1
+        data["schema_version"] = version
+    return data
+
+
+_MODEL = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class Interruption(BaseModel):
+    """A tool call waiting for a human decision.
+
+    ``message`` is the assistant message that made the call: it is written to the
+    transcript only together with the results, so no call is ever stored without them.
+    """
+
+    model_config = _MODEL
+    call_id: str
+    tool: str
+    arguments: str
+    agent: str
+    message: dict[str, Any]
+    prompt: str | None = None
+    requested_at: AwareDatetime = Field(default_factory=utcnow)
+
+
+class ApprovalDecision(BaseModel):
+    """A human's answer to an `Interruption`, bound to the exact call it answers."""
+
+    model_config = _MODEL
+    call_id: str
+    tool: str
+    arguments: str
+    approved: bool
+    always: bool = False
+    reason: str | None = None
+    decided_by: str | None = None
+    decided_at: AwareDatetime = Field(default_factory=utcnow)
+
+
+class GuardrailResult(BaseModel):
+    """The outcome of one guardrail check."""
+
+    model_config = _MODEL
+    name: str
+    kind: Literal["input", "output", "tool_input", "tool_output"]
+    triggered: bool
+    info: dict[str, JsonValue] = Field(default_factory=dict)
+    turn: int = 0
+
+
+class ErrorDetails(BaseModel):
+    """Why a run ended in ERROR."""
+
+    model_config = _MODEL
+    type: str
+    message: str
+    turn: int = 0
+    data: dict[str, JsonValue] = Field(default_factory=dict)
+    at: AwareDatetime = Field(default_factory=utcnow)
+
+
+class TraceState(BaseModel):
+    """The run's trace: a resumed run continues the same trace id."""
+
+    model_config = _MODEL
+    trace_id: str = Field(default_factory=lambda: new_id("trace"))
+    spans: int = 0
+    current_span: str | None = None
+
+
+class RunState(BaseModel):
+    """A run's state at a checkpoint. See the module docstring."""
+
+    model_config = _MODEL
+
+    schema_version: int = CURRENT_SCHEMA_VERSION
+    run_id: str = Field(default_factory=lambda: new_id("run"))
+    group_id: str | None = None
+    tenant: str
+    session_id: str
+    agent: str
+    status: str = AgentStatus.INITIALIZING
+    headless: bool = True
+    turn: int = 0
+    revision: int = 0
+    """Checkpoints written so far (each write has the next revision)."""
+    limits: Limits = Field(default_factory=Limits)
+    metrics: Metrics = Field(default_factory=Metrics)
+    tool_use: dict[str, int] = Field(default_factory=dict)
+    guardrails: list[GuardrailResult] = Field(default_factory=list)
+    interruptions: list[Interruption] = Field(default_factory=list)
+    decisions: list[ApprovalDecision] = Field(default_factory=list)
+    always: dict[str, bool] = Field(default_factory=dict)
+    error: ErrorDetails | None = None
+    context: JsonValue = None
+    trace: TraceState = Field(default_factory=TraceState)
+    delegation: DelegationInfo | None = None
+    transcript_seq: int = 0
+    pending_input: list[dict[str, Any]] = Field(default_factory=list)
+    output: JsonValue = None
+    metadata: dict[str, JsonValue] = Field(default_factory=dict)
+    cancel_requested: bool = False
+    created_at: AwareDatetime = Field(default_factory=utcnow)
+    updated_at: AwareDatetime = Field(default_factory=utcnow)
+    items: list[dict[str, Any]] | None = None
+    """Transcript messages, only in exported snapshots (`to_json`)."""
+
+    # -- views ---------------------------------------------------------------------------
+
+    @property
+    def total_tool_calls(self) -> int:
+        """Tool calls made so far, all tools."""
+        return sum(self.tool_use.values())
+
+    @property
+    def delegate_level(self) -> int:
+        """0 for a root run, parent + 1 for a delegated one."""
+        return self.delegation.delegate_level if self.delegation else 0
+
+    @property
+    def local_metrics(self) -> Metrics:
+        """This run's own usage (a child's total minus its parent's snapshot)."""
+        return self.delegation.local_metrics(self.metrics) if self.delegation else self.metrics
+
+    def messages(self) -> list[Message]:
+        """The exported items as messages (empty for a stored checkpoint)."""
+        return [Message.model_validate(item) for item in self.items or []]
+
+    # -- checks --------------------------------------------------------------------------
+
+    def validate_for_resume(self, *, has_deserializer: bool = True) -> None:
+        """Check the state can be resumed; raise a typed error naming what is wrong."""
+        from statekeeper.errors import InvalidInputError
+
+        validate_id(self.run_id, "run id")
+        validate_id(self.session_id, "session id")
+        validate_id(self.tenant, "tenant")
+        if self.status in (AgentStatus.COMPLETED, AgentStatus.CANCELLED, AgentStatus.ERROR):
+            raise InvalidInputError(
+                f"run {self.run_id} is {self.status}; a finished run cannot be resumed "
+                "(fork it from a checkpoint to try again)"
+            )
+        ids = [i.call_id for i in self.interruptions]
+        if len(ids) != len(set(ids)):
+            raise InvalidPayloadError(f"run {self.run_id} has duplicate pending call ids")
+        if self.context is not None and not has_deserializer:
+            raise InvalidInputError(
+                f"run {self.run_id} has a user context but no context_deserializer was given"
+            )
+
+    # -- serialisation -------------------------------------------------------------------
+
+    def checkpoint_data(self) -> dict[str, Any]:
+        """The stored checkpoint: JSON data without items."""
+        return self.model_dump(mode="json", exclude={"items"})
+
+    def to_json(self, items: list[Message] | None = None, *, indent: int | None = None) -> str:
+        """A self-contained JSON snapshot, with the transcript ``items`` if given."""
+        data = self.checkpoint_data()
+        data["items"] = [m.to_dict() for m in items] if items is not None else (self.items or [])
+        return json.dumps(data, ensure_ascii=False, allow_nan=False, indent=indent)
+
+    @classmethod
+    def from_data(cls, data: object) -> RunState:
+        """Validate stored or exported data (migrating older schema versions)."""
+        if not isinstance(data, dict):
+            raise InvalidPayloadError(f"run state must be a JSON object, got {type(data).__name__}")
+        migrated = migrate(data)
+        try:
+            return cls.model_validate(migrated)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:5]
+            )
+            raise InvalidPayloadError(f"invalid run state: {problems}") from exc
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> RunState:
+        """Read a snapshot made by `to_json` (or an older version of it)."""
+        try:
+            data = json.loads(text)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise InvalidPayloadError(
+                f"run state is not valid JSON ({exc}); the file is truncated or was edited"
+            ) from exc
+        return cls.from_data(data)

@@ -1,0 +1,303 @@
+"""Where runs live: checkpoints in the session transcript, a small index record per run.
+
+A step's messages and its checkpoint are written in one append (one transaction): the
+checkpoint is a *side* entry hanging off the last message, so the transcript position
+of a checkpoint is its parent. Nothing of a step is ever stored without the rest.
+
+The index record (namespace ``runs``) is a cache for listing and lookup, updated after
+the append. If a process dies between the two writes, loading rolls forward: it looks
+for newer checkpoint entries of the run after the one the index names.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+from statekeeper.core.messages import Message, utcnow
+from statekeeper.core.tokens import DEFAULT_COUNTER, TokenCounter, message_tokens
+from statekeeper.errors import (
+    AlreadyExistsError,
+    ConflictError,
+    NotFoundError,
+    StoreCorruptError,
+)
+from statekeeper.ids import validate_id
+from statekeeper.runs.state import RunState
+from statekeeper.stores.base import Entry, EntryDraft, SessionPatch, SessionRecord, Store
+
+__all__ = ["CHECKPOINT_KIND", "RUNS_NAMESPACE", "RunIndex", "RunStore", "Saved"]
+
+RUNS_NAMESPACE = "runs"
+CHECKPOINT_KIND = "checkpoint"
+
+
+class RunIndex(BaseModel):
+    """The small, listable record of a run."""
+
+    model_config = ConfigDict(extra="forbid")
+    run_id: str
+    session_id: str
+    agent: str
+    status: str
+    turn: int = 0
+    revision: int = 0
+    checkpoint_seq: int = 0
+    group_id: str | None = None
+    parent_run_id: str | None = None
+    headless: bool = True
+    cancel_requested: bool = False
+    owner: str | None = None
+    lease_until: AwareDatetime | None = None
+    created_at: AwareDatetime = Field(default_factory=utcnow)
+    updated_at: AwareDatetime = Field(default_factory=utcnow)
+
+
+class Saved(BaseModel):
+    """Where a checkpoint went."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+    state: RunState
+    entries: list[Entry]
+    session: SessionRecord
+    index_version: int
+
+
+def checkpoint_id(run_id: str, revision: int) -> str:
+    """The entry id of a run's checkpoint: unique, so a retried write is idempotent."""
+    return f"{run_id}.c{revision}"
+
+
+class RunStore:
+    """Persistence of runs of one tenant."""
+
+    def __init__(self, store: Store, tenant: str, *, counter: TokenCounter | None = None) -> None:
+        validate_id(tenant, "tenant")
+        self.store = store
+        self.tenant = tenant
+        self.counter = counter or DEFAULT_COUNTER
+
+    # -- index ---------------------------------------------------------------------------
+
+    async def index(self, run_id: str) -> tuple[RunIndex, int]:
+        """The run's index record and its version. `NotFoundError` if unknown."""
+        validate_id(run_id, "run id")
+        try:
+            record = await self.store.get_record(self.tenant, RUNS_NAMESPACE, run_id)
+        except NotFoundError:
+            raise NotFoundError(f"run {run_id!r} not found") from None
+        return RunIndex.model_validate(record.value), record.version
+
+    async def put_index(self, index: RunIndex, *, expected_version: int | None) -> int:
+        """Write the index with compare-and-set; returns the new version."""
+        record = await self.store.put_record(
+            self.tenant,
+            RUNS_NAMESPACE,
+            index.run_id,
+            index.model_dump(mode="json"),
+            expected_version=expected_version,
+        )
+        return record.version
+
+    async def create(self, state: RunState) -> int:
+        """Register a new run (before its first checkpoint). `AlreadyExistsError` if taken."""
+        session = await self.store.get_session(self.tenant, state.session_id)
+        index = _index_of(state, checkpoint_seq=session.last_seq)
+        try:
+            return await self.put_index(index, expected_version=0)
+        except ConflictError:
+            raise AlreadyExistsError(f"run {state.run_id!r} already exists") from None
+
+    async def list(
+        self,
+        *,
+        status: str | None = None,
+        session_id: str | None = None,
+        after: str | None = None,
+        limit: int = 100,
+    ) -> list[RunIndex]:
+        """Runs in id order (ids sort by creation time), optionally filtered."""
+        out: list[RunIndex] = []
+        cursor = after
+        while len(out) < limit:
+            page = await self.store.list_records(
+                self.tenant, RUNS_NAMESPACE, after_key=cursor, limit=200
+            )
+            if not page:
+                break
+            for record in page:
+                index = RunIndex.model_validate(record.value)
+                if (status is None or index.status == status) and (
+                    session_id is None or index.session_id == session_id
+                ):
+                    out.append(index)
+            cursor = page[-1].key
+        return out[:limit]
+
+    # -- checkpoints ---------------------------------------------------------------------
+
+    async def save(
+        self,
+        state: RunState,
+        messages: Sequence[Message] = (),
+        *,
+        index_version: int | None,
+        session_version: int | None = None,
+        owner: str | None = None,
+        lease_until: datetime | None = None,
+    ) -> Saved:
+        """Append ``messages`` and the checkpoint atomically, then update the index.
+
+        ``state.revision`` is advanced here. ``session_version`` makes the append a
+        compare-and-set on the session (for decisions made outside a running runner).
+        """
+        counted = [
+            m if m.tokens is not None else m.with_changes(tokens=message_tokens(m, self.counter))
+            for m in messages
+        ]
+        state.revision += 1
+        state.updated_at = utcnow()
+        drafts = [
+            EntryDraft(id=m.id, payload=m.to_dict(), created_at=m.created_at) for m in counted
+        ]
+        drafts.append(
+            EntryDraft(
+                id=checkpoint_id(state.run_id, state.revision),
+                kind=CHECKPOINT_KIND,
+                payload=state.checkpoint_data(),
+                side=True,
+            )
+        )
+        tokens = sum(m.tokens or 0 for m in counted)
+        patch = SessionPatch(
+            add={"total_tokens": tokens, "fresh_tokens": tokens, "message_count": len(counted)}
+        )
+        try:
+            result = await self.store.append_entries(
+                self.tenant,
+                state.session_id,
+                drafts,
+                expected_version=session_version,
+                patch=patch,
+            )
+        except BaseException:
+            state.revision -= 1
+            raise
+        checkpoint = result.entries[-1]
+        state.transcript_seq = checkpoint.parent_seq or 0
+        index = _index_of(state, checkpoint_seq=checkpoint.seq)
+        index.owner, index.lease_until = owner, lease_until
+        try:
+            version = await self.put_index(index, expected_version=index_version)
+        except ConflictError:
+            # Someone else touched the index (a cancel request, say): keep their flag.
+            current, current_version = await self.index(state.run_id)
+            index.cancel_requested = index.cancel_requested or current.cancel_requested
+            version = await self.put_index(index, expected_version=current_version)
+        return Saved(
+            state=state, entries=result.entries[:-1], session=result.session, index_version=version
+        )
+
+    async def load(self, run_id: str) -> tuple[RunState, int, int]:
+        """The run's latest checkpoint, its index version and the session version."""
+        index, version = await self.index(run_id)
+        entries = await self.store.read_entries(
+            self.tenant, index.session_id, after_seq=max(index.checkpoint_seq - 1, 0)
+        )
+        latest: Entry | None = None
+        for entry in entries:
+            if entry.kind == CHECKPOINT_KIND and entry.payload.get("run_id") == run_id:
+                latest = entry
+        session = await self.store.get_session(self.tenant, index.session_id)
+        if latest is None:
+            if index.revision == 0:  # registered, never checkpointed
+                raise NotFoundError(f"run {run_id!r} has no checkpoint yet")
+            raise StoreCorruptError(
+                f"run {run_id!r}: checkpoint {index.checkpoint_seq} is missing from session "
+                f"{index.session_id!r}"
+            )
+        state = RunState.from_data(latest.payload)
+        state.transcript_seq = latest.parent_seq or 0
+        if latest.seq != index.checkpoint_seq:  # roll the index forward
+            index = _index_of(state, checkpoint_seq=latest.seq)
+            version = await self.put_index(index, expected_version=version)
+        return state, version, session.version
+
+    async def request_cancel(self, run_id: str) -> RunIndex:
+        """Flag the run for cancellation; a running runner stops before its next step."""
+        for _ in range(10):
+            index, version = await self.index(run_id)
+            index.cancel_requested = True
+            try:
+                await self.put_index(index, expected_version=version)
+                return index
+            except ConflictError:
+                continue
+        raise ConflictError(f"run {run_id!r} kept changing; retry the cancel")
+
+    async def claim(self, run_id: str, owner: str, *, ttl: float = 300.0) -> int:
+        """Take the run's lease for ``owner``; `ConflictError` if another owner holds it."""
+        index, version = await self.index(run_id)
+        now = utcnow()
+        if index.owner not in (None, owner) and index.lease_until and index.lease_until > now:
+            raise ConflictError(
+                f"run {run_id!r} is being run by {index.owner} until {index.lease_until:%H:%M:%S}"
+            )
+        index.owner, index.lease_until = owner, now + timedelta(seconds=ttl)
+        return await self.put_index(index, expected_version=version)
+
+    # -- retention -----------------------------------------------------------------------
+
+    async def delete(self, run_id: str) -> None:
+        """Delete the run's index, events and checkpoints (its messages stay in the session)."""
+        index, _ = await self.index(run_id)
+        try:
+            await self.store.prune_entries(
+                self.tenant,
+                index.session_id,
+                kind=CHECKPOINT_KIND,
+                before_seq=2**62,
+                id_prefix=f"{run_id}.c",
+            )
+        except NotFoundError:
+            pass  # the session is gone already
+        await self.store.delete_event_log(self.tenant, run_id)
+        await self.store.delete_record(self.tenant, RUNS_NAMESPACE, run_id)
+
+    async def delete_before(self, when: datetime) -> builtins.list[str]:
+        """Delete runs last updated before ``when``; returns their ids."""
+        doomed = [r.run_id for r in await self.list(limit=10**9) if r.updated_at < when]
+        for run_id in doomed:
+            await self.delete(run_id)
+        return doomed
+
+    async def prune_checkpoints(self, run_id: str) -> int:
+        """Delete every checkpoint of the run's session older than the run's latest one."""
+        index, _ = await self.index(run_id)
+        return await self.store.prune_entries(
+            self.tenant,
+            index.session_id,
+            kind=CHECKPOINT_KIND,
+            before_seq=index.checkpoint_seq,
+            id_prefix=f"{run_id}.c",
+        )
+
+
+def _index_of(state: RunState, *, checkpoint_seq: int) -> RunIndex:
+    return RunIndex(
+        run_id=state.run_id,
+        session_id=state.session_id,
+        agent=state.agent,
+        status=state.status,
+        turn=state.turn,
+        revision=state.revision,
+        checkpoint_seq=checkpoint_seq,
+        group_id=state.group_id,
+        parent_run_id=state.delegation.parent_run_id if state.delegation else None,
+        headless=state.headless,
+        cancel_requested=state.cancel_requested,
+        created_at=state.created_at,
+        updated_at=state.updated_at,
+    )
