@@ -113,9 +113,7 @@ async def measure(durability: str, history: int, folder: Path) -> dict[str, floa
         raw_append = (time.perf_counter() - start) / APPENDS
 
         loop = asyncio.get_running_loop()
-        ours_load = min(
-            [await _timed(loop, session.messages) for _ in range(3)]
-        )
+        ours_load = min([await _timed(loop, session.messages) for _ in range(3)])
         raw_load = best(raw.load)
 
         payload_bytes = sum(len(json.dumps(m.to_dict()).encode()) for m in filler + fresh)

@@ -84,7 +84,7 @@ Factory = Callable[[BackendContext], AsyncIterator[Store]]
 
 SHARED = "shared"
 """Capability: two handles can be open on the same data, as two processes would be (a
-database file or server). Tests that need a second handle skip on other backends."""
+database file or server). Tests that need a second handle run on these backends only."""
 CAPABILITIES = frozenset({SHARED})
 
 
@@ -105,7 +105,7 @@ def backend(name: str, *, capabilities: Iterable[str] = ()) -> Callable[[Factory
     """Register an async generator yielding a fresh, empty store as backend ``name``.
 
     ``capabilities`` names optional behaviour the backend has (`SHARED`); the tests that
-    need one skip on backends without it.
+    need one are only generated for backends that have it.
     """
     features = frozenset(capabilities)
 
@@ -202,6 +202,17 @@ def _sqlite_url(path: Path, query: str = "") -> str:
 async def sqlite_store(ctx: BackendContext) -> AsyncIterator[Store]:
     """SQLite with the default durability (power: fsync on every commit)."""
     store = await open_store(_sqlite_url(ctx.tmp_path / "state.db"), **ctx.options)
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+@backend("sqlite-worker", capabilities={SHARED})
+async def sqlite_worker_store(ctx: BackendContext) -> AsyncIterator[Store]:
+    """SQLite with every transaction on the worker thread (``inline_writes=false``)."""
+    url = _sqlite_url(ctx.tmp_path / "state.db", "inline_writes=false")
+    store = await open_store(url, **ctx.options)
     try:
         yield store
     finally:

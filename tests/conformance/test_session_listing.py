@@ -268,11 +268,15 @@ async def test_a_cursor_with_a_naive_timestamp_raises_invalid_input(store: Store
 
 @backend_bug(
     *ALL_BACKENDS,
-    reason="a naive active_after/active_before is compared with aware timestamps: TypeError",
+    reason="SessionQuery accepts a naive active_after/active_before, and list_sessions "
+    "then compares it with aware timestamps: TypeError",
 )
 @pytest.mark.parametrize("bound", ["active_after", "active_before"])
-async def test_a_naive_activity_bound_raises_invalid_input(store: Store, bound: str) -> None:
+async def test_a_naive_activity_bound_is_refused(store: Store, bound: str) -> None:
     await make_sessions(store, {"s1": 1})
-    query = SessionQuery.model_validate({bound: datetime(2030, 1, 1)})
+    try:
+        query = SessionQuery.model_validate({bound: datetime(2030, 1, 1)})
+    except ValueError:
+        return  # refused when the query is built, as drafts refuse naive timestamps
     with pytest.raises(InvalidInputError):
         await store.list_sessions(TENANT, query)

@@ -324,7 +324,8 @@ async def test_wait_for_completion_and_the_run_snapshot(bus: EventBus) -> None:
     assert (snap.status, snap.ended, snap.last_error) == ("completed", True, "tool failed")
     assert (await bus.latest(RUN)) == done
     latest_assistant = await bus.latest(RUN, "assistant")
-    assert latest_assistant is not None and latest_assistant.seq == 2
+    assert latest_assistant is not None
+    assert latest_assistant.seq == 2
     assert await bus.latest("never-ran") is None
     assert (await bus.wait_for_completion(RUN)).seq == 4  # already over: from the cache
 

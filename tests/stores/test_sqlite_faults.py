@@ -82,6 +82,7 @@ async def test_full_disk_fails_the_write_and_keeps_the_data(tmp_path: Path) -> N
         assert store._conn is not None
         pages = store._conn.execute("PRAGMA page_count").fetchone()[0]
         store._conn.execute(f"PRAGMA max_page_count={pages}")
+
         async def fill() -> None:
             for _ in range(50):
                 await chat.append(Message.user("x" * 20_000), strict=False)

@@ -4,6 +4,7 @@ from statekeeper.runs.agent import (
     Action,
     Agent,
     AskInput,
+    Cancel,
     Finish,
     Handoff,
     ModelCall,
@@ -12,7 +13,7 @@ from statekeeper.runs.agent import (
     Tool,
     ToolContext,
 )
-from statekeeper.runs.runner import EventSink, RunResult, Runner
+from statekeeper.runs.runner import EventSink, Runner, RunResult
 from statekeeper.runs.state import (
     CURRENT_SCHEMA_VERSION,
     SCHEMA_VERSION_SUMMARIES,
@@ -33,6 +34,7 @@ __all__ = [
     "Agent",
     "ApprovalDecision",
     "AskInput",
+    "Cancel",
     "ErrorDetails",
     "EventSink",
     "Finish",

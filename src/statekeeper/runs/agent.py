@@ -8,8 +8,11 @@ input of this step, the live user context and the tools; it returns one action:
     Finish(output)         the run is complete
     AskInput(prompt)       wait for the user (WAITING_FOR_INPUT)
     Handoff(to)            another agent takes over from the next step
+    Cancel(reason)         the run ends CANCELLED (the user declined, say)
 
-Any action may report the model call behind it (`ModelCall`) and guardrail results.
+Any action may report the model call behind it (`ModelCall`), guardrail results, and
+``metadata`` keys to keep in the run state (agents see a copy of the state; this is how
+they persist their own notes, such as a handler's sub-state).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ __all__ = [
     "Action",
     "Agent",
     "AskInput",
+    "Cancel",
     "Finish",
     "Handoff",
     "ModelCall",
@@ -52,6 +56,8 @@ class ModelCall:
 class _Reported:
     call: ModelCall | None = field(default=None, kw_only=True)
     guardrails: Sequence[GuardrailResult] = field(default=(), kw_only=True)
+    metadata: Mapping[str, JsonValue] | None = field(default=None, kw_only=True)
+    """Keys to set in ``RunState.metadata`` (the agent's own persistent notes)."""
 
 
 @dataclass(frozen=True)
@@ -85,7 +91,15 @@ class Handoff(_Reported):
     message: Message | None = None
 
 
-Action = Respond | Finish | AskInput | Handoff
+@dataclass(frozen=True)
+class Cancel(_Reported):
+    """End the run as CANCELLED (e.g. the user declined); ``message`` is a last reply."""
+
+    reason: str
+    message: Message | None = None
+
+
+Action = Respond | Finish | AskInput | Handoff | Cancel
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from statekeeper.runs.agent import (
     Action,
     Agent,
     AskInput,
+    Cancel,
     Finish,
     Handoff,
     Respond,
@@ -199,11 +200,18 @@ class Runner:
         input: str | Message | Sequence[Message] = (),
         *,
         context: Any = None,
+        take_over: bool = False,
     ) -> RunResult:
-        """Continue a stopped (or crashed) run from its last checkpoint."""
+        """Continue a stopped (or crashed) run from its last checkpoint.
+
+        A run another live process holds raises `ConflictError`; ``take_over`` takes it
+        anyway (when you know that process is gone, e.g. on another machine).
+        """
         state, _, _ = await self.runs.load(run_id)
         state.validate_for_resume(has_deserializer=self.deserialize is not None)
-        index_version = await self.runs.claim(run_id, self.owner, ttl=self.lease_ttl)
+        index_version = await self.runs.claim(
+            run_id, self.owner, ttl=self.lease_ttl, take_over=take_over
+        )
         live = await self._open(state, index_version, context)
         live.new_input = _as_messages(input)
         if state.status == AgentStatus.WAITING_FOR_INPUT and not live.new_input:
@@ -372,6 +380,18 @@ class Runner:
         live.new_input = []
         action = await agent.step(step_input)
         self._account(state, action)
+        if action.call is not None:
+            await self._publish(
+                state,
+                "assistant",
+                "complete",
+                {
+                    "model": action.call.model,
+                    "usage": action.call.usage.model_dump(mode="json"),
+                    "cost": action.call.cost,
+                    "agent": state.agent,
+                },
+            )
         written: list[Message] = []
         if isinstance(action, Respond):
             written = await self._respond(live, action)
@@ -383,6 +403,9 @@ class Runner:
         elif isinstance(action, AskInput):
             written = [Message.assistant(action.prompt, metadata={"fields": list(action.fields)})]
             self._move(state, AgentStatus.WAITING_FOR_INPUT)
+        elif isinstance(action, Cancel):
+            written = [action.message] if action.message else []
+            self._cancel_now(state, action.reason)
         elif isinstance(action, Handoff):
             self._agent(action.to)
             marker = action.message or Message(
@@ -394,7 +417,7 @@ class Runner:
         else:
             raise InvalidPayloadError(
                 f"agent {state.agent} returned {type(action).__name__}; expected "
-                "Respond, Finish, AskInput or Handoff"
+                "Respond, Finish, AskInput, Handoff or Cancel"
             )
         await self._commit(live, written)
         try:
@@ -558,6 +581,8 @@ class Runner:
                 state.limits.budget.set_current(state.metrics.accumulated_cost)
             if state.limits.tokens is not None:
                 state.limits.tokens.set_current(state.metrics.usage.total)
+        if action.metadata:
+            state.metadata = {**state.metadata, **action.metadata}
         if action.guardrails:
             state.guardrails = [
                 *state.guardrails,

@@ -12,8 +12,12 @@ for newer checkpoint entries of the run after the one the index names.
 from __future__ import annotations
 
 import builtins
+import contextlib
+import os
+import socket
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from statekeeper.core.messages import Message, utcnow
@@ -237,23 +241,64 @@ class RunStore:
                 continue
         raise ConflictError(f"run {run_id!r} kept changing; retry the cancel")
 
-    async def claim(self, run_id: str, owner: str, *, ttl: float = 300.0) -> int:
-        """Take the run's lease for ``owner``; `ConflictError` if another owner holds it."""
+    async def claim(
+        self, run_id: str, owner: str, *, ttl: float = 300.0, take_over: bool = False
+    ) -> int:
+        """Take the run's lease for ``owner``.
+
+        Another owner's unexpired lease raises `ConflictError`, unless that owner is a
+        process on this host that no longer exists, or ``take_over`` is set.
+        """
         index, version = await self.index(run_id)
         now = utcnow()
-        if index.owner not in (None, owner) and index.lease_until and index.lease_until > now:
+        held = index.owner not in (None, owner) and index.lease_until and index.lease_until > now
+        if held and not take_over and owner_alive(index.owner):
             raise ConflictError(
                 f"run {run_id!r} is being run by {index.owner} until {index.lease_until:%H:%M:%S}"
             )
         index.owner, index.lease_until = owner, now + timedelta(seconds=ttl)
         return await self.put_index(index, expected_version=version)
 
+    # -- moving runs between stores -------------------------------------------------------
+
+    async def export(self, run_id: str) -> str:
+        """A self-contained JSON snapshot: the checkpoint plus the messages the run sees."""
+        from statekeeper.sessions.manager import SessionManager
+        from statekeeper.sessions.view import build_view
+
+        state, _, _ = await self.load(run_id)
+        manager = SessionManager(self.store, self.tenant, max_messages=None)
+        record = await self.store.get_session(self.tenant, state.session_id)
+        branch = await manager.load_branch(record, state.transcript_seq)
+        return state.to_json(items=build_view(branch).messages)
+
+    async def import_(
+        self, snapshot: str | bytes, *, run_id: str | None = None, session_id: str | None = None
+    ) -> RunState:
+        """Recreate an exported run here: a new session holding its messages, and the run.
+
+        Ids default to the exported ones; pass new ones if they are taken here.
+        """
+        state = RunState.from_json(snapshot)
+        items = state.messages()
+        state.items = None
+        state.tenant = self.tenant
+        state.run_id = validate_id(run_id, "run id") if run_id else state.run_id
+        state.session_id = validate_id(session_id, "session id") if session_id else state.session_id
+        state.revision = 0
+        await self.store.create_session(
+            SessionRecord(id=state.session_id, tenant=self.tenant, agent_id=state.agent)
+        )
+        index_version = await self.create(state)
+        await self.save(state, items, index_version=index_version)
+        return state
+
     # -- retention -----------------------------------------------------------------------
 
     async def delete(self, run_id: str) -> None:
         """Delete the run's index, events and checkpoints (its messages stay in the session)."""
         index, _ = await self.index(run_id)
-        try:
+        with contextlib.suppress(NotFoundError):  # the session may be gone already
             await self.store.prune_entries(
                 self.tenant,
                 index.session_id,
@@ -261,8 +306,6 @@ class RunStore:
                 before_seq=2**62,
                 id_prefix=f"{run_id}.c",
             )
-        except NotFoundError:
-            pass  # the session is gone already
         await self.store.delete_event_log(self.tenant, run_id)
         await self.store.delete_record(self.tenant, RUNS_NAMESPACE, run_id)
 
@@ -283,6 +326,23 @@ class RunStore:
             before_seq=index.checkpoint_seq,
             id_prefix=f"{run_id}.c",
         )
+
+
+def owner_alive(owner: str | None) -> bool:
+    """False only when ``owner`` ("host:pid:...") is a process of this host that is gone."""
+    if owner is None:
+        return False
+    host, _, rest = owner.partition(":")
+    pid_text = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return True  # cannot tell from here: trust the lease
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _index_of(state: RunState, *, checkpoint_seq: int) -> RunIndex:

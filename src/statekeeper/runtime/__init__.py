@@ -1,5 +1,15 @@
 """Runtime coordination: command lanes and follow-up queues."""
 
+from statekeeper.runtime.followups import (
+    DropPolicy,
+    DropReason,
+    FollowupMode,
+    FollowupQueue,
+    FollowupQueueClosedError,
+    FollowupQueueFullError,
+    SubmitOutcome,
+    SubmitStatus,
+)
 from statekeeper.runtime.lanes import (
     CommandLanes,
     LaneClearedError,
@@ -10,8 +20,16 @@ from statekeeper.runtime.lanes import (
 
 __all__ = [
     "CommandLanes",
+    "DropPolicy",
+    "DropReason",
+    "FollowupMode",
+    "FollowupQueue",
+    "FollowupQueueClosedError",
+    "FollowupQueueFullError",
     "LaneClearedError",
     "LaneStats",
     "LanesClosedError",
+    "SubmitOutcome",
+    "SubmitStatus",
     "WaitInfo",
 ]

@@ -373,7 +373,7 @@ class EventBus:
             task.add_done_callback(self._tasks.discard)
         else:
             pending.append((draft, future))
-        return asyncio.shield(future)
+        return future
 
     async def _drain(self, run_id: str) -> None:
         """Write the run's pending events in batches and fan each batch out, in seq order."""

@@ -138,6 +138,14 @@ class _Lane:
             *(self.waited, self.max_wait),
         )
 
+    def absorb(self, other: _Lane) -> None:
+        """Add the counters of a lane being forgotten."""
+        self.completed += other.completed
+        self.failed += other.failed
+        self.cancelled += other.cancelled
+        self.waited += other.waited
+        self.max_wait = max(self.max_wait, other.max_wait)
+
     def drop_queued(self, error: Callable[[], StatekeeperError] | None) -> int:
         """Fail every queued task with a new ``error()`` (None: cancel them)."""
         count = 0
@@ -145,7 +153,7 @@ class _Lane:
             if task.state == _QUEUED:
                 task.state = _DONE
                 if error is None:
-                    asyncio.Future.cancel(task)
+                    task.cancel()
                 else:
                     task.set_exception(error())
                 count += 1
@@ -192,10 +200,13 @@ class _LaneTask(asyncio.Future[T]):
         worker = self.worker
         # A call that cancels its own future just runs on: cancelling the worker from
         # inside would hit whatever it awaits next.
-        if not self.cancel_requested and worker is not None:
-            if worker is not asyncio.current_task():
-                self.cancel_requested = True
-                worker.cancel()
+        if (
+            not self.cancel_requested
+            and worker is not None
+            and worker is not asyncio.current_task()
+        ):
+            self.cancel_requested = True
+            worker.cancel()
 
 
 def _closed_error() -> LanesClosedError:
@@ -259,7 +270,7 @@ class CommandLanes:
         self._concurrency: dict[str, int] = {}
         self._warn_after: dict[str, float | None] = {}
         self._lanes: dict[str, _Lane] = {}
-        self._retired = LaneStats()  # counters of forgotten lanes
+        self._retired = _Lane("", 1, None)  # counters of forgotten lanes
         self._closed = False
         for name, n in (concurrency or {}).items():
             self.set_concurrency(name, n)
@@ -381,7 +392,7 @@ class CommandLanes:
         if lane is not None:
             state = self._lanes.get(validate_lane(lane))
             return LaneStats() if state is None else state.stats()
-        total = self._retired
+        total = self._retired.stats()
         for state in self._lanes.values():
             total += state.stats()
         return total
@@ -422,7 +433,7 @@ class CommandLanes:
             and self._lanes.get(name) is state
         ):
             del self._lanes[name]
-            self._retired += state.stats()
+            self._retired.absorb(state)
 
     def _started(self, state: _Lane, task: _LaneTask[Any]) -> None:
         waited = self._clock() - task.enqueued_at

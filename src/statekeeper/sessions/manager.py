@@ -28,6 +28,7 @@ from statekeeper.errors import (
 )
 from statekeeper.ids import new_id, validate_id
 from statekeeper.sessions.compaction import CompactionResult, Summarizer, compact_session
+from statekeeper.sessions.portable import export_session, import_session
 from statekeeper.sessions.state import ScopedState
 from statekeeper.sessions.view import TranscriptView, active_branch, build_view
 from statekeeper.stores.base import (
@@ -172,6 +173,21 @@ class SessionManager:
     async def delete(self, session_id: str) -> None:
         """Delete a session and its whole transcript. `NotFoundError` if absent."""
         await self.store.delete_session(self.tenant, session_id)
+
+    async def delete_before(self, when: datetime) -> builtins.list[str]:
+        """Delete every session last active before ``when``; returns their ids."""
+        doomed = [r.id async for r in self.iter(active_before=when)]
+        for session_id in doomed:
+            await self.delete(session_id)
+        return doomed
+
+    async def export(self, session_id: str) -> dict[str, Any]:
+        """The session (every branch, and any forked-from history) as one JSON document."""
+        return await export_session(self, session_id)
+
+    async def import_(self, document: object, *, session_id: str | None = None) -> Session:
+        """Create a session from `export` output, under its own id or ``session_id``."""
+        return Session(self, await import_session(self, document, session_id=session_id))
 
     # -- transcript reads shared by handles ------------------------------------------------
 

@@ -235,9 +235,21 @@ class SessionQuery(BaseModel):
     cursor: str | None = None
     offset: int = Field(default=0, ge=0)
     agent_id: str | None = None
-    metadata: dict[str, JsonValue] = Field(default_factory=dict)
-    active_after: datetime | None = None
-    active_before: datetime | None = None
+    metadata: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
+    """Equality on top-level metadata keys; values are JSON scalars."""
+    active_after: AwareDatetime | None = None
+    active_before: AwareDatetime | None = None
+
+    def __init__(self, **data: Any) -> None:
+        for key, value in (data.get("metadata") or {}).items():
+            validate_id(key, "metadata filter key")
+            if isinstance(value, dict | list) or (
+                isinstance(value, float) and value != value  # NaN
+            ):
+                raise InvalidInputError(
+                    f"metadata filter {key!r} must be a string, number, boolean or null"
+                )
+        super().__init__(**data)
 
 
 class Page(BaseModel):
@@ -619,7 +631,10 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
     """The position a cursor points after; `InvalidInputError` if it was tampered with."""
     try:
         stamp, session_id = decode_json(base64.urlsafe_b64decode(cursor.encode()))
-        return datetime.fromisoformat(stamp), validate_id(session_id, "session id")
+        position = datetime.fromisoformat(stamp)
+        if position.tzinfo is None:
+            raise ValueError("cursor time has no timezone")
+        return position, validate_id(session_id, "session id")
     except (ValueError, TypeError, binascii.Error, StatekeeperError) as exc:
         raise InvalidInputError(
             f"invalid paging cursor {cursor[:40]!r}; pass next_cursor from the previous page"
@@ -634,4 +649,18 @@ def matches_query(record: SessionRecord, query: SessionQuery) -> bool:
         return False
     if query.active_before is not None and record.last_active >= query.active_before:
         return False
-    return all(record.metadata.get(k) == v for k, v in query.metadata.items())
+    return all(
+        k in record.metadata and json_scalar_equal(record.metadata[k], v)
+        for k, v in query.metadata.items()
+    )
+
+
+def json_scalar_equal(stored: Any, wanted: Any) -> bool:
+    """JSON equality for filter values: numbers by value, booleans only equal booleans."""
+    if isinstance(wanted, bool) or isinstance(stored, bool):
+        return type(stored) is type(wanted) and stored == wanted
+    if wanted is None or stored is None:
+        return stored is None and wanted is None
+    if isinstance(wanted, int | float):
+        return isinstance(stored, int | float) and stored == wanted
+    return type(stored) is type(wanted) and bool(stored == wanted)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from statekeeper.errors import ConflictError, InvalidInputError, NotFoundError
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import encode_json
 from statekeeper.stores.base import EntryKind, SessionRecord
 
 __all__ = [
+    "check_expiry",
     "check_limit",
     "check_prunable_kind",
     "check_record_ids",
@@ -45,6 +48,12 @@ def check_record_ids(tenant: str, namespace: str, key: str | None = None) -> Non
     validate_id(namespace, "namespace")
     if key is not None:
         validate_id(key, "record key")
+
+
+def check_expiry(expires_at: datetime | None) -> None:
+    """An expiry must be timezone-aware (UTC is best)."""
+    if expires_at is not None and expires_at.tzinfo is None:
+        raise InvalidInputError("expires_at must be timezone-aware (use UTC)")
 
 
 def check_record_version(

@@ -38,6 +38,7 @@ from statekeeper.stores.base import (
     prunable,
 )
 from statekeeper.stores.common import (
+    check_expiry,
     check_limit,
     check_prunable_kind,
     check_record_ids,
@@ -200,7 +201,7 @@ class MemoryStore:
     ) -> list[Entry]:
         self._session(tenant, session_id)
         transcript = self._transcripts[tenant, session_id]
-        last = len(transcript.rows) if until_seq is None else until_seq
+        last = 2**62 if until_seq is None else until_seq
         check_limit(limit)
         seqs = [s for s in transcript.rows if after_seq < s <= last]
         return [transcript.entry(seq) for seq in seqs[:limit]]
@@ -221,6 +222,7 @@ class MemoryStore:
         return len(doomed)
 
     async def get_entry(self, tenant: str, session_id: str, entry_id: str) -> Entry:
+        validate_id(entry_id, "entry id")
         self._session(tenant, session_id)
         transcript = self._transcripts[tenant, session_id]
         try:
@@ -251,6 +253,7 @@ class MemoryStore:
         expected_version: int | None = None,
         expires_at: datetime | None = None,
     ) -> VersionedRecord:
+        check_expiry(expires_at)
         found = self._live(tenant, namespace, key)
         version = found.version if found else 0
         check_record_version(namespace, key, version, expected_version)
@@ -269,6 +272,9 @@ class MemoryStore:
         limit: int = 100,
     ) -> list[VersionedRecord]:
         check_record_ids(tenant, namespace)
+        check_limit(limit)
+        if prefix:
+            validate_id(prefix, "key prefix")
         now = utcnow()
         keys = sorted(
             k

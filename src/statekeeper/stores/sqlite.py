@@ -61,6 +61,7 @@ from statekeeper.stores.base import (
     plan_append,
 )
 from statekeeper.stores.common import (
+    check_expiry,
     check_limit,
     check_prunable_kind,
     check_record_ids,
@@ -410,9 +411,18 @@ class SQLiteStore:
             where.append("active_us<?")
             params.append(_us(query.active_before))
         for key, value in query.metadata.items():
-            validate_id(key, "metadata filter key")
-            where.append("doc -> ? = ?")
-            params += [f'$.metadata."{key}"', encode_json(value)]
+            path = f'$.metadata."{key}"'  # keys are validated ids: nothing to escape
+            if value is None or isinstance(value, bool):
+                where.append("json_type(doc, ?) = ?")
+                params += [path, "null" if value is None else str(value).lower()]
+            elif isinstance(value, int | float):
+                where.append(
+                    "json_type(doc, ?) IN ('integer', 'real') AND json_extract(doc, ?) = ?"
+                )
+                params += [path, path, value]
+            else:
+                where.append("json_type(doc, ?) = 'text' AND json_extract(doc, ?) = ?")
+                params += [path, path, value]
         if query.cursor is not None:
             stamp, after_id = decode_cursor(query.cursor)
             where.append("(active_us, id) < (?, ?)")
@@ -590,6 +600,7 @@ class SQLiteStore:
 
     async def get_entry(self, tenant: str, session_id: str, entry_id: str) -> Entry:
         check_tenant_and_id(tenant, session_id)
+        validate_id(entry_id, "entry id")
 
         def get(db: sqlite3.Connection) -> Entry:
             sk, _ = self._head(db, tenant, session_id)
@@ -651,6 +662,7 @@ class SQLiteStore:
         expires_at: datetime | None = None,
     ) -> VersionedRecord:
         check_record_ids(tenant, namespace, key)
+        check_expiry(expires_at)
         text = encode_json(value, what=f"record {namespace}/{key}", limit=self.max_payload_bytes)
         expires_us = None if expires_at is None else _us(expires_at)
 
@@ -682,6 +694,7 @@ class SQLiteStore:
         limit: int = 100,
     ) -> list[VersionedRecord]:
         check_record_ids(tenant, namespace)
+        check_limit(limit)
         if prefix:
             validate_id(prefix, "key prefix")
         low = max(prefix, after_key or "")

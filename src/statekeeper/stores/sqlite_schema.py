@@ -12,7 +12,7 @@ MIGRATIONS: list[str] = [
     # 1: sessions, transcript entries, versioned records, event logs
     """
     CREATE TABLE sessions (
-        sk INTEGER PRIMARY KEY,
+        sk INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused: cached heads stay valid
         tenant TEXT NOT NULL,
         id TEXT NOT NULL,
         agent_id TEXT,

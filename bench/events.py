@@ -1,0 +1,228 @@
+"""Publish throughput of the event bus against bare baselines, in one process.
+
+Each row publishes events of about 200 bytes of JSON to one run, one ``await publish`` at
+a time, while 1 or 10 subscriber tasks consume them; the time runs until every
+subscriber has received every event.
+
+- in-process: ``EventBus(persist=False)`` against a bare fan-out to one ``asyncio.Queue``
+  per subscriber (no validation, no sequence log, no replay);
+- persisted: ``EventBus`` on a SQLite store against raw ``sqlite3`` inserting the same
+  JSON payloads into the same events table (WAL, one transaction per event, the same
+  ``synchronous`` setting) plus the same queue fan-out;
+- concurrent: 10 tasks publishing at once on SQLite (the bus writes them in batches)
+  against the same raw inserts, one transaction per event.
+
+Publishers yield to the loop every 50 events, as a real producer doing I/O would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from statekeeper.runtime.events import EventBus
+from statekeeper.stores import open_store
+from statekeeper.stores.sqlite_schema import MIGRATIONS
+
+IN_PROCESS_EVENTS = 20_000
+PERSISTED_EVENTS = 400
+SUBSCRIBERS = (1, 10)
+
+
+def payload(n: int) -> dict[str, Any]:
+    """A tool result event payload of about 200 bytes."""
+    return {
+        "tool": "search",
+        "call_id": f"call_{n:08d}",
+        "result": {"hits": 3, "top": "Order 1234 left the depot on Tuesday", "n": n},
+        "elapsed_ms": 12.5,
+    }
+
+
+async def _consume(subscribe: Callable[[], Any], count: int, subscribers: int) -> list[Any]:
+    async def one(sub: Any) -> None:
+        async for event in sub:
+            if event.seq >= count:
+                return
+
+    return [asyncio.create_task(one(subscribe())) for _ in range(subscribers)]
+
+
+async def ours(bus: EventBus, run_id: str, count: int, subscribers: int) -> float:
+    """Seconds to publish ``count`` events and deliver them to every subscriber."""
+    tasks = await _consume(lambda: bus.subscribe(run_id), count, subscribers)
+    start = time.perf_counter()
+    for n in range(count):
+        await bus.publish(run_id, "tool", "result", payload(n))
+        if n % 50 == 49:
+            await asyncio.sleep(0)
+    await asyncio.gather(*tasks)
+    return time.perf_counter() - start
+
+
+class _Seq:
+    __slots__ = ("payload", "seq")
+
+    def __init__(self, seq: int, body: dict[str, Any]) -> None:
+        self.seq, self.payload = seq, body
+
+
+class RawSink:
+    """The baseline: optional raw sqlite3 inserts, then a fan-out to bare queues."""
+
+    def __init__(self, path: Path | None, synchronous: str) -> None:
+        self.db: sqlite3.Connection | None = None
+        self.seq = 0
+        self.queues: list[asyncio.Queue[_Seq]] = []
+        if path is not None:
+            self.db = sqlite3.connect(path, isolation_level=None)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute(f"PRAGMA synchronous={synchronous}")
+            for statement in MIGRATIONS[0].split(";"):
+                if "CREATE TABLE events" in statement:
+                    self.db.execute(statement)
+
+    def subscribe(self) -> Any:
+        queue: asyncio.Queue[_Seq] = asyncio.Queue()
+        self.queues.append(queue)
+
+        async def events() -> Any:
+            while True:
+                yield await queue.get()
+
+        return events()
+
+    async def publish(self, body: dict[str, Any]) -> None:
+        self.seq += 1
+        if self.db is not None:
+            self.db.execute("BEGIN IMMEDIATE")
+            self.db.execute(
+                "INSERT INTO events (tenant, log_id, seq, stream, kind, ts_us, payload)"
+                " VALUES ('bench', 'run', ?, 'tool', 'result', ?, ?)",
+                (self.seq, time.time_ns() // 1000, json.dumps(body)),
+            )
+            self.db.execute("COMMIT")
+        event = _Seq(self.seq, body)
+        for queue in self.queues:
+            queue.put_nowait(event)
+
+
+async def raw(sink: RawSink, count: int, subscribers: int) -> float:
+    """Seconds for the baseline to do the same work."""
+    tasks = await _consume(sink.subscribe, count, subscribers)
+    start = time.perf_counter()
+    for n in range(count):
+        await sink.publish(payload(n))
+        if n % 50 == 49:
+            await asyncio.sleep(0)
+    await asyncio.gather(*tasks)
+    if sink.db is not None:
+        sink.db.close()
+    return time.perf_counter() - start
+
+
+async def concurrent_ours(bus: EventBus, count: int) -> float:
+    """Seconds for 10 tasks to publish ``count`` events to one run at once."""
+    per_task = count // 10
+
+    async def publisher(worker: int) -> None:
+        for n in range(per_task):
+            await bus.publish("run-c", "tool", "result", payload(worker * per_task + n))
+
+    start = time.perf_counter()
+    await asyncio.gather(*(publisher(w) for w in range(10)))
+    return time.perf_counter() - start
+
+
+async def _row(
+    ours_time: Awaitable[float], raw_time: Awaitable[float], count: int
+) -> dict[str, float]:
+    mine, base = await ours_time, await raw_time
+    return {"events": count, "ours_eps": count / mine, "raw_eps": count / base}
+
+
+async def run() -> list[tuple[str, int, dict[str, float]]]:
+    """Every measurement, in one process."""
+    results: list[tuple[str, int, dict[str, float]]] = []
+    for subscribers in SUBSCRIBERS:
+        bus = EventBus(None, "bench", persist=False)
+        row = await _row(
+            ours(bus, f"run-{subscribers}", IN_PROCESS_EVENTS, subscribers),
+            raw(RawSink(None, ""), IN_PROCESS_EVENTS, subscribers),
+            IN_PROCESS_EVENTS,
+        )
+        await bus.aclose()
+        results.append(("in-process", subscribers, row))
+    with tempfile.TemporaryDirectory(prefix="statekeeper-bench-") as folder:
+        for durability, synchronous in (("power", "FULL"), ("process", "NORMAL")):
+            for subscribers in SUBSCRIBERS:
+                name = f"{durability}-{subscribers}"
+                store = await open_store(
+                    f"sqlite:///{Path(folder) / f'ours-{name}.db'}", durability=durability
+                )
+                bus = EventBus(store, "bench")
+                row = await _row(
+                    ours(bus, "run", PERSISTED_EVENTS, subscribers),
+                    raw(
+                        RawSink(Path(folder) / f"raw-{name}.db", synchronous),
+                        PERSISTED_EVENTS,
+                        subscribers,
+                    ),
+                    PERSISTED_EVENTS,
+                )
+                if subscribers == 1:
+                    concurrent = await concurrent_ours(bus, PERSISTED_EVENTS)
+                    results.append(
+                        (
+                            f"sqlite {durability}, 10 publishers",
+                            0,
+                            {**row, "ours_eps": PERSISTED_EVENTS / concurrent},
+                        )
+                    )
+                await bus.aclose()
+                await store.close()
+                results.append((f"sqlite {durability}", subscribers, row))
+    return results
+
+
+TARGETS = {"in-process": 0.1, "sqlite power": 0.66, "sqlite process": 0.33}
+"""The least throughput, as a share of the baseline's, that each mode must reach."""
+
+
+def report(results: list[tuple[str, int, dict[str, float]]]) -> list[str]:
+    """Print the table and the verdicts; return the failed targets."""
+    print(f"{'mode':<30} {'subs':>4} {'events/s':>10} {'baseline/s':>11} {'ours/base':>9}")
+    failed = []
+    for mode, subscribers, r in results:
+        share = r["ours_eps"] / r["raw_eps"]
+        print(
+            f"{mode:<30} {subscribers or '-':>4} {r['ours_eps']:>10.0f} {r['raw_eps']:>11.0f} "
+            f"{share:>9.2f}"
+        )
+    print()
+    for mode, subscribers, r in results:
+        target = TARGETS.get(mode)
+        if target is None:
+            continue
+        share = r["ours_eps"] / r["raw_eps"]
+        name = f"{mode}, {subscribers} subscriber(s): ours / baseline"
+        verdict = "ok" if share >= target else "MISSED"
+        print(f"{name:<50} {share:6.2f}  (target >= {target})  {verdict}")
+        if share < target:
+            failed.append(name)
+    return failed
+
+
+def main() -> None:
+    """Run and report."""
+    report(asyncio.run(run()))
+
+
+if __name__ == "__main__":
+    main()

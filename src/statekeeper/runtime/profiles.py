@@ -1,0 +1,362 @@
+"""Auth profiles: an agent's API keys, used least-recently-used first, rested after failures.
+
+A profile never holds a secret. It holds a *reference* the caller chooses and resolves,
+``scheme:name``: ``env:OPENAI_KEY_2`` (see `resolve_secret`), ``vault:kv/openai#key``,
+``keyring:openai/2`` ... So stores, logs and reprs never see a key.
+
+Persistence: one versioned record per agent, namespace ``auth_profiles``, key = agent id,
+value ``{"format": 1, "uses": <counter>, "profiles": [...]}``. Every change is a
+compare-and-set on that record, retried on conflict, so two processes picking at once
+each take a different profile (the loser re-reads and sees the other's use), and a new
+`AuthProfiles` after a restart sees every cooldown.
+
+Cooldown after a failure: ``retry_after`` when the provider said so, else
+``base_cooldown * 2 ** (failures in a row - 1)``, capped at ``max_cooldown``.
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+import re
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from statekeeper.core.messages import utcnow
+from statekeeper.errors import (
+    AlreadyExistsError,
+    InvalidInputError,
+    NotFoundError,
+    SchemaVersionError,
+    StatekeeperError,
+)
+from statekeeper.ids import new_id, validate_id
+from statekeeper.retry import retry_on_conflict
+from statekeeper.stores.base import Store
+
+__all__ = [
+    "NAMESPACE",
+    "AllProfilesCoolingDownError",
+    "AuthProfile",
+    "AuthProfiles",
+    "resolve_secret",
+]
+
+NAMESPACE: Final = "auth_profiles"
+_FORMAT: Final = 1
+_REF = re.compile(r"[a-z][a-z0-9+.-]{0,31}:[^\s]{1,223}")
+
+
+class AllProfilesCoolingDownError(StatekeeperError):
+    """Every profile of the agent is cooling down; ``available_at`` says when one is free."""
+
+    def __init__(self, agent_id: str, profile_id: str, available_at: datetime, now: datetime):
+        wait = max((available_at - now).total_seconds(), 0.0)
+        super().__init__(
+            f"every auth profile of agent {agent_id!r} is cooling down; the first free is "
+            f"{profile_id!r} at {available_at.isoformat()} (in {wait:.0f} s): wait, or add "
+            "a profile"
+        )
+        self.agent_id = agent_id
+        self.profile_id = profile_id
+        self.available_at = available_at
+
+
+class AuthProfile(BaseModel):
+    """One API key profile of an agent, with its use and failure history."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str
+    agent_id: str
+    label: str = ""
+    secret_ref: str = Field(repr=False)
+    """Where the key is (``env:NAME`` ...), never the key itself; hidden from repr."""
+    usage_count: int = 0
+    last_used: AwareDatetime | None = None
+    use_seq: int = 0
+    """Order of the last use among the agent's profiles (0: never): the LRU order."""
+    cooldown_until: AwareDatetime | None = None
+    failure_count: int = 0
+    """Failures in a row; a success resets it."""
+    failure_reason: str | None = None
+    created_at: AwareDatetime = Field(default_factory=utcnow)
+
+    @field_validator("secret_ref")
+    @classmethod
+    def _is_a_reference(cls, value: str) -> str:
+        if not _REF.fullmatch(value):
+            # Do not echo the value: it may be a key pasted by mistake.
+            raise ValueError(
+                "secret_ref must be a reference 'scheme:name' such as 'env:OPENAI_KEY_2' "
+                "(no spaces, at most 256 characters), never the secret itself"
+            )
+        return value
+
+    def cooling(self, now: datetime) -> bool:
+        """True while the profile rests after a failure."""
+        return self.cooldown_until is not None and self.cooldown_until > now
+
+    def __str__(self) -> str:
+        return f"AuthProfile {self.id!r} of agent {self.agent_id!r} ({self.label or 'no label'})"
+
+
+def resolve_secret(ref: str, resolvers: dict[str, Callable[[str], str]] | None = None) -> str:
+    """The secret a reference names: ``env:NAME`` reads the environment; other schemes
+    use ``resolvers[scheme](name)``. Raises `NotFoundError` (without the value)."""
+    scheme, _, name = ref.partition(":")
+    if resolvers and scheme in resolvers:
+        return resolvers[scheme](name)
+    if scheme == "env" and name in os.environ:
+        return os.environ[name]
+    raise NotFoundError(
+        f"cannot resolve secret reference {scheme}:{name}; set it or pass a resolver"
+    )
+
+
+class _State(BaseModel):
+    """The stored record value."""
+
+    model_config = ConfigDict(extra="forbid")
+    format: int = _FORMAT
+    uses: int = 0
+    profiles: list[AuthProfile] = Field(default_factory=list)
+
+
+class AuthProfiles:
+    """The auth profiles of one agent, persisted in ``store`` for ``tenant``.
+
+    Args:
+        clock: the time source (inject one in tests).
+        base_cooldown: seconds of rest after a first failure; doubles per failure in a row.
+        max_cooldown: the longest computed rest, in seconds.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        tenant: str,
+        agent_id: str,
+        *,
+        clock: Callable[[], datetime] = utcnow,
+        base_cooldown: float = 60,
+        max_cooldown: float = 3600,
+        attempts: int = 20,
+    ) -> None:
+        if not 0 < base_cooldown <= max_cooldown:
+            raise InvalidInputError("need 0 < base_cooldown <= max_cooldown")
+        self._store, self._clock = store, clock
+        self.tenant = validate_id(tenant, "tenant")
+        self.agent_id = validate_id(agent_id, "agent id")
+        self.base_cooldown, self.max_cooldown = base_cooldown, max_cooldown
+        self._attempts = attempts
+
+    # -- storage --------------------------------------------------------------------------
+
+    async def _load(self) -> tuple[_State, int]:
+        try:
+            record = await self._store.get_record(self.tenant, NAMESPACE, self.agent_id)
+        except NotFoundError:
+            return _State(), 0
+        value: Any = record.value
+        if not isinstance(value, dict) or value.get("format", 0) > _FORMAT:
+            raise SchemaVersionError(
+                f"auth profiles of agent {self.agent_id!r} were stored in format "
+                f"{value.get('format') if isinstance(value, dict) else '?'}; upgrade statekeeper"
+            )
+        return _State.model_validate(value), record.version
+
+    async def _change(
+        self, change: Callable[[_State, datetime], Awaitable[AuthProfile | None]]
+    ) -> AuthProfile | None:
+        """Re-read, apply ``change`` (which edits the state in place) and compare-and-set."""
+
+        async def attempt() -> AuthProfile | None:
+            state, version = await self._load()
+            result = await change(state, self._clock())
+            await self._store.put_record(
+                self.tenant,
+                NAMESPACE,
+                self.agent_id,
+                state.model_dump(mode="json"),
+                expected_version=version,
+            )
+            return result
+
+        return await retry_on_conflict(attempt, attempts=self._attempts)
+
+    def _index(self, state: _State, profile_id: str) -> int:
+        for i, profile in enumerate(state.profiles):
+            if profile.id == profile_id:
+                return i
+        raise NotFoundError(f"no auth profile {profile_id!r} for agent {self.agent_id!r}")
+
+    # -- managing profiles ----------------------------------------------------------------
+
+    async def add(
+        self, secret_ref: str, *, label: str = "", profile_id: str | None = None
+    ) -> AuthProfile:
+        """Add a profile. `AlreadyExistsError` if the id is taken."""
+        pid = validate_id(profile_id or new_id("key"), "profile id")
+        try:
+            profile = AuthProfile(
+                id=pid,
+                agent_id=self.agent_id,
+                label=label,
+                secret_ref=secret_ref,
+                created_at=self._clock(),
+            )
+        except ValidationError as exc:
+            # Our own message, not pydantic's: that one would echo the (secret?) input.
+            problems = "; ".join(str(e["msg"]) for e in exc.errors())
+            raise InvalidInputError(f"invalid auth profile: {problems}") from None
+
+        async def add(state: _State, now: datetime) -> AuthProfile:
+            if any(p.id == pid for p in state.profiles):
+                raise AlreadyExistsError(
+                    f"auth profile {pid!r} already exists for agent {self.agent_id!r}"
+                )
+            state.profiles.append(profile)
+            return profile
+
+        await self._change(add)
+        return profile
+
+    async def remove(self, profile_id: str) -> None:
+        """Remove a profile. `NotFoundError` if unknown."""
+
+        async def remove(state: _State, now: datetime) -> None:
+            del state.profiles[self._index(state, profile_id)]
+
+        await self._change(remove)
+
+    async def list(self) -> builtins.list[AuthProfile]:
+        """Every profile, in the order they were added."""
+        return (await self._load())[0].profiles
+
+    async def get(self, profile_id: str) -> AuthProfile:
+        """One profile, or `NotFoundError`."""
+        state, _ = await self._load()
+        return state.profiles[self._index(state, profile_id)]
+
+    # -- using profiles -------------------------------------------------------------------
+
+    def _take(self, state: _State, now: datetime) -> AuthProfile:
+        """Record a use of the least recently used profile that is not cooling down."""
+        if not state.profiles:
+            raise NotFoundError(f"agent {self.agent_id!r} has no auth profiles; add one")
+        ready = [i for i, p in enumerate(state.profiles) if not p.cooling(now)]
+        if not ready:
+            first = min(state.profiles, key=lambda p: p.cooldown_until or now)
+            assert first.cooldown_until is not None
+            raise AllProfilesCoolingDownError(self.agent_id, first.id, first.cooldown_until, now)
+        i = min(ready, key=lambda i: state.profiles[i].use_seq)
+        state.uses += 1
+        used = state.profiles[i].model_copy(
+            update={
+                "usage_count": state.profiles[i].usage_count + 1,
+                "last_used": now,
+                "use_seq": state.uses,
+            }
+        )
+        state.profiles[i] = used
+        return used
+
+    async def pick(self) -> AuthProfile:
+        """Take the least recently used profile that is not cooling down, recording the use.
+
+        Raises `AllProfilesCoolingDownError` (with the first free time) or `NotFoundError`
+        when the agent has no profiles.
+        """
+
+        async def pick(state: _State, now: datetime) -> AuthProfile:
+            return self._take(state, now)
+
+        picked = await self._change(pick)
+        assert picked is not None
+        return picked
+
+    async def report_failure(
+        self,
+        profile_id: str,
+        reason: str,
+        *,
+        rate_limited: bool = True,
+        retry_after: float | timedelta | None = None,
+    ) -> AuthProfile:
+        """Record a failure and return the profile to use next (its use recorded).
+
+        A rate-limited failure (or any with ``retry_after``) puts the profile in cooldown;
+        other failures only count toward the streak. The failure is saved even when the
+        rotation then raises `AllProfilesCoolingDownError`.
+        """
+        if isinstance(retry_after, timedelta):
+            retry_after = retry_after.total_seconds()
+        if retry_after is not None and retry_after < 0:
+            raise InvalidInputError(f"retry_after must be >= 0 seconds, not {retry_after}")
+        cooling: list[AllProfilesCoolingDownError] = []
+
+        async def fail(state: _State, now: datetime) -> AuthProfile | None:
+            i = self._index(state, profile_id)
+            old = state.profiles[i]
+            failures = old.failure_count + 1
+            update: dict[str, Any] = {"failure_count": failures, "failure_reason": reason}
+            if rate_limited or retry_after is not None:
+                rest = retry_after
+                if rest is None:
+                    rest = min(self.base_cooldown * 2 ** min(failures - 1, 62), self.max_cooldown)
+                update["cooldown_until"] = now + timedelta(seconds=rest)
+            state.profiles[i] = old.model_copy(update=update)
+            cooling.clear()
+            try:
+                return self._take(state, now)
+            except AllProfilesCoolingDownError as exc:
+                cooling.append(exc)  # raised after the failure is stored
+                return None
+
+        next_profile = await self._change(fail)
+        if next_profile is None:
+            raise cooling[0]
+        return next_profile
+
+    async def report_success(self, profile_id: str) -> AuthProfile:
+        """A call with the profile worked: its failure streak starts over."""
+
+        async def succeed(state: _State, now: datetime) -> AuthProfile:
+            i = self._index(state, profile_id)
+            state.profiles[i] = state.profiles[i].model_copy(
+                update={"failure_count": 0, "failure_reason": None}
+            )
+            return state.profiles[i]
+
+        done = await self._change(succeed)
+        assert done is not None
+        return done
+
+    async def reset(self, profile_id: str | None = None) -> None:
+        """Clear cooldowns and failure streaks (of one profile, or of all)."""
+
+        async def reset(state: _State, now: datetime) -> None:
+            targets = (
+                range(len(state.profiles))
+                if profile_id is None
+                else [self._index(state, profile_id)]
+            )
+            for i in targets:
+                state.profiles[i] = state.profiles[i].model_copy(
+                    update={"cooldown_until": None, "failure_count": 0, "failure_reason": None}
+                )
+
+        await self._change(reset)
+
+    async def next_free_at(self) -> datetime | None:
+        """When a profile is next usable: now if one is ready, None if there are none."""
+        profiles, now = await self.list(), self._clock()
+        if not profiles:
+            return None
+        return min(
+            p.cooldown_until if p.cooling(now) and p.cooldown_until else now for p in profiles
+        )

@@ -1,0 +1,81 @@
+"""A small agent app used by the cross-process tests (imported in subprocesses)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from typing import Any
+
+from statekeeper.core.messages import Message, ToolCallBlock
+from statekeeper.runs import Finish, Respond, Runner, StepInput, Tool, ToolContext
+from statekeeper.runs.scripted import ScriptedAgent
+from statekeeper.stores import Store, open_store
+
+STEPS = 6
+
+
+async def work(args: dict[str, Any], ctx: ToolContext) -> str:
+    n = int(args["n"])
+    if args.get("hang_at") == n:
+        print(f"hanging in step {n}", flush=True)
+        await asyncio.Event().wait()  # the test kills the process here
+    return f"worked {n}"
+
+
+async def wire(args: dict[str, Any], ctx: ToolContext) -> str:
+    return f"sent {args['amount']}"
+
+
+def step(n: int, hang_at: int | None) -> Any:
+    def act(run: StepInput) -> Respond | Finish:
+        if n > STEPS:
+            return Finish({"steps": STEPS})
+        call = ToolCallBlock(
+            id=f"call-{n}", name="work", arguments=json.dumps({"n": n, "hang_at": hang_at})
+        )
+        return Respond([Message.assistant(f"step {n}", tool_calls=[call])])
+
+    return act
+
+
+def make_runner(store: Store, tenant: str, hang_at: int | None = None) -> Runner:
+    agent = ScriptedAgent("worker", [step(n, hang_at) for n in range(1, STEPS + 2)])
+    approver = ScriptedAgent(
+        "payer",
+        [
+            Respond(
+                [
+                    Message.assistant(
+                        "paying",
+                        tool_calls=[
+                            ToolCallBlock(id="pay", name="wire", arguments='{"amount": 9}')
+                        ],
+                    )
+                ]
+            ),
+            Finish("paid"),
+        ],
+    )
+    tools = [Tool("work", work), Tool("wire", wire, requires_approval=True)]
+    return Runner(store, tenant, [agent, approver], tools)
+
+
+async def main(url: str, command: str, run_id: str) -> None:
+    store = await open_store(url)
+    try:
+        if command == "start-hanging":
+            runner = make_runner(store, "t", hang_at=4)
+            await runner.start("worker", "go", run_id=run_id)
+        elif command == "start-payer":
+            result = await make_runner(store, "t").start("payer", "pay", run_id=run_id)
+            print(result.status, flush=True)
+        elif command == "resume":
+            result = await make_runner(store, "t").resume(run_id)
+            print(result.status, json.dumps(result.output), flush=True)
+    finally:
+        await store.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(*sys.argv[1:4]))

@@ -1,0 +1,84 @@
+"""Runs stopped in one process continue in another: real subprocesses, real SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from statekeeper.sessions import SessionManager
+from statekeeper.stores import open_store
+
+HERE = Path(__file__).parent
+
+
+def spawn(db: Path, command: str, run_id: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    return subprocess.Popen(
+        [sys.executable, str(HERE / "proc_app.py"), f"sqlite:///{db}", command, run_id],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+@pytest.mark.slow
+async def test_paused_run_resumes_in_another_process(tmp_path: Path) -> None:
+    db = tmp_path / "runs.db"
+    first = spawn(db, "start-payer", "run-pay")
+    out, err = first.communicate(timeout=60)
+    assert first.returncode == 0, err
+    assert out.strip() == "waiting_for_approval"
+
+    import proc_app
+
+    store = await open_store(f"sqlite:///{db}")
+    try:
+        runner = proc_app.make_runner(store, "t")
+        await runner.approve("run-pay", "pay")
+    finally:
+        await store.close()
+
+    second = spawn(db, "resume", "run-pay")
+    out, err = second.communicate(timeout=60)
+    assert second.returncode == 0, err
+    assert out.split()[0] == "completed"
+
+
+@pytest.mark.slow
+async def test_sigkill_mid_step_resumes_without_loss_or_duplicates(tmp_path: Path) -> None:
+    db = tmp_path / "runs.db"
+    proc = spawn(db, "start-hanging", "run-kill")
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "hanging in step 4"
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+
+    import proc_app
+
+    store = await open_store(f"sqlite:///{db}")
+    try:
+        runner = proc_app.make_runner(store, "t")
+        crashed = await runner.load("run-kill")
+        assert crashed.status == "running"
+        assert crashed.turn == 3  # steps 1-3 were checkpointed, step 4 left nothing
+        session = await SessionManager(store, "t").get(crashed.session_id)
+        texts = [m.text for m in await session.messages()]
+        assert texts == ["go"] + [t for n in (1, 2, 3) for t in (f"step {n}", f"worked {n}")]
+
+        result = await runner.resume("run-kill")
+        assert result.status == "completed"
+        texts = [m.text for m in await session.messages()]
+        expected = ["go"] + [t for n in range(1, 7) for t in (f"step {n}", f"worked {n}")]
+        assert texts == expected
+        ids = [m.id for m in await session.messages()]
+        assert len(ids) == len(set(ids))
+        assert result.state.tool_use == {"work": 6}
+    finally:
+        await store.close()
