@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from statekeeper.core.messages import Message, ToolCallBlock
 from statekeeper.errors import MissingExtraError
@@ -125,6 +127,7 @@ async def run() -> None:
             console.print(f"  [cyan]{message.role:>9}[/] {message.text[:90]}")
     finally:
         await store.close()
+    await run_demo_run(console)
 
 
 async def converse(session: Session, console: object) -> None:
@@ -140,8 +143,71 @@ async def converse(session: Session, console: object) -> None:
         await session.append(Message.assistant(answer))
 
 
+async def run_demo_run(console: Any) -> None:
+    """A run that stops for approval, then finishes in a separate process."""
+    from statekeeper.demo_app import make_runner
+    from statekeeper.runs.inspect import RunInspector
+
+    store = await open_store(f"sqlite:///{DEMO_DB}")
+    try:
+        runner = make_runner(store, "demo-user")
+        first = await runner.start("support", "Order 1042 never arrived. Can I get my money back?")
+        console.print(f"\nRun [bold]{first.run_id}[/] stopped: [yellow]{first.status}[/]")
+        for pending in first.interruptions:
+            console.print(f"  pending {pending.tool}({pending.arguments}): {pending.prompt}")
+        await runner.approve(first.run_id, "c-refund", by="demo-operator", reason="lost parcel")
+        console.print("Approved by demo-operator; resuming in a separate process ...")
+    finally:
+        await store.close()
+
+    child = subprocess.run(  # noqa: S603  (our own interpreter and module)
+        [sys.executable, "-m", "statekeeper.demo", "resume", first.run_id],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if child.returncode != 0:
+        raise RuntimeError(f"the resuming process failed:\n{child.stderr}")
+    console.print(f"  [dim]child process: {child.stdout.strip()}[/]")
+
+    store = await open_store(f"sqlite:///{DEMO_DB}")
+    try:
+        runner = make_runner(store, "demo-user")
+        inspector = RunInspector(runner.runs, first.run_id)
+        state = await inspector.state()
+        console.print(f"Run finished: [green]{state.status}[/], output {state.output}")
+        console.print("Transcript:")
+        for message in (await inspector.items()).messages:
+            console.print(f"  [cyan]{message.role:>9}[/] {message.text[:90]}")
+        timeline = " -> ".join([c.target for c in await inspector.timeline()])
+        console.print(f"Status timeline: initializing -> {timeline}")
+        console.print(f"Tool calls: {await inspector.tool_counts()}")
+        usage = state.metrics.usage
+        console.print(
+            f"Cost: ${state.metrics.accumulated_cost:.6f} over {state.metrics.calls} model calls "
+            f"({usage.input_tokens} in / {usage.output_tokens} out tokens)"
+        )
+    finally:
+        await store.close()
+
+
+async def resume_in_child(run_id: str) -> None:
+    """The separate process of the demo: resume an approved run."""
+    from statekeeper.demo_app import make_runner
+
+    store = await open_store(f"sqlite:///{DEMO_DB}")
+    try:
+        result = await make_runner(store, "demo-user").resume(run_id)
+        print(f"pid {os.getpid()} resumed {run_id}: {result.status}")
+    finally:
+        await store.close()
+
+
 def main() -> None:
     """Entry point of ``python -m statekeeper.demo``."""
+    if len(sys.argv) == 3 and sys.argv[1] == "resume":
+        asyncio.run(resume_in_child(sys.argv[2]))
+        return
     asyncio.run(run())
     sys.stdout.flush()
 

@@ -1,36 +1,33 @@
 """The event bus: typed, per-run ordered events with replay, for UIs, polling and waits.
 
-Streams and their kinds (other kinds on these streams raise `UnknownEventKindError`;
-streams with other names are custom and take any kind)::
+Built-in streams and kinds (another kind on these raises `UnknownEventKindError`; other
+stream names are custom and take any kind)::
 
     lifecycle   start, end, abort, status     status needs payload["status"]: str
-    tool        call_start, result, error     every kind needs payload["tool"]: str
+    tool        call_start, result, error     needs payload["tool"]: str
     assistant   partial, complete             needs payload["text"]: str
     error       error                         needs payload["message"]: str
     compaction  start, complete
 
-**Sequence numbers** are per run, start at 1 and have no gaps or repeats. With
-``persist=True`` they come from the store's event log (log id = run id), so processes
-sharing a store share one numbering; with ``persist=False`` an in-memory log per run has
-the same semantics. A payload that is not JSON raises `InvalidPayloadError` before
-anything is stored, and uses no number. Concurrent publishes to one run are written in
-batches (one store call per batch) and fanned out in seq order.
+**Seqs** are per run, from 1, without gaps or repeats. With ``persist=True`` they come
+from the store's event log (log id = run id), shared by every process on the store; with
+``persist=False`` an in-memory log per run does the same. A non-JSON payload raises
+`InvalidPayloadError` before anything is stored and uses no seq. Concurrent publishes to
+a run are written in batches (one store call each) and fanned out in seq order.
 
-**Subscribers** get events in seq order. A run subscriber (``run_id`` given) may pass
-``from_seq``: it first replays the stored events after it, then continues live with no
-gap and no repeat. A subscriber to all runs (``run_id=None``) gets live events only;
-replay is per run.
+**Subscribers** get events in seq order. A run subscriber may pass ``from_seq``: it
+replays the logged events after it, then goes on live with no gap and no repeat. An
+all-runs subscriber (``run_id=None``) is live only; replay is per run.
 
-**Slow subscribers** never block a publisher, and each holds at most ``buffer`` events.
-When a run subscriber's buffer is full it drops what it holds and, on its next read,
-catches up from the log (``catch_up=True``, the default): the consumer sees every event,
-in order. With ``catch_up=False``, and always for all-runs subscribers, a full buffer
-detaches the subscriber; it delivers what it holds, then raises `SubscriberLaggedError`
-carrying the last seq delivered (per run), so a new subscription with ``from_seq``
-misses nothing.
+**Slow subscribers** never block a publisher and hold at most ``buffer`` events. A run
+subscriber whose buffer fills drops it and catches up from the log on its next read
+(``catch_up=True``, the default): its consumer still sees every event, in order. With
+``catch_up=False``, and always for all-runs subscribers, a full buffer detaches the
+subscriber: it delivers what it holds, then raises `SubscriberLaggedError` with the last
+seq delivered (per run), so a new subscription with ``from_seq`` misses nothing.
 
-**Other processes**: their events reach this process's live subscribers when this
-process next publishes to the run, or on `EventBus.refresh`; replay always sees them.
+**Other processes'** events reach live subscribers here when this process next
+publishes to the run, or on `EventBus.refresh`; replay always sees them.
 """
 
 from __future__ import annotations
@@ -68,7 +65,12 @@ STREAM_KINDS: Final[Mapping[str, frozenset[str]]] = {
     "error": frozenset({"error"}),
     "compaction": frozenset({"start", "complete"}),
 }
-_REQUIRED_BY_STREAM: Final = {"tool": "tool", "assistant": "text", "error": "message"}
+_NEEDS: Final = {"tool": "tool", "assistant": "text", "error": "message", "lifecycle": None}
+_RULES: Final = {
+    (stream, kind): "status" if kind == "status" else _NEEDS.get(stream)
+    for stream, kinds in STREAM_KINDS.items()
+    for kind in kinds
+}
 _NAME = re.compile(r"[a-z][a-z0-9_.-]{0,63}")
 _TERMINAL: Final = frozenset({"end", "abort"})
 _PAGE = 256
@@ -113,14 +115,7 @@ class BusEvent:
 
     def to_json(self) -> dict[str, Any]:
         """JSON data for a wire (the UI stream)."""
-        return {
-            "run_id": self.run_id,
-            "seq": self.seq,
-            "stream": self.stream,
-            "kind": self.kind,
-            "ts": self.ts.isoformat(),
-            "payload": self.payload,
-        }
+        return {name: getattr(self, name) for name in self.__slots__} | {"ts": self.ts.isoformat()}
 
     @property
     def terminal(self) -> bool:
@@ -162,20 +157,20 @@ class RunSnapshot:
 
 
 def check_event(stream: str, kind: str, payload: Mapping[str, Any]) -> None:
-    """Raise a typed error if ``stream``/``kind``/``payload`` is not a valid event."""
-    if not isinstance(stream, str) or not _NAME.fullmatch(stream):
-        raise UnknownEventKindError(f"invalid stream name {stream!r}: use [a-z][a-z0-9_.-]*")
-    kinds = STREAM_KINDS.get(stream)
-    if kinds is None:
-        if not isinstance(kind, str) or not _NAME.fullmatch(kind):
-            raise UnknownEventKindError(f"invalid event kind {kind!r}: use [a-z][a-z0-9_.-]*")
-    elif kind not in kinds:
-        raise UnknownEventKindError(
-            f"stream {stream!r} has no kind {kind!r}; use one of {', '.join(sorted(kinds))}"
-        )
+    """Raise a typed error unless ``stream``, ``kind`` and ``payload`` make a valid event."""
+    try:
+        key = _RULES[stream, kind]
+    except (KeyError, TypeError):
+        if (kinds := STREAM_KINDS.get(stream) if isinstance(stream, str) else None) is not None:
+            raise UnknownEventKindError(
+                f"stream {stream!r} has no kind {kind!r}; use one of {', '.join(sorted(kinds))}"
+            ) from None
+        for what, name in (("stream", stream), ("event kind", kind)):
+            if not isinstance(name, str) or not _NAME.fullmatch(name):
+                raise UnknownEventKindError(f"invalid {what} {name!r}: use [a-z][a-z0-9_.-]*")
+        key = None
     if not isinstance(payload, Mapping):
-        raise InvalidPayloadError(f"event payload must be a JSON object, not {type(payload)}")
-    key = "status" if (stream, kind) == ("lifecycle", "status") else _REQUIRED_BY_STREAM.get(stream)
+        raise InvalidPayloadError(f"an event payload must be a JSON object, not {type(payload)}")
     if key is not None and not isinstance(payload.get(key), str):
         raise InvalidPayloadError(f"{stream}/{kind} events need payload[{key!r}] as a string")
 
@@ -269,10 +264,6 @@ class Subscription:
         self._closed = True
         self._bus._detach(self)
         self._wake()
-
-    async def aclose(self) -> None:
-        """Same as `close` (for ``contextlib.aclosing``)."""
-        self.close()
 
     def __enter__(self) -> Self:
         return self

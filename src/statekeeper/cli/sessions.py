@@ -1,0 +1,326 @@
+"""``statekeeper sessions ...``: list, show, fork, export, import and delete sessions."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from statekeeper.cli._common import (
+    JsonFlag,
+    OutputFile,
+    console,
+    fail,
+    fields_table,
+    load_json,
+    message_text,
+    print_json,
+    read_input,
+    run,
+    stamp,
+    wants_json,
+    write_output,
+)
+from statekeeper.core.messages import Message
+from statekeeper.sessions import SessionManager
+from statekeeper.sessions.view import TranscriptView
+from statekeeper.stores import Store
+from statekeeper.stores.base import Entry, EntryKind, Page, SessionRecord
+
+__all__ = ["app"]
+
+app = typer.Typer(
+    help="List, inspect, fork, export, import and delete sessions.", no_args_is_help=True
+)
+
+SessionId = Annotated[str, typer.Argument(help="The session id.", show_default=False)]
+
+
+def _links(record: SessionRecord) -> str:
+    links = []
+    if record.continued_from:
+        links.append(f"continues {record.continued_from}")
+    if record.continued_to:
+        links.append(f"continued in {record.continued_to}")
+    if record.forked_from:
+        links.append(f"fork of {record.forked_from.session_id}@{record.forked_from.seq}")
+    return ", ".join(links)
+
+
+@app.command("list")
+def list_sessions(
+    ctx: typer.Context,
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="Sessions per page.")] = 50,
+    cursor: Annotated[
+        str | None, typer.Option(help="Continue from the cursor a previous page printed.")
+    ] = None,
+    agent: Annotated[str | None, typer.Option(help="Only sessions of this agent id.")] = None,
+    json_output: JsonFlag = False,
+) -> None:
+    """List sessions, most recently active first, one page at a time."""
+
+    async def work(store: Store, tenant: str) -> Page:
+        return await SessionManager(store, tenant).list(limit=limit, cursor=cursor, agent_id=agent)
+
+    page = run(ctx, work)
+    if wants_json(ctx, json_output):
+        items = [record.model_dump(mode="json") for record in page.items]
+        print_json({"items": items, "next_cursor": page.next_cursor})
+        return
+    out = console()
+    if not page.items:
+        out.print("No sessions." if cursor is None else "No more sessions.")
+        return
+    table = Table()
+    for column in ("id", "title", "agent", "messages", "tokens", "last active (UTC)", "links"):
+        table.add_column(column, justify="right" if column in ("messages", "tokens") else "left")
+    for record in page.items:
+        table.add_row(
+            Text(record.id),
+            Text(record.title or ""),
+            Text(record.agent_id or ""),
+            str(record.message_count),
+            str(record.total_tokens),
+            stamp(record.last_active),
+            Text(_links(record)),
+        )
+    out.print(table)
+    if page.next_cursor:
+        out.print(Text(f"next cursor: {page.next_cursor}"))
+
+
+@dataclass
+class _Shown:
+    record: SessionRecord
+    view: TranscriptView
+    entries: list[Entry] | None
+
+
+def _entry_summary(entry: Entry) -> Text:
+    payload = entry.payload
+    try:
+        if entry.kind == EntryKind.MESSAGE:
+            message = Message.from_dict(payload)
+            return Text(f"{message.role}: ").append_text(message_text(message, limit=160))
+        if entry.kind == EntryKind.COMPACTION:
+            return Text(
+                f"summary of {payload.get('replaced')} messages through entry "
+                f"{payload.get('through_seq')}"
+            )
+        if entry.kind == "checkpoint":
+            return Text(
+                f"checkpoint {payload.get('revision')} of run {payload.get('run_id')} "
+                f"({payload.get('status')})"
+            )
+        if entry.kind == EntryKind.CORRUPT:
+            return Text(f"unreadable: {payload.get('error')}", style="red")
+    except Exception:  # a summary line must never stop the listing
+        pass
+    text = json.dumps(payload, ensure_ascii=False, default=str)
+    return Text(text if len(text) <= 160 else text[:159] + "…")
+
+
+@app.command("show")
+def show(
+    ctx: typer.Context,
+    session_id: SessionId,
+    entries: Annotated[
+        bool,
+        typer.Option("--entries", help="Also list every entry of every branch (seq, parent, kind)."),
+    ] = False,
+    json_output: JsonFlag = False,
+) -> None:
+    """Show a session's record and the messages of its active view."""
+
+    async def work(store: Store, tenant: str) -> _Shown:
+        session = await SessionManager(store, tenant).get(session_id)
+        view = await session.view()
+        return _Shown(session.record, view, await session.entries() if entries else None)
+
+    shown = run(ctx, work)
+    record, view = shown.record, shown.view
+    active = {e.id for e in view.branch}
+    if wants_json(ctx, json_output):
+        data: dict[str, Any] = {
+            "session": record.model_dump(mode="json"),
+            "messages": [{"seq": s, **m.to_dict()} for s, m in zip(view.seqs, view.messages)],
+            "corrupt": [{"seq": e.seq, "id": e.id, **e.payload} for e in view.corrupt],
+        }
+        if shown.entries is not None:
+            data["entries"] = [
+                {
+                    "seq": e.seq,
+                    "id": e.id,
+                    "parent_seq": e.parent_seq,
+                    "kind": e.kind,
+                    "created_at": e.created_at.isoformat(),
+                    "active": e.id in active,
+                    "payload": e.payload,
+                }
+                for e in shown.entries
+            ]
+        print_json(data)
+        return
+
+    out = console()
+    delivery = record.delivery
+    rows: list[tuple[str, object]] = [
+        ("id", record.id),
+        ("title", record.title),
+        ("agent", record.agent_id),
+        ("created", stamp(record.created_at) + " UTC"),
+        ("last active", stamp(record.last_active) + " UTC"),
+        ("messages", record.message_count),
+        ("tokens", f"{record.total_tokens} total, {record.fresh_tokens} in the active view"),
+        ("compactions", record.compaction_count or None),
+        ("model override", record.model_override),
+        ("thinking level", record.thinking_level),
+        ("delivery", delivery.model_dump_json(exclude_defaults=True) if delivery else None),
+        ("links", _links(record)),
+        ("continuation", record.continuation_index or None),
+        ("head", f"entry {record.head_seq} of {record.last_seq}"),
+        ("version", record.version),
+        ("metadata", json.dumps(record.metadata, ensure_ascii=False) if record.metadata else None),
+        ("state keys", ", ".join(sorted(record.state))),
+    ]
+    out.print(fields_table(rows, title=f"Session {record.id}"))
+    table = Table(title=f"Active view: {len(view.messages)} messages")
+    table.add_column("seq", justify="right")
+    table.add_column("role")
+    table.add_column("content", overflow="fold")
+    for seq, message in zip(view.seqs, view.messages):
+        table.add_row(str(seq), str(message.role), message_text(message))
+    out.print(table)
+    for entry in view.corrupt:
+        out.print(
+            Text(f"entry {entry.seq} ({entry.id}) is unreadable: {entry.payload.get('error')}"),
+            style="red",
+        )
+    if shown.entries is not None:
+        listing = Table(title=f"All entries ({len(shown.entries)}); * = on the active branch")
+        for column in ("seq", "parent", "kind", "id", "created (UTC)", ""):
+            listing.add_column(column, justify="right" if column in ("seq", "parent") else "left")
+        listing.add_column("summary", overflow="fold")
+        for entry in shown.entries:
+            listing.add_row(
+                str(entry.seq),
+                "" if entry.parent_seq is None else str(entry.parent_seq),
+                Text(entry.kind),
+                Text(entry.id),
+                stamp(entry.created_at),
+                "*" if entry.id in active else "",
+                _entry_summary(entry),
+            )
+        out.print(listing)
+
+
+@app.command("fork")
+def fork(
+    ctx: typer.Context,
+    session_id: SessionId,
+    at: Annotated[
+        str | None,
+        typer.Option(help="Entry seq or entry id to fork at (default: the head).", metavar="ENTRY"),
+    ] = None,
+    title: Annotated[str | None, typer.Option(help="Title of the new session.")] = None,
+    new_id: Annotated[str | None, typer.Option("--id", help="Id of the new session.")] = None,
+    json_output: JsonFlag = False,
+) -> None:
+    """Fork a session at an entry into a new session (history is shared, not copied)."""
+    point: int | str | None = int(at) if at is not None and at.isdigit() else at
+
+    async def work(store: Store, tenant: str) -> SessionRecord:
+        source = await SessionManager(store, tenant).get(session_id)
+        return (await source.fork(point, session_id=new_id, title=title)).record
+
+    record = run(ctx, work)
+    if wants_json(ctx, json_output):
+        print_json({"session": record.model_dump(mode="json")})
+        return
+    seq = record.forked_from.seq if record.forked_from else point
+    console().print(
+        Text(
+            f"forked {session_id} at entry {seq} into {record.id} "
+            f"({record.message_count} messages)"
+        )
+    )
+
+
+@app.command("export")
+def export(ctx: typer.Context, session_id: SessionId, output: OutputFile = None) -> None:
+    """Export a session (every branch, and forked-from history) as one JSON document."""
+
+    async def work(store: Store, tenant: str) -> dict[str, Any]:
+        return await SessionManager(store, tenant).export(session_id)
+
+    document = run(ctx, work)
+    write_output(json.dumps(document, indent=2, ensure_ascii=False), output)
+    if output is not None:
+        entries = document.get("entries")
+        count = len(entries) if isinstance(entries, list) else 0
+        console().print(Text(f"exported session {session_id} ({count} entries) to {output}"))
+
+
+@app.command("import")
+def import_(
+    ctx: typer.Context,
+    file: Annotated[str, typer.Argument(help="A file made by `sessions export` (- for stdin).")],
+    new_id: Annotated[
+        str | None, typer.Option("--id", help="Import under this id instead of the exported one.")
+    ] = None,
+    json_output: JsonFlag = False,
+) -> None:
+    """Import a session exported with `sessions export`."""
+    document = load_json(read_input(file), file)
+
+    async def work(store: Store, tenant: str) -> SessionRecord:
+        return (await SessionManager(store, tenant).import_(document, session_id=new_id)).record
+
+    record = run(ctx, work)
+    if wants_json(ctx, json_output):
+        print_json({"session": record.model_dump(mode="json")})
+        return
+    console().print(Text(f"imported session {record.id} ({record.message_count} messages)"))
+
+
+def stdin_is_interactive() -> bool:
+    """Whether a confirmation can be asked (tests replace this)."""
+    return sys.stdin.isatty()
+
+
+@app.command("delete")
+def delete(
+    ctx: typer.Context,
+    session_id: SessionId,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+) -> None:
+    """Delete a session and its whole transcript (asks first unless --yes)."""
+
+    async def work(store: Store, tenant: str) -> bool:
+        manager = SessionManager(store, tenant)
+        record = (await manager.get(session_id)).record
+        if not yes:
+            if not stdin_is_interactive():
+                fail(
+                    f"not deleting session {session_id}: stdin is not a terminal, so "
+                    "no confirmation can be asked; pass --yes to delete without asking"
+                )
+            title = f" {record.title!r}" if record.title else ""
+            question = (
+                f"Delete session {session_id}{title} and its {record.message_count} messages?"
+            )
+            if not typer.confirm(question, default=False):
+                return False
+        await manager.delete(session_id)
+        return True
+
+    if run(ctx, work):
+        console().print(Text(f"deleted session {session_id}"))
+    else:
+        console().print("Nothing deleted.")
+        raise typer.Exit(1)
