@@ -30,8 +30,9 @@ from statekeeper.runtime.events import EventBus
 from statekeeper.stores import open_store
 from statekeeper.stores.sqlite_schema import MIGRATIONS
 
-IN_PROCESS_EVENTS = 20_000
-PERSISTED_EVENTS = 400
+IN_PROCESS_EVENTS = 10_000
+PERSISTED_EVENTS = 300
+REPEAT = 3
 SUBSCRIBERS = (1, 10)
 
 
@@ -78,7 +79,7 @@ class RawSink:
 
     def __init__(self, path: Path | None, synchronous: str) -> None:
         self.db: sqlite3.Connection | None = None
-        self.seq = 0
+        self.log_id, self.seq = "run", 0
         self.queues: list[asyncio.Queue[_Seq]] = []
         if path is not None:
             self.db = sqlite3.connect(path, isolation_level=None)
@@ -87,6 +88,11 @@ class RawSink:
             for statement in MIGRATIONS[0].split(";"):
                 if "CREATE TABLE events" in statement:
                     self.db.execute(statement)
+
+    def restart(self, log_id: str) -> RawSink:
+        """Start a new log (a new run), keeping the database: as the bus's store does."""
+        self.log_id, self.seq, self.queues = log_id, 0, []
+        return self
 
     def subscribe(self) -> Any:
         queue: asyncio.Queue[_Seq] = asyncio.Queue()
@@ -104,8 +110,8 @@ class RawSink:
             self.db.execute("BEGIN IMMEDIATE")
             self.db.execute(
                 "INSERT INTO events (tenant, log_id, seq, stream, kind, ts_us, payload)"
-                " VALUES ('bench', 'run', ?, 'tool', 'result', ?, ?)",
-                (self.seq, time.time_ns() // 1000, json.dumps(body)),
+                " VALUES ('bench', ?, ?, 'tool', 'result', ?, ?)",
+                (self.log_id, self.seq, time.time_ns() // 1000, json.dumps(body)),
             )
             self.db.execute("COMMIT")
         event = _Seq(self.seq, body)
@@ -122,18 +128,16 @@ async def raw(sink: RawSink, count: int, subscribers: int) -> float:
         if n % 50 == 49:
             await asyncio.sleep(0)
     await asyncio.gather(*tasks)
-    if sink.db is not None:
-        sink.db.close()
     return time.perf_counter() - start
 
 
-async def concurrent_ours(bus: EventBus, count: int) -> float:
+async def concurrent_ours(bus: EventBus, run_id: str, count: int) -> float:
     """Seconds for 10 tasks to publish ``count`` events to one run at once."""
     per_task = count // 10
 
     async def publisher(worker: int) -> None:
         for n in range(per_task):
-            await bus.publish("run-c", "tool", "result", payload(worker * per_task + n))
+            await bus.publish(run_id, "tool", "result", payload(worker * per_task + n))
 
     start = time.perf_counter()
     await asyncio.gather(*(publisher(w) for w in range(10)))
@@ -141,58 +145,89 @@ async def concurrent_ours(bus: EventBus, count: int) -> float:
 
 
 async def _row(
-    ours_time: Awaitable[float], raw_time: Awaitable[float], count: int
+    ours_time: Callable[[int], Awaitable[float]],
+    raw_time: Callable[[int], Awaitable[float]],
+    count: int,
 ) -> dict[str, float]:
-    mine, base = await ours_time, await raw_time
-    return {"events": count, "ours_eps": count / mine, "raw_eps": count / base}
+    """Best of ``REPEAT`` runs of each, interleaved (the machine may be shared)."""
+    mine, base = [], []
+    for attempt in range(REPEAT):
+        mine.append(await ours_time(attempt))
+        base.append(await raw_time(attempt))
+    return {"events": count, "ours_eps": count / min(mine), "raw_eps": count / min(base)}
+
+
+async def _in_process(subs: int) -> dict[str, float]:
+    bus = EventBus(None, "bench", persist=False)
+
+    async def mine(attempt: int) -> float:
+        return await ours(bus, f"run-{subs}-{attempt}", IN_PROCESS_EVENTS, subs)
+
+    async def base(attempt: int) -> float:
+        return await raw(RawSink(None, ""), IN_PROCESS_EVENTS, subs)
+
+    try:
+        return await _row(mine, base, IN_PROCESS_EVENTS)
+    finally:
+        await bus.aclose()
+
+
+async def _persisted(folder: Path, durability: str, subs: int) -> dict[str, float]:
+    """``subs`` subscribers, or 0: 10 concurrent publishers and no subscriber."""
+    synchronous = {"power": "FULL", "process": "NORMAL"}[durability]
+    store = await open_store(
+        f"sqlite:///{folder / f'{durability}-{subs}.db'}", durability=durability
+    )
+    bus = EventBus(store, "bench")
+
+    async def mine(attempt: int) -> float:
+        if subs == 0:
+            return await concurrent_ours(bus, f"run-{attempt}", PERSISTED_EVENTS)
+        return await ours(bus, f"run-{attempt}", PERSISTED_EVENTS, subs)
+
+    sink = RawSink(folder / f"raw-{durability}-{subs}.db", synchronous)
+
+    async def base(attempt: int) -> float:
+        return await raw(sink.restart(f"run-{attempt}"), PERSISTED_EVENTS, subs)
+
+    try:
+        return await _row(mine, base, PERSISTED_EVENTS)
+    finally:
+        await bus.aclose()
+        await store.close()
+        assert sink.db is not None
+        sink.db.close()
 
 
 async def run() -> list[tuple[str, int, dict[str, float]]]:
     """Every measurement, in one process."""
-    results: list[tuple[str, int, dict[str, float]]] = []
-    for subscribers in SUBSCRIBERS:
-        bus = EventBus(None, "bench", persist=False)
-        row = await _row(
-            ours(bus, f"run-{subscribers}", IN_PROCESS_EVENTS, subscribers),
-            raw(RawSink(None, ""), IN_PROCESS_EVENTS, subscribers),
-            IN_PROCESS_EVENTS,
-        )
-        await bus.aclose()
-        results.append(("in-process", subscribers, row))
-    with tempfile.TemporaryDirectory(prefix="statekeeper-bench-") as folder:
-        for durability, synchronous in (("power", "FULL"), ("process", "NORMAL")):
-            for subscribers in SUBSCRIBERS:
-                name = f"{durability}-{subscribers}"
-                store = await open_store(
-                    f"sqlite:///{Path(folder) / f'ours-{name}.db'}", durability=durability
-                )
-                bus = EventBus(store, "bench")
-                row = await _row(
-                    ours(bus, "run", PERSISTED_EVENTS, subscribers),
-                    raw(
-                        RawSink(Path(folder) / f"raw-{name}.db", synchronous),
-                        PERSISTED_EVENTS,
-                        subscribers,
-                    ),
-                    PERSISTED_EVENTS,
-                )
-                if subscribers == 1:
-                    concurrent = await concurrent_ours(bus, PERSISTED_EVENTS)
-                    results.append(
-                        (
-                            f"sqlite {durability}, 10 publishers",
-                            0,
-                            {**row, "ours_eps": PERSISTED_EVENTS / concurrent},
-                        )
-                    )
-                await bus.aclose()
-                await store.close()
-                results.append((f"sqlite {durability}", subscribers, row))
+    results = [("in-process", subs, await _in_process(subs)) for subs in SUBSCRIBERS]
+    with tempfile.TemporaryDirectory(prefix="statekeeper-bench-") as name:
+        for durability in ("power", "process"):
+            for subs in SUBSCRIBERS:
+                row = await _persisted(Path(name), durability, subs)
+                results.append((f"sqlite {durability}", subs, row))
+            row = await _persisted(Path(name), durability, 0)
+            results.append((f"sqlite {durability}, 10 publishers", 0, row))
     return results
 
 
-TARGETS = {"in-process": 0.1, "sqlite power": 0.66, "sqlite process": 0.33}
-"""The least throughput, as a share of the baseline's, that each mode must reach."""
+TARGETS = {
+    ("in-process", 1): 0.08,
+    ("in-process", 10): 0.3,
+    ("sqlite power", 1): 0.66,
+    ("sqlite power", 10): 0.66,
+    ("sqlite process", 1): 0.4,
+    ("sqlite process", 10): 0.4,
+    ("sqlite power, 10 publishers", 0): 1.0,
+    ("sqlite process, 10 publishers", 0): 0.4,
+}
+"""The least throughput, as a share of the baseline's, that each row must reach.
+
+With ``durability=process`` the store commits short writes inline on the event loop, so
+concurrent publishes do not wait long enough to be batched: that row is held to the
+sequential target. With ``power`` the commit waits on fsync on the store's thread, and
+the publishes that arrive meanwhile are written as one batch (one fsync)."""
 
 
 def report(results: list[tuple[str, int, dict[str, float]]]) -> list[str]:
@@ -207,13 +242,11 @@ def report(results: list[tuple[str, int, dict[str, float]]]) -> list[str]:
         )
     print()
     for mode, subscribers, r in results:
-        target = TARGETS.get(mode)
-        if target is None:
-            continue
+        target = TARGETS[mode, subscribers]
         share = r["ours_eps"] / r["raw_eps"]
-        name = f"{mode}, {subscribers} subscriber(s): ours / baseline"
+        name = f"{mode}, {subscribers} subscriber(s)" if subscribers else mode
         verdict = "ok" if share >= target else "MISSED"
-        print(f"{name:<50} {share:6.2f}  (target >= {target})  {verdict}")
+        print(f"{name + ': ours / baseline':<50} {share:6.2f}  (target >= {target})  {verdict}")
         if share < target:
             failed.append(name)
     return failed

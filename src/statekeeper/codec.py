@@ -207,8 +207,11 @@ class StateCodec:
             raise InvalidInputError(f"compression level must be an int from 1 to 22, got {level!r}")
         if isinstance(max_size, bool) or not isinstance(max_size, int) or max_size < 1:
             raise InvalidInputError(f"max_size must be a positive int, got {max_size!r}")
-        if key is None and key_id is not None:
-            raise InvalidInputError("key_id was given without a key; pass key= as well")
+        if key is None and (key_id is not None or previous_keys):
+            # A reader holding only old keys would have to accept plain input: refuse.
+            raise InvalidInputError(
+                "key_id and previous_keys need a current key; pass key= as well"
+            )
         self._compress = bool(compress)
         self._level = level
         self._max_size = max_size
@@ -216,12 +219,16 @@ class StateCodec:
         self._ciphers: dict[str, AESGCM] = {}
         if key is not None:
             raw = _check_key(key, "key")
-            self._key_id = validate_id(key_id, "key id") if key_id else _fingerprint(raw)
+            self._key_id = _fingerprint(raw) if key_id is None else validate_id(key_id, "key id")
             self._ciphers[self._key_id] = _aesgcm(raw)
         for old_id, old_key in (previous_keys or {}).items():
             validate_id(old_id, "key id in previous_keys")
-            raw = _check_key(old_key, f"previous key {old_id!r}")
-            self._ciphers.setdefault(old_id, _aesgcm(raw))
+            if old_id in self._ciphers:
+                raise InvalidInputError(
+                    f"key id {old_id!r} is both the current key's and a previous key's; "
+                    "give each key its own id"
+                )
+            self._ciphers[old_id] = _aesgcm(_check_key(old_key, f"previous key {old_id!r}"))
         if self._compress:
             _zstd()  # fail at construction, not at the first checkpoint
 

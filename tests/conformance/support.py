@@ -15,8 +15,10 @@ from statekeeper.stores.base import EntryDraft, SessionRecord
 
 TENANT = "tenant-a"
 OTHER_TENANT = "tenant-b"
-ALL_BACKENDS = ("memory", "sqlite", "sqlite-process")
-SQLITE = ("sqlite", "sqlite-process")
+ALL_BACKENDS = ("memory", "sqlite", "sqlite-worker", "sqlite-process")
+"""The built-in backends, in registration order."""
+SQLITE = ("sqlite", "sqlite-worker", "sqlite-process")
+"""The built-in SQLite backends (for `backend_bug` marks on all of them)."""
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 """A fixed instant for tests that need exact, distinct timestamps."""

@@ -14,8 +14,7 @@ from statekeeper.errors import AlreadyExistsError, ConflictError, NotFoundError
 from statekeeper.stores import Store
 from statekeeper.stores.base import EventDraft, SessionPatch, SessionQuery
 
-from .backends import backend_bug
-from .support import SQLITE, TENANT, draft, new_session
+from .support import TENANT, draft, new_session
 
 
 async def chain(store: Store, session_id: str = "s1") -> list[tuple[int, int | None]]:
@@ -113,13 +112,6 @@ async def test_concurrent_appends_through_two_handles_form_one_chain(
     assert await chain(other_handle) == [(1, None)] + [(i, i - 1) for i in range(2, 41)]
 
 
-@backend_bug(
-    *SQLITE,
-    reason="a handle's cached head survives another handle deleting and recreating the "
-    "session (the new row reuses the rowid `sk`, and the version check in _save_head "
-    "matches): the next append writes the old head over the new session and leaves a "
-    "gap in its transcript",
-)
 async def test_a_session_recreated_by_another_handle_is_not_overwritten(
     store: Store, other_handle: Store
 ) -> None:

@@ -8,7 +8,6 @@ from statekeeper.errors import InvalidIdError, InvalidInputError, NotFoundError
 from statekeeper.stores import Store
 from statekeeper.stores.base import EntryDraft, SessionRecord
 
-from .backends import backend_bug
 from .support import OTHER_TENANT, TENANT, draft, new_session
 
 CHECKPOINT = "checkpoint"
@@ -52,11 +51,6 @@ async def test_nothing_in_a_batch_chains_onto_a_side_entry(store: Store) -> None
     assert (result.session.head_seq, result.session.last_seq) == (3, 4)
 
 
-@backend_bug(
-    "memory",
-    reason="read_entries without until_seq stops at seq len(rows): after pruning k entries "
-    "the newest k entries are missing from reads",
-)
 async def test_prune_deletes_old_unreferenced_entries_of_a_kind(store: Store) -> None:
     before = await with_checkpoints(store)
     assert await links(store) == [(1, None), (2, 1), (3, 1), (4, 3), (5, 3), (6, 5)]
@@ -71,11 +65,6 @@ async def test_prune_deletes_old_unreferenced_entries_of_a_kind(store: Store) ->
     assert session.version == before.version + 1
 
 
-@backend_bug(
-    "memory",
-    reason="read_entries without until_seq stops at seq len(rows): after pruning k entries "
-    "the newest k entries are missing from reads",
-)
 async def test_reads_skip_the_gaps_pruning_leaves(store: Store) -> None:
     await with_checkpoints(store)
     await store.prune_entries(TENANT, "s1", kind=CHECKPOINT, before_seq=6)

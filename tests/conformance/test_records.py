@@ -19,11 +19,9 @@ from statekeeper.errors import (
 )
 from statekeeper.stores import Store
 
-from .backends import backend_bug
 from .conftest import StoreOpener
 from .support import (
     SAMPLE_PAYLOAD,
-    SQLITE,
     TENANT,
     assert_same_json,
     fresh_id,
@@ -153,8 +151,6 @@ async def test_list_by_prefix_after_key_and_limit(store: Store) -> None:
     assert await keys(store, limit=0) == []
 
 
-@backend_bug("memory", reason="list_records(limit=-1) drops the last record (keys[:-1])")
-@backend_bug(*SQLITE, reason="list_records(limit=-1) returns every record (LIMIT -1)")
 async def test_list_with_a_negative_limit_is_refused(store: Store) -> None:
     await store.put_record(TENANT, NS, "a", 1)
     await store.put_record(TENANT, NS, "b", 2)
@@ -187,7 +183,6 @@ async def test_namespaces_are_separate(store: Store) -> None:
     assert (await store.get_record(TENANT, "ns2", "k")).version == 1
 
 
-@backend_bug("memory", reason="list_records accepts any prefix and returns [] (no id check)")
 @pytest.mark.parametrize("prefix", ["../", "a/b", "a b", ".", "a\x00"])
 async def test_a_prefix_no_key_can_have_is_refused(store: Store, prefix: str) -> None:
     with pytest.raises(InvalidIdError):
@@ -274,10 +269,6 @@ async def test_a_record_expiring_later_is_visible_with_its_expiry(store: Store) 
     assert (cleared.version, cleared.expires_at) == (2, None)
 
 
-@backend_bug(
-    "memory", reason="a naive expires_at is stored; every later get/list of it raises TypeError"
-)
-@backend_bug(*SQLITE, reason="a naive expires_at raises TypeError (untyped) from _us()")
 async def test_a_naive_expiry_is_refused(store: Store) -> None:
     with pytest.raises(InvalidInputError):
         await store.put_record(TENANT, NS, "k", 1, expires_at=datetime(2100, 1, 1))

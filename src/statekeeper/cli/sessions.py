@@ -101,27 +101,34 @@ class _Shown:
     entries: list[Entry] | None
 
 
-def _entry_summary(entry: Entry) -> Text:
+def _known_summary(entry: Entry) -> Text | None:
     payload = entry.payload
+    if entry.kind == EntryKind.MESSAGE:
+        message = Message.from_dict(payload)
+        return Text(f"{message.role}: ").append_text(message_text(message, limit=160))
+    if entry.kind == EntryKind.COMPACTION:
+        return Text(
+            f"summary of {payload.get('replaced')} messages through entry "
+            f"{payload.get('through_seq')}"
+        )
+    if entry.kind == "checkpoint":
+        return Text(
+            f"checkpoint {payload.get('revision')} of run {payload.get('run_id')} "
+            f"({payload.get('status')})"
+        )
+    if entry.kind == EntryKind.CORRUPT:
+        return Text(f"unreadable: {payload.get('error')}", style="red")
+    return None
+
+
+def _entry_summary(entry: Entry) -> Text:
     try:
-        if entry.kind == EntryKind.MESSAGE:
-            message = Message.from_dict(payload)
-            return Text(f"{message.role}: ").append_text(message_text(message, limit=160))
-        if entry.kind == EntryKind.COMPACTION:
-            return Text(
-                f"summary of {payload.get('replaced')} messages through entry "
-                f"{payload.get('through_seq')}"
-            )
-        if entry.kind == "checkpoint":
-            return Text(
-                f"checkpoint {payload.get('revision')} of run {payload.get('run_id')} "
-                f"({payload.get('status')})"
-            )
-        if entry.kind == EntryKind.CORRUPT:
-            return Text(f"unreadable: {payload.get('error')}", style="red")
-    except Exception:  # a summary line must never stop the listing
-        pass
-    text = json.dumps(payload, ensure_ascii=False, default=str)
+        known = _known_summary(entry)
+    except Exception:  # an odd payload is shown raw; it must not stop the listing
+        known = None
+    if known is not None:
+        return known
+    text = json.dumps(entry.payload, ensure_ascii=False, default=str)
     return Text(text if len(text) <= 160 else text[:159] + "…")
 
 
@@ -131,7 +138,9 @@ def show(
     session_id: SessionId,
     entries: Annotated[
         bool,
-        typer.Option("--entries", help="Also list every entry of every branch (seq, parent, kind)."),
+        typer.Option(
+            "--entries", help="Also list every entry of every branch (seq, parent, kind)."
+        ),
     ] = False,
     json_output: JsonFlag = False,
 ) -> None:
@@ -148,7 +157,9 @@ def show(
     if wants_json(ctx, json_output):
         data: dict[str, Any] = {
             "session": record.model_dump(mode="json"),
-            "messages": [{"seq": s, **m.to_dict()} for s, m in zip(view.seqs, view.messages)],
+            "messages": [
+                {"seq": s, **m.to_dict()} for s, m in zip(view.seqs, view.messages, strict=True)
+            ],
             "corrupt": [{"seq": e.seq, "id": e.id, **e.payload} for e in view.corrupt],
         }
         if shown.entries is not None:
@@ -193,7 +204,7 @@ def show(
     table.add_column("seq", justify="right")
     table.add_column("role")
     table.add_column("content", overflow="fold")
-    for seq, message in zip(view.seqs, view.messages):
+    for seq, message in zip(view.seqs, view.messages, strict=True):
         table.add_row(str(seq), str(message.role), message_text(message))
     out.print(table)
     for entry in view.corrupt:
@@ -245,8 +256,7 @@ def fork(
     seq = record.forked_from.seq if record.forked_from else point
     console().print(
         Text(
-            f"forked {session_id} at entry {seq} into {record.id} "
-            f"({record.message_count} messages)"
+            f"forked {session_id} at entry {seq} into {record.id} ({record.message_count} messages)"
         )
     )
 

@@ -13,7 +13,7 @@ import os
 import socket
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
 from pydantic import JsonValue
 
@@ -371,8 +371,8 @@ class Runner:
         state.trace.current_span = f"{state.trace.trace_id}.s{state.trace.spans}"
         agent = self._agent(state.agent)
         step_input = StepInput(
-            state=state.model_copy(deep=True),
-            messages=tuple(live.messages),
+            state=state.copy_state(),
+            messages=_ReadOnly(live.messages),
             new_input=tuple(live.new_input),
             context=live.context,
             tools=self.tools,
@@ -707,6 +707,25 @@ class Runner:
 
 class _GuardrailTripped(StatekeeperError):
     """An input or output guardrail stopped the run."""
+
+
+class _ReadOnly(Sequence[Message]):
+    """A read-only view of the run's message list: O(1) to hand to an agent each step."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: list[Message]) -> None:
+        self._items = items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @overload
+    def __getitem__(self, index: int) -> Message: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Message]: ...
+    def __getitem__(self, index: int | slice) -> Message | Sequence[Message]:
+        return self._items[index]
 
 
 def _as_messages(value: str | Message | Sequence[Message]) -> list[Message]:

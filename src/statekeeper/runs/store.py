@@ -67,6 +67,7 @@ class Saved(BaseModel):
     entries: list[Entry]
     session: SessionRecord
     index_version: int
+    checkpoint_seq: int
 
 
 def checkpoint_id(run_id: str, revision: int) -> str:
@@ -151,11 +152,14 @@ class RunStore:
         session_version: int | None = None,
         owner: str | None = None,
         lease_until: datetime | None = None,
+        update_index: bool = True,
     ) -> Saved:
         """Append ``messages`` and the checkpoint atomically, then update the index.
 
         ``state.revision`` is advanced here. ``session_version`` makes the append a
         compare-and-set on the session (for decisions made outside a running runner).
+        ``update_index=False`` skips the index write (a running runner batches them:
+        `load` rolls forward past the index to the newest checkpoint anyway).
         """
         counted = [
             m if m.tokens is not None else m.with_changes(tokens=message_tokens(m, self.counter))
@@ -191,6 +195,14 @@ class RunStore:
             raise
         checkpoint = result.entries[-1]
         state.transcript_seq = checkpoint.parent_seq or 0
+        if not update_index:
+            return Saved(
+                state=state,
+                entries=result.entries[:-1],
+                session=result.session,
+                index_version=index_version or 0,
+                checkpoint_seq=checkpoint.seq,
+            )
         index = _index_of(state, checkpoint_seq=checkpoint.seq)
         index.owner, index.lease_until = owner, lease_until
         try:
@@ -201,8 +213,33 @@ class RunStore:
             index.cancel_requested = index.cancel_requested or current.cancel_requested
             version = await self.put_index(index, expected_version=current_version)
         return Saved(
-            state=state, entries=result.entries[:-1], session=result.session, index_version=version
+            state=state,
+            entries=result.entries[:-1],
+            session=result.session,
+            index_version=version,
+            checkpoint_seq=checkpoint.seq,
         )
+
+    async def release(
+        self, state: RunState, *, owner: str | None, checkpoint_seq: int | None
+    ) -> None:
+        """Bring the index up to ``state`` (if it was checkpointed at ``checkpoint_seq``)
+        and drop ``owner``'s lease. Compare-and-set, keeping others' cancel requests."""
+        for _ in range(10):
+            index, version = await self.index(state.run_id)
+            if checkpoint_seq is not None and checkpoint_seq >= index.checkpoint_seq:
+                fresh = _index_of(state, checkpoint_seq=checkpoint_seq)
+                fresh.cancel_requested = fresh.cancel_requested or index.cancel_requested
+                fresh.owner, fresh.lease_until = index.owner, index.lease_until
+                index = fresh
+            if index.owner == owner:
+                index.owner = index.lease_until = None
+            try:
+                await self.put_index(index, expected_version=version)
+                return
+            except ConflictError:
+                continue
+        raise ConflictError(f"run {state.run_id!r} kept changing; could not release it")
 
     async def load(self, run_id: str) -> tuple[RunState, int, int]:
         """The run's latest checkpoint, its index version and the session version."""

@@ -21,6 +21,9 @@ __all__ = ["CheckpointWriter", "WriteMode"]
 
 WriteMode = Literal["step", "background", "exit"]
 
+INDEX_EVERY = 64
+"""Checkpoints between index writes of a running run (status changes always write)."""
+
 
 class CheckpointWriter:
     """Writes one run's checkpoints in order, in the chosen mode."""
@@ -48,16 +51,21 @@ class CheckpointWriter:
         self._queue: asyncio.Queue[tuple[RunState, list[Message]] | None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
+        self._indexed_status: str | None = None
+        self._checkpoint_seq: int | None = None
+        self._latest_written: RunState | None = None
+        self._indexed_revision = revision
+        self._lease_due = utcnow()
 
     async def save(self, state: RunState, messages: Sequence[Message] = ()) -> None:
         """Record a checkpoint of ``state`` after ``messages`` (written per the mode)."""
         if self._failure is not None:
             raise self._failure
-        snapshot = state.model_copy(deep=True)
         if self.mode == "step":
-            await self._write(snapshot, list(messages))
-            state.revision, state.transcript_seq = snapshot.revision, snapshot.transcript_seq
-        elif self.mode == "exit":
+            await self._write(state, list(messages))  # written now: no copy needed
+            return
+        snapshot = state.copy_state()
+        if self.mode == "exit":
             self._held.extend(messages)
             self._latest = snapshot
         else:
@@ -68,12 +76,10 @@ class CheckpointWriter:
 
     async def flush(self, state: RunState, *, release: bool = False) -> None:
         """Make everything saved so far durable (and release the run's lease if asked)."""
-        if release:
-            self.owner = None
-        if self.mode == "exit":
-            latest = self._latest or state.model_copy(deep=True)
+        if self.mode == "exit" and (self._latest is not None or self._held):
+            latest = self._latest or state.copy_state()
             held, self._held, self._latest = self._held, [], None
-            await self._write(latest, held)
+            await self._write(latest, held, final=True)
         elif self.mode == "background" and self._queue is not None:
             self._queue.put_nowait(None)
             assert self._task is not None
@@ -81,10 +87,10 @@ class CheckpointWriter:
             self._queue = self._task = None
             if self._failure is not None:
                 raise self._failure
-            if release:
-                await self._write(state.model_copy(deep=True), [])
-        elif release:
-            await self._write(state.model_copy(deep=True), [])
+        if release:
+            written = self._latest_written if self.mode != "step" and self._latest_written else state
+            await self.runs.release(written, owner=self.owner, checkpoint_seq=self._checkpoint_seq)
+            self.owner = None
         state.revision = self.revision
 
     async def _drain(self) -> None:
@@ -96,15 +102,37 @@ class CheckpointWriter:
                 except Exception as exc:  # surfaced by the next save() or flush()
                     self._failure = exc
 
-    async def _write(self, snapshot: RunState, messages: list[Message]) -> None:
+    def _index_due(self, snapshot: RunState, final: bool) -> bool:
+        # The index is a cache (loading rolls forward past it), so a running run writes
+        # it only when something others look at changed: the status, the lease running
+        # low, or every INDEX_EVERY checkpoints to keep roll-forward scans short.
+        return (
+            final
+            or snapshot.status != self._indexed_status
+            or snapshot.revision - self._indexed_revision >= INDEX_EVERY
+            or utcnow() >= self._lease_due
+        )
+
+    async def _write(
+        self, snapshot: RunState, messages: list[Message], *, final: bool = False
+    ) -> None:
         snapshot.revision = self.revision
-        lease = utcnow() + timedelta(seconds=self.lease_ttl) if self.owner else None
+        update = self._index_due(snapshot, final)
+        now = utcnow()
+        lease = now + timedelta(seconds=self.lease_ttl) if self.owner else None
         saved = await self.runs.save(
             snapshot,
             messages,
             index_version=self.index_version,
             owner=self.owner,
             lease_until=lease,
+            update_index=update,
         )
         self.revision = snapshot.revision
-        self.index_version = saved.index_version
+        self._checkpoint_seq = saved.checkpoint_seq
+        self._latest_written = snapshot if self.mode != "step" else None
+        if update:
+            self.index_version = saved.index_version
+            self._indexed_status = snapshot.status
+            self._indexed_revision = snapshot.revision
+            self._lease_due = now + timedelta(seconds=self.lease_ttl / 2)

@@ -1,7 +1,7 @@
 """The event bus: typed, per-run ordered events with replay, for UIs, polling and waits.
 
-Built-in streams and kinds (another kind on these raises `UnknownEventKindError`; other
-stream names are custom and take any kind)::
+Built-in streams (another kind on these raises `UnknownEventKindError`; other stream
+names are custom and take any kind)::
 
     lifecycle   start, end, abort, status     status needs payload["status"]: str
     tool        call_start, result, error     needs payload["tool"]: str
@@ -9,36 +9,38 @@ stream names are custom and take any kind)::
     error       error                         needs payload["message"]: str
     compaction  start, complete
 
-**Seqs** are per run, from 1, without gaps or repeats. With ``persist=True`` they come
-from the store's event log (log id = run id), shared by every process on the store; with
-``persist=False`` an in-memory log per run does the same. A non-JSON payload raises
-`InvalidPayloadError` before anything is stored and uses no seq. Concurrent publishes to
-a run are written in batches (one store call each) and fanned out in seq order.
+**Seqs** are per run, from 1, without gaps or repeats: from the store's event log (log id
+= run id, shared by every process on the store), or with ``persist=False`` from an
+in-memory log per run. A non-JSON payload raises `InvalidPayloadError` before anything is
+stored and uses no seq. Concurrent publishes to a run are written in batches.
 
 **Subscribers** get events in seq order. A run subscriber may pass ``from_seq``: it
 replays the logged events after it, then goes on live with no gap and no repeat. An
 all-runs subscriber (``run_id=None``) is live only; replay is per run.
 
-**Slow subscribers** never block a publisher and hold at most ``buffer`` events. A run
-subscriber whose buffer fills drops it and catches up from the log on its next read
+**Slow subscribers** never block a publisher and hold at most ``buffer`` events. A full
+run subscriber drops its buffer and catches up from the log on its next read
 (``catch_up=True``, the default): its consumer still sees every event, in order. With
-``catch_up=False``, and always for all-runs subscribers, a full buffer detaches the
-subscriber: it delivers what it holds, then raises `SubscriberLaggedError` with the last
-seq delivered (per run), so a new subscription with ``from_seq`` misses nothing.
+``catch_up=False``, and for all-runs subscribers, a full buffer detaches the subscriber:
+it delivers what it holds, then raises `SubscriberLaggedError` with the last seq
+delivered (per run), so a new subscription ``from_seq`` there misses nothing.
 
-**Other processes'** events reach live subscribers here when this process next
-publishes to the run, or on `EventBus.refresh`; replay always sees them.
+**Other processes'** events reach a run subscriber here when it sees a gap in the seqs
+(this process published after them), on `Subscription.poll` / `EventBus.refresh`, or
+with ``wait_for(poll_interval=...)``; replay always sees them. All-runs subscribers get
+this process's events only.
 """
 
+# ruff: noqa: ASYNC109 (wait_for's timeout is the documented API)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 from collections import OrderedDict, deque
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from types import TracebackType
 from typing import Any, Final, Self
 
 from statekeeper.core.messages import utcnow
@@ -56,6 +58,7 @@ __all__ = [
     "Subscription",
     "UnknownEventKindError",
     "WaitTimeoutError",
+    "check_event",
 ]
 
 STREAM_KINDS: Final[Mapping[str, frozenset[str]]] = {
@@ -81,21 +84,19 @@ class UnknownEventKindError(InvalidInputError):
 
 
 class SubscriberLaggedError(StatekeeperError):
-    """A subscriber fell ``buffer`` events behind and was detached.
-
-    Resubscribe with ``from_seq=last_seq`` (run subscriber) or, per run, with
-    ``from_seq=positions[run_id]`` (all-runs subscriber) to miss nothing.
+    """A subscriber fell ``buffer`` events behind and was detached, after delivering
+    what it held. ``last_seq``: the last seq a run subscriber delivered; ``positions``:
+    run id -> seq after which events were dropped (resubscribe there with ``from_seq``).
+    An all-runs subscriber also misses later events of any run: resubscribe each run
+    of interest from the last seq its consumer saw.
     """
 
     def __init__(self, run_id: str | None, last_seq: int | None, positions: dict[str, int]):
-        where = f"run {run_id!r}" if run_id else "all runs"
         super().__init__(
-            f"subscriber to {where} fell behind its buffer and was detached; resubscribe "
-            f"with from_seq (last delivered: {last_seq if run_id else positions})"
+            f"subscriber to {f'run {run_id!r}' if run_id else 'all runs'} fell behind its "
+            f"buffer and was detached; resubscribe with from_seq (dropped after: {positions})"
         )
-        self.run_id = run_id
-        self.last_seq = last_seq
-        self.positions = positions
+        self.run_id, self.last_seq, self.positions = run_id, last_seq, positions
 
 
 class WaitTimeoutError(StatekeeperError, TimeoutError):
@@ -167,7 +168,9 @@ def check_event(stream: str, kind: str, payload: Mapping[str, Any]) -> None:
             ) from None
         for what, name in (("stream", stream), ("event kind", kind)):
             if not isinstance(name, str) or not _NAME.fullmatch(name):
-                raise UnknownEventKindError(f"invalid {what} {name!r}: use [a-z][a-z0-9_.-]*")
+                raise UnknownEventKindError(
+                    f"invalid {what} {name!r}: use [a-z][a-z0-9_.-]*"
+                ) from None
         key = None
     if not isinstance(payload, Mapping):
         raise InvalidPayloadError(f"an event payload must be a JSON object, not {type(payload)}")
@@ -197,7 +200,7 @@ class Subscription:
         self._waiter: asyncio.Future[None] | None = None
         self._closed = False
         self._lagged = False
-        self._positions: OrderedDict[str, int] = OrderedDict()  # all-runs: last delivered
+        self._dropped: dict[str, int] = {}  # the first event that did not fit, as a position
 
     def _wants(self, event: BusEvent) -> bool:
         return self.streams is None or event.stream in self.streams
@@ -213,7 +216,7 @@ class Subscription:
             self._replaying = True
         else:
             self._lagged = True
-            self._positions.setdefault(event.run_id, event.seq - 1)
+            self._dropped = {event.run_id: event.seq - 1}
             self._bus._detach(self)
         self._wake()
 
@@ -231,7 +234,7 @@ class Subscription:
             if self._replay:
                 return self._replay.popleft()
             if self._replaying and self.run_id is not None:
-                page = await self._bus._read(self.run_id, self._pos or 0, _PAGE)
+                page = await self._bus._read(self.run_id, self._pos or 0)
                 if page:
                     self._pos = page[-1].seq
                     self._replay.extend(e for e in page if self._wants(e))
@@ -240,24 +243,29 @@ class Subscription:
                 continue
             if self._live:
                 event = self._live.popleft()
-                if self.run_id is None:
-                    self._positions[event.run_id] = event.seq
-                    self._positions.move_to_end(event.run_id)
-                    if len(self._positions) > 4096 and not self._lagged:
-                        self._positions.popitem(last=False)
-                elif self._pos is not None and event.seq <= self._pos:
-                    continue  # already delivered by the replay
-                else:
+                if self.run_id is not None:  # run subscribers get every event, to see gaps
+                    if self._pos is not None and event.seq != self._pos + 1:
+                        # <= pos: the replay delivered it; > pos + 1: another process
+                        # logged the events between, so read them from the log.
+                        self._replaying = event.seq > self._pos
+                        continue
                     self._pos = event.seq
+                    if not self._wants(event):
+                        continue
                 return event
             if self._lagged:
                 self.close()
-                raise SubscriberLaggedError(self.run_id, self._pos, dict(self._positions))
+                raise SubscriberLaggedError(self.run_id, self._pos, self._dropped)
             self._waiter = asyncio.get_running_loop().create_future()
             try:
                 await self._waiter
             finally:
                 self._waiter = None
+
+    def poll(self) -> None:
+        """Read the log for events other processes logged (run subscribers only)."""
+        self._replaying = self.run_id is not None
+        self._wake()
 
     def close(self) -> None:
         """Stop receiving; a pending ``__anext__`` ends the iteration. Idempotent."""
@@ -274,13 +282,15 @@ class Subscription:
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(
-        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         self.close()
 
 
-_Pending = list[tuple[EventDraft | None, asyncio.Future[BusEvent | None]]]
+_Pending = list[tuple[EventDraft, asyncio.Future[BusEvent]]]
+
+
+def _from_store(event: Event) -> BusEvent:
+    return BusEvent(event.log_id, event.seq, event.stream, event.kind, event.ts, event.payload)
 
 
 class EventBus:
@@ -288,10 +298,9 @@ class EventBus:
 
     Args:
         store: where events are logged (log id = run id) when ``persist`` is true.
-        tenant: the tenant every event belongs to.
-        persist: False keeps the per-run logs in this process's memory only (until
+        persist: False keeps each run's log in this process's memory only (until
             `delete_run`), for tests and ephemeral runs.
-        buffer: default number of events a subscriber may hold before it lags.
+        buffer: the default number of events a subscriber may hold before it lags.
         max_cached_runs: run snapshots kept in memory (least recently updated dropped).
         clock: the timestamp source (timezone-aware).
     """
@@ -306,10 +315,8 @@ class EventBus:
         max_cached_runs: int = 4096,
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
-        if persist and store is None:
-            raise InvalidInputError("a persistent EventBus needs a store (or persist=False)")
-        if buffer < 1:
-            raise InvalidInputError("buffer must be at least 1")
+        if (persist and store is None) or buffer < 1:
+            raise InvalidInputError("EventBus needs a store (or persist=False) and buffer >= 1")
         self._store, self.tenant = store, validate_id(tenant, "tenant")
         self.persist, self.buffer, self._clock = persist, buffer, clock
         self._max_runs = max_cached_runs
@@ -325,49 +332,61 @@ class EventBus:
     async def publish(
         self, run_id: str, stream: str, kind: str, payload: Mapping[str, Any] | None = None
     ) -> BusEvent:
-        """Log an event with the run's next seq and fan it out; return it.
+        """Log an event with the run's next seq, fan it out and return it.
 
         Raises `UnknownEventKindError` or `InvalidPayloadError` (nothing stored, no seq
-        used). A cancelled caller does not cancel the write: the event is still published.
+        used). A publish cancelled while writing may still log its event (the store
+        finishes a write it started); the run's subscribers then read it from the log.
         """
-        validate_id(run_id, "run id")
+        if run_id not in self._snapshots:  # cached runs were validated before
+            validate_id(run_id, "run id")
         payload = {} if payload is None else payload
         check_event(stream, kind, payload)
-        text = encode_json(payload, what=f"event {stream}/{kind} payload")
-        ts = self._clock()
-        if not self.persist:
-            log = self._memlog.setdefault(run_id, [])
-            event = BusEvent(run_id, len(log) + 1, stream, kind, ts, loads(text))
-            log.append(event)
-            self._fan_out(event)
+        ts, pending = self._clock(), self._pending.get(run_id)
+        if not self.persist or pending is not None:
+            # Validated, and a private copy: the caller may change its dict afterwards.
+            copy = loads(encode_json(payload, what=f"event {stream}/{kind} payload"))
+            if not self.persist:
+                log = self._memlog.setdefault(run_id, [])
+                event = BusEvent(run_id, len(log) + 1, stream, kind, ts, copy)
+                log.append(event)
+                self._fan_out(event)
+                return event
+        if pending is not None:
+            # A write to this run is under way: join the next batch, written by a task
+            # (so it is published even if this caller is cancelled).
+            future: asyncio.Future[BusEvent] = asyncio.get_running_loop().create_future()
+            pending.append(
+                (EventDraft.model_construct(stream=stream, kind=kind, payload=copy, ts=ts), future)
+            )
+            return await future
+        # Written now: the store validates and encodes the payload before it writes.
+        draft = EventDraft.model_construct(stream=stream, kind=kind, payload=dict(payload), ts=ts)
+        assert self._store is not None
+        self._pending[run_id] = []
+        try:
+            [stored] = await self._store.append_events(self.tenant, run_id, [draft])
+            self._fan_out(event := _from_store(stored))
             return event
-        # A private copy (the caller may change its dict before the batch is written).
-        draft = EventDraft.model_construct(stream=stream, kind=kind, payload=loads(text), ts=ts)
-        published = await self._enqueue(run_id, draft)
-        assert published is not None
-        return published
+        except asyncio.CancelledError:
+            self.refresh(run_id)  # it may be logged anyway: the run's subscribers re-read
+            raise
+        finally:
+            if self._pending[run_id]:  # publishes that arrived meanwhile: one batch
+                task = asyncio.create_task(self._drain(run_id))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            else:
+                del self._pending[run_id]
 
-    async def refresh(self, run_id: str) -> None:
-        """Fan out events that other processes logged for a run since this one last saw it."""
-        if self.persist:
-            if validate_id(run_id, "run id") not in self._snapshots:
-                await self.snapshot(run_id)  # the starting point: what is logged now
-            await self._enqueue(run_id, None)
-
-    def _enqueue(self, run_id: str, draft: EventDraft | None) -> asyncio.Future[BusEvent | None]:
-        future: asyncio.Future[BusEvent | None] = asyncio.get_running_loop().create_future()
-        pending = self._pending.get(run_id)
-        if pending is None:
-            self._pending[run_id] = [(draft, future)]
-            task = asyncio.create_task(self._drain(run_id))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-        else:
-            pending.append((draft, future))
-        return future
+    def refresh(self, run_id: str) -> None:
+        """Make the run's subscribers read what other processes logged; drop its snapshot."""
+        for sub in self._by_run.get(validate_id(run_id, "run id"), ()):
+            sub.poll()
+        self._snapshots.pop(run_id, None)
 
     async def _drain(self, run_id: str) -> None:
-        """Write the run's pending events in batches and fan each batch out, in seq order."""
+        """Write the run's pending events in batches; fan each batch out in seq order."""
         while batch := self._pending[run_id]:
             self._pending[run_id] = []
             try:
@@ -382,40 +401,22 @@ class EventBus:
 
     async def _write_batch(self, run_id: str, batch: _Pending) -> None:
         assert self._store is not None
-        drafts = [d for d, _ in batch if d is not None]
+        drafts = [d for d, _ in batch]
         results: list[BusEvent | InvalidInputError] = []
         if len(drafts) > 1:
-            try:
+            with contextlib.suppress(InvalidInputError):  # then one by one: one bad draft
                 written = await self._store.append_events(self.tenant, run_id, drafts)
-                results = [self._to_bus(e) for e in written]
-            except InvalidInputError:
-                pass  # one bad draft (e.g. too large) must not fail the rest: one by one
-        if not results:
-            for one_draft in drafts:
-                try:
-                    [one] = await self._store.append_events(self.tenant, run_id, [one_draft])
-                    results.append(self._to_bus(one))
-                except InvalidInputError as exc:
-                    results.append(exc)
-        fresh = [r for r in results if isinstance(r, BusEvent)]
-        snap = self._snapshots.get(run_id)
-        until = fresh[0].seq - 1 if fresh else None
-        if snap is not None and (until is None or snap.last_seq < until):
-            # Events other processes logged since we last saw the run: fan them out first.
-            after = snap.last_seq
-            while missed := await self._read(run_id, after, _PAGE):
-                for event in missed:
-                    if until is None or event.seq <= until:
-                        self._fan_out(event)
-                after = missed[-1].seq
-                if until is not None and after >= until:
-                    break
-        for event in fresh:
-            self._fan_out(event)
-        outcomes = iter(results)
-        for draft, future in batch:
-            result = next(outcomes) if draft is not None else None
-            if future.done():
+                results = [_from_store(e) for e in written]
+        for draft in drafts if not results else ():
+            try:
+                [one] = await self._store.append_events(self.tenant, run_id, [draft])
+                results.append(_from_store(one))
+            except InvalidInputError as exc:  # e.g. over the store's size limit
+                results.append(exc)
+        for (_, future), result in zip(batch, results, strict=True):
+            if isinstance(result, BusEvent):
+                self._fan_out(result)
+            if future.done():  # the caller was cancelled
                 continue
             if isinstance(result, InvalidInputError):
                 future.set_exception(result)
@@ -425,38 +426,39 @@ class EventBus:
     def _fan_out(self, event: BusEvent) -> None:
         self._note(event)
         for sub in tuple(self._by_run.get(event.run_id, ())):
-            if sub._wants(event):
-                sub._push(event)
+            sub._push(event)
         for sub in tuple(self._all):
             if sub._wants(event):
                 sub._push(event)
 
     def _note(self, event: BusEvent) -> None:
-        """Keep the run's snapshot current (only from a complete, gap-free history)."""
+        """Keep the run's snapshot current, from a complete, gap-free history only."""
         snap = self._snapshots.get(event.run_id)
         if snap is None and event.seq == 1:
-            snap = self._snapshots[event.run_id] = RunSnapshot(event.run_id)
-            if len(self._snapshots) > self._max_runs:
-                self._snapshots.popitem(last=False)
+            snap = self._cache(RunSnapshot(event.run_id))
         if snap is None or event.seq <= snap.last_seq:
             return
         if event.seq == snap.last_seq + 1:
             snap.apply(event)
             self._snapshots.move_to_end(event.run_id)
         else:
-            del self._snapshots[event.run_id]  # a gap: rebuild from the log when asked
+            del self._snapshots[event.run_id]  # a gap: rebuilt from the log when asked
+
+    def _cache(self, snap: RunSnapshot) -> RunSnapshot:
+        self._snapshots[snap.run_id] = snap
+        if len(self._snapshots) > self._max_runs:
+            self._snapshots.popitem(last=False)
+        return snap
 
     # -- reading --------------------------------------------------------------------------
 
-    def _to_bus(self, event: Event) -> BusEvent:
-        return BusEvent(event.log_id, event.seq, event.stream, event.kind, event.ts, event.payload)
-
-    async def _read(self, run_id: str, after: int, limit: int) -> list[BusEvent]:
+    async def _read(self, run_id: str, after: int, limit: int | None = None) -> list[BusEvent]:
+        limit = limit or _PAGE
         if not self.persist:
             return self._memlog.get(run_id, [])[after : after + limit]
         assert self._store is not None
         events = await self._store.read_events(self.tenant, run_id, after_seq=after, limit=limit)
-        return [self._to_bus(e) for e in events]
+        return [_from_store(e) for e in events]
 
     def subscribe(
         self,
@@ -467,10 +469,10 @@ class EventBus:
         buffer: int | None = None,
         catch_up: bool = True,
     ) -> Subscription:
-        """Events of one run (or all runs: live only), optionally of some streams only.
+        """Events of one run (or of all runs, live only), optionally of some streams only.
 
-        ``from_seq`` (run subscribers only) replays the logged events after that seq
-        first (0: the whole run). The subscription is live from this call on.
+        ``from_seq`` (run subscribers only) first replays the logged events after that
+        seq (0: the whole run). The subscription is live from this call on.
         """
         if run_id is not None:
             validate_id(run_id, "run id")
@@ -504,72 +506,75 @@ class EventBus:
         snap = self._snapshots.get(validate_id(run_id, "run id"))
         if snap is None:
             snap, after = RunSnapshot(run_id), 0
-            while page := await self._read(run_id, after, _PAGE):
+            while page := await self._read(run_id, after):
                 for event in page:
                     snap.apply(event)
                 after = page[-1].seq
             cached = self._snapshots.get(run_id)
-            if cached is None or cached.last_seq < snap.last_seq:
-                self._snapshots[run_id] = cached = snap
-                if len(self._snapshots) > self._max_runs:
-                    self._snapshots.popitem(last=False)
-            snap = cached
+            snap = self._cache(snap) if cached is None or cached.last_seq < after else cached
         return replace(snap, last_by_stream=dict(snap.last_by_stream))
 
     async def latest(self, run_id: str, stream: str | None = None) -> BusEvent | None:
         """The run's last event (of ``stream`` if given), or None."""
-        snap = await self.snapshot(run_id)
-        if stream is not None:
-            return snap.last_by_stream.get(stream)
-        return max(snap.last_by_stream.values(), key=lambda e: e.seq, default=None)
+        last = (await self.snapshot(run_id)).last_by_stream
+        return last.get(stream) if stream else max(last.values(), key=lambda e: e.seq, default=None)
 
     async def wait_for(
         self,
         run_id: str,
         predicate: Callable[[BusEvent], bool],
-        timeout: float | None = None,  # noqa: ASYNC109 (the caller's deadline, documented)
+        timeout: float | None = None,
         *,
         streams: Collection[str] | None = None,
         after_seq: int = 0,
+        poll_interval: float | None = None,
     ) -> BusEvent:
-        """The first event of the run (after ``after_seq``, logged or future) that matches.
+        """The first event of the run after ``after_seq`` (logged or to come) that matches.
 
-        Raises `WaitTimeoutError` after ``timeout`` seconds.
+        Raises `WaitTimeoutError` after ``timeout`` seconds. ``poll_interval`` (seconds)
+        re-reads the log that often, for runs that other processes publish.
         """
+        poller: asyncio.Task[None] | None = None
         try:
             async with asyncio.timeout(timeout):
                 with self.subscribe(run_id, streams, from_seq=after_seq) as sub:
+                    if poll_interval is not None:
+                        poller = asyncio.create_task(_poll(sub, poll_interval))
                     async for event in sub:
                         if predicate(event):
                             return event
         except TimeoutError:
-            raise WaitTimeoutError(
-                f"no matching event of run {run_id!r} within {timeout} s"
-            ) from None
+            raise WaitTimeoutError(f"no matching event of run {run_id!r} in {timeout} s") from None
+        finally:
+            if poller is not None:
+                poller.cancel()
         raise StatekeeperError(f"the event bus closed while waiting for run {run_id!r}")
 
     async def wait_for_completion(
-        self,
-        run_id: str,
-        timeout: float | None = None,  # noqa: ASYNC109
+        self, run_id: str, timeout: float | None = None, *, poll_interval: float | None = None
     ) -> BusEvent:
-        """The run's lifecycle end or abort event, waiting for it if the run is still going."""
+        """The run's lifecycle end or abort event, waiting for it if the run goes on."""
         snap = self._snapshots.get(validate_id(run_id, "run id"))
         if snap is not None and snap.ended:
             return snap.last_by_stream["lifecycle"]
-        after = 0 if snap is None else snap.last_seq
         return await self.wait_for(
-            run_id, lambda e: e.terminal, timeout, streams=("lifecycle",), after_seq=after
+            run_id,
+            lambda e: e.terminal,
+            timeout,
+            streams=("lifecycle",),
+            after_seq=0 if snap is None else snap.last_seq,
+            poll_interval=poll_interval,
         )
 
     # -- housekeeping ---------------------------------------------------------------------
 
     async def delete_run(self, run_id: str) -> None:
-        """Delete a run's log and snapshot (its subscribers stay open)."""
-        validate_id(run_id, "run id")
+        """Delete a run's log and snapshot, and close its subscribers."""
+        for sub in tuple(self._by_run.get(validate_id(run_id, "run id"), ())):
+            sub.close()
         self._memlog.pop(run_id, None)
         self._snapshots.pop(run_id, None)
-        if self.persist and self._store is not None:
+        if self._store is not None and self.persist:
             await self._store.delete_event_log(self.tenant, run_id)
 
     async def aclose(self) -> None:
@@ -578,3 +583,9 @@ class EventBus:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         for sub in [*self._all, *(s for subs in self._by_run.values() for s in subs)]:
             sub.close()
+
+
+async def _poll(sub: Subscription, interval: float) -> None:
+    while True:
+        await asyncio.sleep(interval)
+        sub.poll()

@@ -185,7 +185,7 @@ class SQLiteStore:
         sync = "FULL" if self.durability is Durability.POWER else "NORMAL"
         conn.execute(f"PRAGMA synchronous={sync}")
         if not self.read_only:
-            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA journal_mode=WAL").fetchall()
             conn.execute("PRAGMA wal_autocheckpoint=0")  # see _after_inline_commit
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
@@ -265,8 +265,11 @@ class SQLiteStore:
 
     async def _run_checkpoint(self) -> None:
         try:
+            # fetchall: an unfinished PRAGMA statement would hold a read transaction open.
             await self._worker.run(
-                lambda: self._retry(lambda: self._db.execute("PRAGMA wal_checkpoint(PASSIVE)"))
+                lambda: self._retry(
+                    lambda: self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                )
             )
         except StoreError:
             pass  # a later checkpoint will catch up; the WAL stays valid meanwhile
@@ -649,7 +652,7 @@ class SQLiteStore:
                 raise record_not_found(namespace, key)
             return self._record(namespace, row)
 
-        return await self._read(get)
+        return await self._read(get, inline=True)
 
     async def put_record(
         self,

@@ -1,0 +1,5 @@
+"""``python -m statekeeper.cli``."""
+
+from statekeeper.cli import main
+
+main()

@@ -1,0 +1,172 @@
+"""How ``statekeeper runs show`` prints a run: fields, approvals, usage, errors, timeline."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+from statekeeper.cli._common import console, fields_table, stamp
+from statekeeper.core.messages import utcnow
+from statekeeper.runs.state import RunState
+from statekeeper.runs.store import RunIndex
+from statekeeper.stores.base import Event
+
+__all__ = ["RunView", "print_run", "timeline"]
+
+
+@dataclass
+class RunView:
+    """What ``runs show`` read: the index, the latest checkpoint (if any) and the event log."""
+
+    index: RunIndex
+    state: RunState | None
+    events: list[Event]
+
+
+def timeline(events: list[Event]) -> list[dict[str, Any]]:
+    """The lifecycle events of a run's log: status changes, start, pause, abort, end."""
+    rows = []
+    for event in events:
+        if event.stream != "lifecycle":
+            continue
+        payload = {k: v for k, v in event.payload.items() if k not in ("trace_id",)}
+        rows.append({"seq": event.seq, "ts": event.ts.isoformat(), "kind": event.kind, **payload})
+    return rows
+
+
+def _describe(row: dict[str, Any]) -> str:
+    if row["kind"] == "status" and "from" in row and "to" in row:
+        return f"{row['from']} -> {row['to']}"
+    details = {k: v for k, v in row.items() if k not in ("seq", "ts", "kind", "turn")}
+    return f"{row['kind']} " + " ".join(f"{k}={v}" for k, v in details.items())
+
+
+def _decision_of(state: RunState, call_id: str) -> str:
+    for decision in state.decisions:
+        if decision.call_id == call_id:
+            verdict = "approved" if decision.approved else "rejected"
+            return verdict + (f" ({decision.reason})" if decision.reason else "")
+    rule = state.always.get(next((i.tool for i in state.interruptions if i.call_id == call_id), ""))
+    if rule is not None:
+        return "always " + ("approved" if rule else "rejected")
+    return "pending"
+
+
+def print_run(view: RunView) -> None:
+    """Print a run for people (``runs show`` without --json)."""
+    index, state = view.index, view.state
+    out = console()
+    rows: list[tuple[str, object]] = [
+        ("run", index.run_id),
+        ("status", Text(index.status, style="bold")),
+        ("agent", index.agent),
+        ("session", index.session_id),
+        ("turn", index.turn),
+        ("created", stamp(index.created_at) + " UTC"),
+        ("updated", stamp(index.updated_at) + " UTC"),
+        ("group", index.group_id),
+        ("parent run", index.parent_run_id),
+        ("cancel requested", "yes" if index.cancel_requested else None),
+    ]
+    if index.owner and index.lease_until and index.lease_until > utcnow():
+        rows.append(("lease", f"{index.owner} until {stamp(index.lease_until)} UTC"))
+    if state is not None:
+        flags = [state.limits.iterations, state.limits.budget, state.limits.tokens]
+        limits = [
+            f"{flag.name} {flag.current:g}/{'∞' if flag.maximum is None else f'{flag.maximum:g}'}"
+            for flag in flags
+            if flag is not None
+        ]
+        rows += [
+            ("mode", "headless" if state.headless else "interactive"),
+            ("delegate level", state.delegate_level or None),
+            ("limits", ", ".join(limits)),
+            ("trace", state.trace.trace_id),
+            ("cancel reason", state.metadata.get("cancel_reason")),
+            ("output", None if state.output is None else json.dumps(state.output)),
+        ]
+    else:
+        rows.append(("checkpoint", "none yet (the run never completed a step)"))
+    out.print(fields_table(rows, title=f"Run {index.run_id}"))
+
+    if state is not None:
+        _print_state(state)
+    lifecycle = timeline(view.events)
+    if lifecycle:
+        table = Table(title="Status timeline")
+        table.add_column("seq", justify="right")
+        table.add_column("time (UTC)")
+        table.add_column("event", overflow="fold")
+        for row in lifecycle:
+            table.add_row(str(row["seq"]), row["ts"][:19].replace("T", " "), Text(_describe(row)))
+        out.print(table)
+
+
+def _print_state(state: RunState) -> None:
+    out = console()
+    if state.interruptions:
+        table = Table(title="Pending approvals")
+        for column in ("call id", "tool", "arguments", "prompt", "decision"):
+            table.add_column(column, overflow="fold")
+        for item in state.interruptions:
+            table.add_row(
+                Text(item.call_id),
+                Text(item.tool),
+                Text(item.arguments),
+                Text(item.prompt or ""),
+                Text(_decision_of(state, item.call_id)),
+            )
+        out.print(table)
+    if state.tool_use:
+        table = Table(title="Tool calls")
+        table.add_column("tool")
+        table.add_column("calls", justify="right")
+        for tool, count in sorted(state.tool_use.items()):
+            table.add_row(Text(tool), str(count))
+        out.print(table)
+    if state.metrics.models:
+        table = Table(title="Cost and tokens per model")
+        for column in ("model", "calls", "input", "output", "total tokens", "cost"):
+            table.add_column(column, justify="left" if column == "model" else "right")
+        for name, usage in sorted(state.metrics.models.items()):
+            table.add_row(
+                Text(name),
+                str(usage.calls),
+                str(usage.usage.input_tokens),
+                str(usage.usage.output_tokens),
+                str(usage.usage.total),
+                f"{usage.cost:.6f}",
+            )
+        total = state.metrics.usage
+        table.add_row(
+            "total",
+            str(state.metrics.calls),
+            str(total.input_tokens),
+            str(total.output_tokens),
+            str(total.total),
+            f"{state.metrics.accumulated_cost:.6f}",
+            style="bold",
+        )
+        out.print(table)
+    triggered = [g for g in state.guardrails if g.triggered]
+    if triggered:
+        table = Table(title="Triggered guardrails")
+        for column in ("name", "kind", "turn", "info"):
+            table.add_column(column, overflow="fold")
+        for g in triggered:
+            table.add_row(Text(g.name), g.kind, str(g.turn), Text(json.dumps(g.info)))
+        out.print(table)
+    if state.error is not None:
+        error = state.error
+        rows: list[tuple[str, object]] = [
+            ("type", error.type),
+            ("message", error.message),
+            ("turn", error.turn),
+            ("at", stamp(error.at) + " UTC"),
+            ("data", json.dumps(error.data) if error.data else None),
+        ]
+        out.print(fields_table(rows, title="Error"), style="red")
