@@ -75,7 +75,12 @@ async def measure(history: int, folder: Path) -> dict[str, float]:
         resume = min(resumes)
     finally:
         await store.close()
-    return {"step_us": step * 1e6, "bytes": step_bytes, "load_ms": load * 1e3, "resume_ms": resume * 1e3}
+    return {
+        "step_us": step * 1e6,
+        "bytes": step_bytes,
+        "load_ms": load * 1e3,
+        "resume_ms": resume * 1e3,
+    }
 
 
 async def _timed(awaitable: object) -> float:

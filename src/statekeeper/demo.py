@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -160,15 +159,19 @@ async def run_demo_run(console: Any) -> None:
     finally:
         await store.close()
 
-    child = subprocess.run(  # noqa: S603  (our own interpreter and module)
-        [sys.executable, "-m", "statekeeper.demo", "resume", first.run_id],
-        capture_output=True,
-        text=True,
-        check=False,
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "statekeeper.demo",
+        "resume",
+        first.run_id,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
+    out, err = await child.communicate()
     if child.returncode != 0:
-        raise RuntimeError(f"the resuming process failed:\n{child.stderr}")
-    console.print(f"  [dim]child process: {child.stdout.strip()}[/]")
+        raise RuntimeError(f"the resuming process failed:\n{err.decode()}")
+    console.print(f"  [dim]child process: {out.decode().strip()}[/]")
 
     store = await open_store(f"sqlite:///{DEMO_DB}")
     try:

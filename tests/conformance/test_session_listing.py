@@ -292,12 +292,6 @@ async def test_metadata_filter_finds_sessions_by_float_values(store: Store) -> N
 BEYOND_64_BITS = [2**63, -(2**63) - 1, 2**64 + 1, 2**100, -(2**100), 10**308]
 
 
-@backend_bug(
-    *SQLITE,
-    reason="a metadata filter on an integer outside the signed 64-bit range raises "
-    "OverflowError (Python int too large to convert to SQLite INTEGER) instead of "
-    "listing the session that stores it",
-)
 async def test_metadata_filter_finds_integers_beyond_64_bits(store: Store) -> None:
     for i, value in enumerate(BEYOND_64_BITS):
         await new_session(store, f"s{i}", metadata={"x": value})

@@ -485,22 +485,11 @@ def test_negative_fixture_bytes_raise_the_same_errors() -> None:
         RunState.from_json(b"\xff\xfe{}")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=TypeError,
-    reason="state.py bug: _v1_to_v2 iterates guardrails unchecked, so a malformed v1 "
-    "state raises TypeError instead of InvalidPayloadError",
-)
 def test_malformed_v1_guardrails_raise_invalid_payload() -> None:
     with pytest.raises(InvalidPayloadError):
         load("negative/v1_null_guardrails.json")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="state.py bug: from_json uses json.loads, which accepts NaN; the state then "
-    "fails in to_json with a bare ValueError",
-)
 def test_nan_is_refused_on_read() -> None:
     with pytest.raises(InvalidPayloadError):
         load("negative/nan_context.json")
@@ -560,19 +549,13 @@ def test_context_without_deserializer_is_refused() -> None:
     state.validate_for_resume(has_deserializer=False)
 
 
-def test_resume_checks_ids() -> None:
+def test_hostile_ids_are_refused_on_load() -> None:
     raw = json.loads(read("v2/minimal.json"))
     raw["tenant"] = "../other-tenant"
-    state = RunState.from_data(raw)
-    with pytest.raises(InvalidInputError, match="tenant"):
-        state.validate_for_resume()
+    with pytest.raises(InvalidPayloadError, match="tenant"):
+        RunState.from_data(raw)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="state.py bug: status is a free str, so 'finished' (an alias of completed) "
-    "is not normalised and passes validate_for_resume",
-)
 def test_alias_of_a_finished_status_cannot_be_resumed() -> None:
     state = load("negative/finished_alias_status.json")
     with pytest.raises(InvalidInputError):

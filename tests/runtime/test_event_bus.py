@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -279,13 +279,44 @@ async def test_an_oversized_event_in_a_concurrent_batch_fails_alone(tmp_path: Pa
         await store.close()
 
 
-async def test_a_cancelled_publisher_still_publishes(bus: EventBus) -> None:
+class SlowAppends:
+    """A store whose first append writes, then answers only when released."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+        self.written = asyncio.Event()
+        self.release = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def append_events(self, *args: Any) -> Any:
+        events = await self.inner.append_events(*args)
+        if not self.written.is_set():
+            self.written.set()
+            await self.release.wait()
+        return events
+
+
+async def test_a_publish_cancelled_after_its_write_still_reaches_subscribers(
+    bus_store: Store, bus_kind: str
+) -> None:
+    if bus_kind == "inprocess":
+        pytest.skip("an in-process publish never waits")
+    slow = SlowAppends(bus_store)
+    bus = EventBus(cast(Store, slow), TENANT)
     sub = bus.subscribe(RUN)
-    task = asyncio.create_task(bus.publish(RUN, "lifecycle", "start"))
-    await asyncio.sleep(0)
-    task.cancel()
-    [event] = await take(sub, 1)
-    assert (event.seq, event.kind) == (1, "start")
+    leader = asyncio.create_task(bus.publish(RUN, "lifecycle", "start"))
+    await slow.written.wait()
+    follower = asyncio.create_task(bus.publish(RUN, "custom", "queued"))
+    await asyncio.sleep(0)  # the follower joins the batch behind the write under way
+    leader.cancel()
+    slow.release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await leader
+    assert (await follower).seq == 2
+    assert [(e.seq, e.kind) for e in await take(sub, 2)] == [(1, "start"), (2, "queued")]
+    await bus.aclose()
 
 
 async def test_wait_for_finds_stored_and_future_events(bus: EventBus) -> None:

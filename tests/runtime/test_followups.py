@@ -76,7 +76,8 @@ async def test_idle_session_starts_a_run_at_once() -> None:
     queue = FollowupQueue(runner)
     outcome = await queue.submit("s1", msg("hello"))
     assert outcome.status is SubmitStatus.STARTED
-    assert outcome.accepted and outcome.reason is None
+    assert outcome.accepted
+    assert outcome.reason is None
     assert queue.is_busy("s1")
     await queue.wait_drained("s1")
     assert runner.runs == [("s1", "hello")]
@@ -184,12 +185,14 @@ async def test_drop_policy_oldest_evicts_the_oldest_pending() -> None:
     await queue.submit("s", msg("2"))
     outcome = await queue.submit("s", msg("3"))
     assert outcome.status is SubmitStatus.QUEUED
-    assert outcome.evicted is not None and outcome.evicted.text == "1"
+    assert outcome.evicted is not None
+    assert outcome.evicted.text == "1"
     assert outcome.pending == 2
     assert texts(queue.pending("s")) == ["2", "3"]
     # The evicted text is no longer pending, so it is not a duplicate.
     again = await queue.submit("s", msg("1"))
-    assert again.evicted is not None and again.evicted.text == "2"
+    assert again.evicted is not None
+    assert again.evicted.text == "2"
     assert texts(queue.pending("s")) == ["3", "1"]
 
 
@@ -241,7 +244,8 @@ async def test_drain_is_sequential_in_order_and_survives_a_failing_run() -> None
     for i in range(1, 5):
         await queue.submit("s", msg(f"m{i}"))
     queue.mark_idle("s", "someone-else")  # a stale end changes nothing
-    assert runner.runs == [] and queue.is_busy("s")
+    assert runner.runs == []
+    assert queue.is_busy("s")
     queue.mark_idle("s", "run-0")
     for i in range(1, 5):
         assert await runner.started.get() == f"m{i}"
@@ -323,7 +327,8 @@ async def test_memory_is_bounded_by_busy_sessions() -> None:
         await queue.submit(f"s{i}", msg("hi"))
     await queue.wait_drained()
     assert len(runner.runs) == 500
-    assert queue.sessions() == [] and queue._sessions == {}
+    assert queue.sessions() == []
+    assert queue._sessions == {}
     queue.mark_active("busy", "r")
     for i in range(100):
         await queue.submit("busy", msg(f"m{i}"))

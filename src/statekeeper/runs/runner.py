@@ -209,13 +209,18 @@ class Runner:
         """
         state, _, _ = await self.runs.load(run_id)
         state.validate_for_resume(has_deserializer=self.deserialize is not None)
+        new_input = _as_messages(input)
+        if state.status == AgentStatus.WAITING_FOR_INPUT and not new_input:
+            raise InvalidInputError(f"run {run_id} is waiting for input; pass input= to resume")
         index_version = await self.runs.claim(
             run_id, self.owner, ttl=self.lease_ttl, take_over=take_over
         )
-        live = await self._open(state, index_version, context)
-        live.new_input = _as_messages(input)
-        if state.status == AgentStatus.WAITING_FOR_INPUT and not live.new_input:
-            raise InvalidInputError(f"run {run_id} is waiting for input; pass input= to resume")
+        try:
+            live = await self._open(state, index_version, context)
+        except BaseException:
+            await self.runs.release(state, owner=self.owner, checkpoint_seq=None)
+            raise
+        live.new_input = new_input
         return await self._drive(live)
 
     async def approve(
@@ -330,6 +335,11 @@ class Runner:
         state = live.state
         self._cancel[state.run_id] = cancel = asyncio.Event()
         try:
+            if state.cancel_requested:
+                self._cancel_now(state, "cancel requested")
+                await live.writer.save(state)
+                await self._publish(state, "lifecycle", "abort", {"reason": "cancelled"})
+                return RunResult(state, live.added)
             if state.status == AgentStatus.WAITING_FOR_APPROVAL:
                 if not await self._settle_approvals(live):
                     return RunResult(state, live.added)
@@ -373,11 +383,11 @@ class Runner:
         step_input = StepInput(
             state=state.copy_state(),
             messages=_ReadOnly(live.messages),
-            new_input=tuple(live.new_input),
+            new_input=tuple(Message.model_validate(m) for m in state.pending_input),
             context=live.context,
             tools=self.tools,
         )
-        live.new_input = []
+        state.pending_input = []
         action = await agent.step(step_input)
         self._account(state, action)
         if action.call is not None:
@@ -547,7 +557,10 @@ class Runner:
                 state.guardrails = [*state.guardrails, result]
                 if result.triggered:
                     raise _GuardrailTripped(f"input guardrail {result.name} triggered")
+        # Kept in the state until a step has seen it, so a pause in between loses nothing.
+        live.state.pending_input = [m.to_dict() for m in live.new_input]
         await self._commit(live, list(live.new_input))
+        live.new_input = []
 
     def _check_output(self, state: RunState, output: JsonValue) -> None:
         for check in self.output_guardrails:

@@ -13,14 +13,24 @@ import json
 from collections.abc import Callable
 from typing import Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue, ValidationError
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
-from statekeeper.core.lifecycle import AgentStatus
+from statekeeper.core.lifecycle import AgentStatus, parse_status
 from statekeeper.core.limits import Limits
 from statekeeper.core.messages import Message, utcnow
 from statekeeper.core.metrics import DelegationInfo, Metrics
-from statekeeper.errors import InvalidPayloadError, SchemaVersionError
+from statekeeper.errors import InvalidInputError, InvalidPayloadError, SchemaVersionError
 from statekeeper.ids import new_id, validate_id
+from statekeeper.jsoncodec import loads
 
 __all__ = [
     "CURRENT_SCHEMA_VERSION",
@@ -45,7 +55,8 @@ CURRENT_SCHEMA_VERSION = max(SCHEMA_VERSION_SUMMARIES)
 
 def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
     data = dict(data)
-    data["trace"] = {"trace_id": new_id("trace"), "spans": 0, "current_span": None}
+    # Derived from the run id, so every load of the same v1 state has the same trace.
+    data["trace"] = {"trace_id": f"trace_{data['run_id']}", "spans": 0, "current_span": None}
     data["guardrails"] = [
         {"name": g.get("name", "guardrail"), "kind": "input", **g}
         for g in data.pop("guardrails", [])
@@ -82,7 +93,13 @@ def migrate(data: dict[str, Any]) -> dict[str, Any]:
             f"{SCHEMA_VERSION_SUMMARIES[CURRENT_SCHEMA_VERSION]}); upgrade statekeeper"
         )
     while version < CURRENT_SCHEMA_VERSION:
-        data = MIGRATIONS[version](data)
+        try:
+            data = MIGRATIONS[version](data)
+        except (TypeError, AttributeError, KeyError, ValueError) as exc:
+            raise InvalidPayloadError(
+                f"run state of schema version {version} is malformed and cannot be "
+                f"migrated: {exc!r}"
+            ) from exc
         version += 1
         data["schema_version"] = version
     return data
@@ -166,8 +183,8 @@ class RunState(BaseModel):
     agent: str
     status: str = AgentStatus.INITIALIZING
     headless: bool = True
-    turn: int = 0
-    revision: int = 0
+    turn: int = Field(default=0, ge=0)
+    revision: int = Field(default=0, ge=0)
     """Checkpoints written so far (each write has the next revision)."""
     limits: Limits = Field(default_factory=Limits)
     metrics: Metrics = Field(default_factory=Metrics)
@@ -180,7 +197,7 @@ class RunState(BaseModel):
     context: JsonValue = None
     trace: TraceState = Field(default_factory=TraceState)
     delegation: DelegationInfo | None = None
-    transcript_seq: int = 0
+    transcript_seq: int = Field(default=0, ge=0)
     pending_input: list[dict[str, Any]] = Field(default_factory=list)
     output: JsonValue = None
     metadata: dict[str, JsonValue] = Field(default_factory=dict)
@@ -189,6 +206,29 @@ class RunState(BaseModel):
     updated_at: AwareDatetime = Field(default_factory=utcnow)
     items: list[dict[str, Any]] | None = None
     """Transcript messages, only in exported snapshots (`to_json`)."""
+
+    @field_validator("run_id", "session_id", "tenant")
+    @classmethod
+    def _valid_id(cls, value: str, info: ValidationInfo) -> str:
+        return validate_id(value, str(info.field_name).replace("_", " "))
+
+    @field_validator("status", mode="before")
+    @classmethod
+    def _canonical_status(cls, value: Any) -> Any:
+        # Other systems' names (finished, stopped ...) mean our statuses; custom stay as is.
+        if isinstance(value, str):
+            try:
+                return str(parse_status(value))
+            except InvalidInputError:
+                return value.lower()
+        return value
+
+    @field_validator("tool_use")
+    @classmethod
+    def _counts_not_negative(cls, value: dict[str, int]) -> dict[str, int]:
+        if any(n < 0 for n in value.values()):
+            raise ValueError("tool call counts cannot be negative")
+        return value
 
     # -- views ---------------------------------------------------------------------------
 
@@ -209,7 +249,10 @@ class RunState(BaseModel):
 
     def messages(self) -> list[Message]:
         """The exported items as messages (empty for a stored checkpoint)."""
-        return [Message.model_validate(item) for item in self.items or []]
+        try:
+            return [Message.model_validate(item) for item in self.items or []]
+        except ValidationError as exc:
+            raise InvalidPayloadError(f"run state items are not valid messages: {exc}") from exc
 
     def copy_state(self) -> RunState:
         """An independent copy (4x cheaper than ``model_copy(deep=True)``)."""
@@ -219,8 +262,6 @@ class RunState(BaseModel):
 
     def validate_for_resume(self, *, has_deserializer: bool = True) -> None:
         """Check the state can be resumed; raise a typed error naming what is wrong."""
-        from statekeeper.errors import InvalidInputError
-
         validate_id(self.run_id, "run id")
         validate_id(self.session_id, "session id")
         validate_id(self.tenant, "tenant")
@@ -230,8 +271,11 @@ class RunState(BaseModel):
                 "(fork it from a checkpoint to try again)"
             )
         ids = [i.call_id for i in self.interruptions]
-        if len(ids) != len(set(ids)):
-            raise InvalidPayloadError(f"run {self.run_id} has duplicate pending call ids")
+        twice = sorted({i for i in ids if ids.count(i) > 1})
+        if twice:
+            raise InvalidPayloadError(
+                f"run {self.run_id} has duplicate pending call ids: {', '.join(twice)}"
+            )
         if self.context is not None and not has_deserializer:
             raise InvalidInputError(
                 f"run {self.run_id} has a user context but no context_deserializer was given"
@@ -267,8 +311,8 @@ class RunState(BaseModel):
     def from_json(cls, text: str | bytes) -> RunState:
         """Read a snapshot made by `to_json` (or an older version of it)."""
         try:
-            data = json.loads(text)
-        except (ValueError, UnicodeDecodeError) as exc:
+            data = loads(text)
+        except ValueError as exc:
             raise InvalidPayloadError(
                 f"run state is not valid JSON ({exc}); the file is truncated or was edited"
             ) from exc

@@ -261,6 +261,7 @@ class RunStore:
             )
         state = RunState.from_data(latest.payload)
         state.transcript_seq = latest.parent_seq or 0
+        state.cancel_requested = state.cancel_requested or index.cancel_requested
         if latest.seq != index.checkpoint_seq:  # roll the index forward
             index = _index_of(state, checkpoint_seq=latest.seq)
             version = await self.put_index(index, expected_version=version)
@@ -323,6 +324,12 @@ class RunStore:
         state.run_id = validate_id(run_id, "run id") if run_id else state.run_id
         state.session_id = validate_id(session_id, "session id") if session_id else state.session_id
         state.revision = 0
+        try:
+            await self.index(state.run_id)
+        except NotFoundError:
+            pass
+        else:
+            raise AlreadyExistsError(f"run {state.run_id!r} already exists; pass a new run_id")
         await self.store.create_session(
             SessionRecord(id=state.session_id, tenant=self.tenant, agent_id=state.agent)
         )

@@ -88,7 +88,9 @@ class CheckpointWriter:
             if self._failure is not None:
                 raise self._failure
         if release:
-            written = self._latest_written if self.mode != "step" and self._latest_written else state
+            written = (
+                self._latest_written if self.mode != "step" and self._latest_written else state
+            )
             await self.runs.release(written, owner=self.owner, checkpoint_seq=self._checkpoint_seq)
             self.owner = None
         state.revision = self.revision

@@ -12,7 +12,8 @@ names are custom and take any kind)::
 **Seqs** are per run, from 1, without gaps or repeats: from the store's event log (log id
 = run id, shared by every process on the store), or with ``persist=False`` from an
 in-memory log per run. A non-JSON payload raises `InvalidPayloadError` before anything is
-stored and uses no seq. Concurrent publishes to a run are written in batches.
+stored and uses no seq. Publishes to a run that arrive while a write to it is under way
+are written together, as one batch.
 
 **Subscribers** get events in seq order. A run subscriber may pass ``from_seq``: it
 replays the logged events after it, then goes on live with no gap and no repeat. An
@@ -196,6 +197,8 @@ class Subscription:
         self._live: deque[BusEvent] = deque()
         self._replay: deque[BusEvent] = deque()
         self._pos = from_seq  # run subscribers: the last seq read or delivered
+        if from_seq is None and run_id is not None and (snap := bus._snapshots.get(run_id)):
+            self._pos = snap.last_seq  # live from here (what a poll reads after)
         self._replaying = from_seq is not None
         self._waiter: asyncio.Future[None] | None = None
         self._closed = False
@@ -474,15 +477,13 @@ class EventBus:
         ``from_seq`` (run subscribers only) first replays the logged events after that
         seq (0: the whole run). The subscription is live from this call on.
         """
+        if from_seq is not None and (run_id is None or from_seq < 0):
+            raise InvalidInputError(
+                f"from_seq={from_seq} needs a run_id and must be >= 0: an all-runs "
+                "subscriber is live only; replay each run with its own subscription"
+            )
         if run_id is not None:
             validate_id(run_id, "run id")
-        elif from_seq is not None:
-            raise InvalidInputError(
-                "from_seq needs a run_id: an all-runs subscriber is live only; "
-                "replay each run with its own subscription"
-            )
-        if from_seq is not None and from_seq < 0:
-            raise InvalidInputError(f"from_seq must be >= 0, not {from_seq}")
         wanted = None if streams is None else frozenset(streams)
         sub = Subscription(self, run_id, wanted, from_seq, buffer or self.buffer, catch_up)
         if run_id is None:

@@ -46,6 +46,7 @@ from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Hashable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import partial
 from typing import TypeVar
 
 from statekeeper.core.messages import Message
@@ -400,7 +401,7 @@ class FollowupQueue:
                 if session_id is None
                 else [s for s in (self._sessions.get(session_id),) if s is not None]
             )
-            drains = [s.drain for s in states if s.drain is not None]
+            drains = [s.drain for s in states if s.drain is not None and not s.drain.done()]
             if not drains:
                 return
             await asyncio.wait(drains)
@@ -439,9 +440,17 @@ class FollowupQueue:
         return session_id in recent
 
     def _start_drain(self, session_id: str, state: _Session) -> None:
-        state.drain = asyncio.get_running_loop().create_task(
+        drain = asyncio.get_running_loop().create_task(
             self._drain(session_id, state), name=f"statekeeper-followups:{session_id}"
         )
+        drain.add_done_callback(partial(self._drain_done, session_id, state))
+        state.drain = drain
+
+    def _drain_done(self, session_id: str, state: _Session, drain: asyncio.Task[None]) -> None:
+        # A drain cancelled before its first step never ran its own clean-up.
+        if state.drain is drain:
+            state.drain = None
+            self._forget_if_idle(session_id, state)
 
     async def _drain(self, session_id: str, state: _Session) -> None:
         try:

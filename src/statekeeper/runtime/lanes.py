@@ -26,6 +26,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -104,17 +105,6 @@ class LaneStats:
     waited: int = 0
     max_wait: float = 0.0
 
-    def __add__(self, other: LaneStats) -> LaneStats:
-        return LaneStats(
-            self.queued + other.queued,
-            self.running + other.running,
-            self.completed + other.completed,
-            self.failed + other.failed,
-            self.cancelled + other.cancelled,
-            self.waited + other.waited,
-            max(self.max_wait, other.max_wait),
-        )
-
 
 class _Lane:
     __slots__ = (
@@ -139,7 +129,9 @@ class _Lane:
         )
 
     def absorb(self, other: _Lane) -> None:
-        """Add the counters of a lane being forgotten."""
+        """Add the counters of ``other`` to these."""
+        self.queued += other.queued
+        self.running += other.running
         self.completed += other.completed
         self.failed += other.failed
         self.cancelled += other.cancelled
@@ -164,10 +156,8 @@ class _Lane:
 
 
 class _LaneTask(asyncio.Future[T]):
-    """One enqueued call: the future its caller awaits, plus what the lane needs to run it.
-
-    Cancelling it withdraws a queued call, or cancels a running one.
-    """
+    """An enqueued call and the future its caller awaits; cancelling it withdraws the call
+    if queued, or cancels it if running."""
 
     __slots__ = (
         *("lane", "fn", "enqueued_at", "ahead", "running_then", "warn_after", "on_wait"),
@@ -198,13 +188,10 @@ class _LaneTask(asyncio.Future[T]):
     def stop(self) -> None:
         """Cancel the running call; its worker is suspended inside it right now."""
         worker = self.worker
-        # A call that cancels its own future just runs on: cancelling the worker from
-        # inside would hit whatever it awaits next.
-        if (
-            not self.cancel_requested
-            and worker is not None
-            and worker is not asyncio.current_task()
-        ):
+        # A call cancelling its own future runs on: cancelling its worker from inside
+        # would hit whatever the worker awaits next.
+        if not self.cancel_requested and worker not in (None, asyncio.current_task()):
+            assert worker is not None
             self.cancel_requested = True
             worker.cancel()
 
@@ -392,10 +379,10 @@ class CommandLanes:
         if lane is not None:
             state = self._lanes.get(validate_lane(lane))
             return LaneStats() if state is None else state.stats()
-        total = self._retired.stats()
-        for state in self._lanes.values():
-            total += state.stats()
-        return total
+        total = _Lane("", 1, None)
+        for state in (self._retired, *self._lanes.values()):
+            total.absorb(state)
+        return total.stats()
 
     def names(self) -> list[str]:
         """Lanes held in memory: configured lanes and lanes with queued or running work."""
@@ -422,6 +409,15 @@ class CommandLanes:
                 context=contextvars.Context(),
             )
             workers[worker] = None
+            worker.add_done_callback(partial(self._worker_done, state))
+
+    def _worker_done(self, state: _Lane, worker: asyncio.Task[None]) -> None:
+        """Clean up after a worker cancelled before its first step (it never ran its own)."""
+        if worker in state.workers:
+            del state.workers[worker]
+            if not state.workers:
+                state.drop_queued(None)  # cancelled from outside, as at loop shutdown
+            self._forget_if_idle(state)
 
     def _forget_if_idle(self, state: _Lane) -> None:
         name = state.name

@@ -109,6 +109,11 @@ async def import_session(
             "tenant": manager.tenant,
             "continued_from": None,
             "continued_to": None,
+            # The append below adds the counters back, together with the entries.
+            "total_tokens": 0,
+            "fresh_tokens": 0,
+            "message_count": 0,
+            "compaction_count": 0,
         }
     )
     created = await manager.store.create_session(record)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -244,7 +245,7 @@ class SessionQuery(BaseModel):
         for key, value in (data.get("metadata") or {}).items():
             validate_id(key, "metadata filter key")
             if isinstance(value, dict | list) or (
-                isinstance(value, float) and value != value  # NaN
+                isinstance(value, float) and not math.isfinite(value)
             ):
                 raise InvalidInputError(
                     f"metadata filter {key!r} must be a string, number, boolean or null"

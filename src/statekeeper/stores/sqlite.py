@@ -418,6 +418,12 @@ class SQLiteStore:
             if value is None or isinstance(value, bool):
                 where.append("json_type(doc, ?) = ?")
                 params += [path, "null" if value is None else str(value).lower()]
+            elif (isinstance(value, int) and not -(2**63) <= value < 2**63) or (
+                isinstance(value, str) and "\x00" in value
+            ):
+                # SQLite's own values cannot hold these: compare the stored JSON text.
+                where.append("doc -> ? = ?")
+                params += [path, encode_json(value)]
             elif isinstance(value, int | float):
                 where.append(
                     "json_type(doc, ?) IN ('integer', 'real') AND json_extract(doc, ?) = ?"
