@@ -21,6 +21,15 @@ original exception chained as ``__cause__``.
         ├── StoreReadOnlyError       the store refuses writes (permissions, read-only mode)
         ├── StoreFullError           no space left for the write
         └── StoreCorruptError        stored bytes cannot be decoded
+            └── StateTamperedError   (codec) an encrypted state failed authentication
+                └── WrongKeyError    (codec) encrypted with a key this codec does not have
+
+Errors of one feature are defined beside it, under the bases above:
+``runtime.lanes`` (LaneClearedError, LanesClosedError), ``runtime.followups``
+(FollowupQueueFullError, FollowupQueueClosedError), ``runtime.events``
+(UnknownEventKindError < InvalidInputError, SubscriberLaggedError, WaitTimeoutError),
+``runtime.profiles`` (AllProfilesCoolingDownError), ``runtime.subagents``
+(SubagentFinishedError < InvalidTransitionError), ``runs.handlers`` (HandlerError).
 """
 
 from __future__ import annotations

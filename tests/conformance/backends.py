@@ -228,3 +228,8 @@ async def sqlite_process_store(ctx: BackendContext) -> AsyncIterator[Store]:
         yield store
     finally:
         await store.close()
+
+
+# Optional backends register themselves in their own modules (imported last: they use
+# the decorators above).
+from . import backend_files, backend_postgres, backend_redis  # noqa: E402, F401

@@ -398,3 +398,23 @@ def test_every_accepted_message_is_steered_or_run_once_in_order(
             assert positions == sorted(positions)
 
     asyncio.run(scenario())
+
+
+async def test_close_with_cancel_before_a_drain_started_does_not_hang() -> None:
+    runner = Runner()
+    queue = FollowupQueue(runner)
+    await queue.submit("s", msg("never runs"))  # the drain task has not stepped yet
+    await queue.close(cancel=True)
+    assert runner.runs == []
+    assert queue.sessions() == []
+
+
+async def test_after_close_follow_ups_behind_an_active_run_still_drain() -> None:
+    runner = Runner()
+    queue = FollowupQueue(runner)
+    queue.mark_active("s", "r")
+    await queue.submit("s", msg("accepted before close"))
+    await queue.close()
+    queue.mark_idle("s", "r")
+    await queue.wait_drained()
+    assert runner.texts() == ["accepted before close"]

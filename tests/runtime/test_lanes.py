@@ -506,3 +506,27 @@ def test_any_interleaving_keeps_per_lane_fifo_order(
         assert total.completed + total.cancelled == len(ops)
 
     asyncio.run(scenario())
+
+
+async def test_a_worker_cancelled_from_outside_tears_its_lane_down() -> None:
+    """As at event loop shutdown: callers are cancelled, nothing hangs, nothing leaks."""
+    lanes = CommandLanes()
+    queued = [lanes.submit("main", value(i)) for i in range(3)]
+    (worker,) = [t for t in asyncio.all_tasks() if t.get_name() == "statekeeper-lane:main"]
+    worker.cancel()  # before its first step
+    await asyncio.gather(*queued, return_exceptions=True)
+    assert all(f.cancelled() for f in queued)
+    assert lanes.names() == []
+    blocker = Blocker()
+    running = lanes.submit("main", blocker)
+    behind = lanes.submit("main", value("behind"))
+    await blocker.started.wait()
+    (worker,) = [t for t in asyncio.all_tasks() if t.get_name() == "statekeeper-lane:main"]
+    worker.cancel()  # while a task runs
+    await asyncio.gather(running, behind, return_exceptions=True)
+    assert running.cancelled()
+    assert behind.cancelled()
+    assert blocker.cancelled
+    await lanes.close()
+    assert lanes.names() == []
+    assert lanes.stats().cancelled == 5

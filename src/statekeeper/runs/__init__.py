@@ -29,6 +29,7 @@ from statekeeper.runs.writer import WriteMode
 
 __all__ = [
     "CURRENT_SCHEMA_VERSION",
+    "MISSING",
     "SCHEMA_VERSION_SUMMARIES",
     "Action",
     "Agent",
@@ -39,7 +40,10 @@ __all__ = [
     "EventSink",
     "Finish",
     "GuardrailResult",
+    "HandlerContext",
+    "HandlerError",
     "Handoff",
+    "InputField",
     "Interruption",
     "ModelCall",
     "Respond",
@@ -48,6 +52,7 @@ __all__ = [
     "RunState",
     "RunStore",
     "Runner",
+    "StateHandlerAgent",
     "StepInput",
     "Tool",
     "ToolContext",

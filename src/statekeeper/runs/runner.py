@@ -46,6 +46,9 @@ from statekeeper.runs.approvals import record_decision, settle
 from statekeeper.runs.state import ErrorDetails, GuardrailResult, Interruption, RunState
 from statekeeper.runs.store import RunStore
 from statekeeper.runs.writer import CheckpointWriter, WriteMode
+from statekeeper.runtime.events import EventBus
+from statekeeper.runtime.followups import FollowupQueue
+from statekeeper.runtime.lanes import CommandLanes
 from statekeeper.sessions import SessionManager
 from statekeeper.stores.base import EventDraft, Store
 
@@ -133,6 +136,8 @@ class Runner:
         counter: TokenCounter | None = None,
         owner: str | None = None,
         lease_ttl: float = 300.0,
+        lanes: CommandLanes | None = None,
+        followups: FollowupQueue | None = None,
     ) -> None:
         self.store, self.tenant = store, tenant
         items = agents.values() if isinstance(agents, Mapping) else agents
@@ -144,11 +149,13 @@ class Runner:
         self.input_guardrails = list(input_guardrails)
         self.output_guardrails = list(output_guardrails)
         self.transitions = transitions
-        self.events: EventSink = events or StoreEvents(store, tenant)
+        self.events: EventSink = events if events is not None else EventBus(store, tenant)
         self.runs = RunStore(store, tenant, counter=counter)
         self.sessions = SessionManager(store, tenant, max_messages=None, counter=counter)
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{new_id()[-6:]}"
         self.lease_ttl = lease_ttl
+        self.lanes = lanes
+        self.followups = followups
         self._cancel: dict[str, asyncio.Event] = {}
         self._pending_status: list[tuple[str, str, str]] = []
 
@@ -192,7 +199,7 @@ class Runner:
         live = await self._open(state, index_version, context)
         live.new_input = _as_messages(input)
         await self._publish(state, "lifecycle", "start", {"agent": agent, "headless": headless})
-        return await self._drive(live)
+        return await self._in_lane(live)
 
     async def resume(
         self,
@@ -221,7 +228,7 @@ class Runner:
             await self.runs.release(state, owner=self.owner, checkpoint_seq=None)
             raise
         live.new_input = new_input
-        return await self._drive(live)
+        return await self._in_lane(live)
 
     async def approve(
         self,
@@ -331,7 +338,20 @@ class Runner:
         )
         return _Live(state, writer, await session.messages(), context)
 
+    async def _in_lane(self, live: _Live) -> RunResult:
+        """Drive the run in its session's lane (one run per session at a time)."""
+        if self.lanes is None:
+            return await self._drive(live)
+        lane = f"session:{live.state.session_id}"
+        return await self.lanes.run(lane, lambda: self._drive(live))
+
     async def _drive(self, live: _Live) -> RunResult:
+        if self.followups is None:
+            return await self._drive_loop(live)
+        with self.followups.active(live.state.session_id, live.state.run_id):
+            return await self._drive_loop(live)
+
+    async def _drive_loop(self, live: _Live) -> RunResult:
         state = live.state
         self._cancel[state.run_id] = cancel = asyncio.Event()
         try:
@@ -376,6 +396,11 @@ class Runner:
 
     async def _step(self, live: _Live) -> None:
         state = live.state
+        if self.followups is not None:
+            steering = self.followups.take_steering(state.session_id)
+            if steering:  # messages that arrived during the run steer it from this step
+                live.new_input = list(steering)
+                await self._check_input(live)
         state.turn += 1
         state.trace.spans += 1
         state.trace.current_span = f"{state.trace.trace_id}.s{state.trace.spans}"
@@ -396,6 +421,7 @@ class Runner:
                 "assistant",
                 "complete",
                 {
+                    "text": "",
                     "model": action.call.model,
                     "usage": action.call.usage.model_dump(mode="json"),
                     "cost": action.call.cost,
@@ -422,7 +448,9 @@ class Runner:
                 role=Role.SYSTEM, content=f"[{state.agent} handed the conversation to {action.to}]"
             )
             written = [marker]
-            await self._publish(state, "lifecycle", "status", {"handoff": action.to})
+            await self._publish(
+                state, "lifecycle", "status", {"status": state.status, "handoff": action.to}
+            )
             state.agent = action.to
         else:
             raise InvalidPayloadError(
@@ -467,9 +495,13 @@ class Runner:
             if call not in waiting:
                 record_decision(state, call.id, approved=True, decided_by="policy")
         self._move(state, AgentStatus.WAITING_FOR_APPROVAL)
-        await self._publish(
-            state, "tool", "call_start", {"awaiting_approval": [c.id for c in waiting]}
-        )
+        for call in waiting:
+            await self._publish(
+                state,
+                "tool",
+                "call_start",
+                {"tool": call.name, "call_id": call.id, "awaiting_approval": True},
+            )
         return messages[:-1]
 
     async def _settle_approvals(self, live: _Live) -> bool:
@@ -488,7 +520,10 @@ class Runner:
                 call.call_id, f"Tool call rejected: {reason}", is_error=True
             )
             await self._publish(
-                state, "tool", "error", {"call_id": call.call_id, "rejected": reason}
+                state,
+                "tool",
+                "error",
+                {"tool": call.tool, "call_id": call.call_id, "rejected": reason},
             )
         ordered = [results[c.id] for c in message.tool_calls]
         handled = {i.call_id for i in state.interruptions}
@@ -558,7 +593,10 @@ class Runner:
                 if result.triggered:
                     raise _GuardrailTripped(f"input guardrail {result.name} triggered")
         # Kept in the state until a step has seen it, so a pause in between loses nothing.
-        live.state.pending_input = [m.to_dict() for m in live.new_input]
+        live.state.pending_input = [
+            *live.state.pending_input,
+            *(m.to_dict() for m in live.new_input),
+        ]
         await self._commit(live, list(live.new_input))
         live.new_input = []
 
@@ -623,11 +661,13 @@ class Runner:
             )
             self._move(state, AgentStatus.ERROR)
             await live.writer.save(state)
-            await self._publish(state, "error", "limit", {"message": str(exc)})
+            await self._publish(state, "error", "error", {"message": str(exc), "type": "limit"})
             raise LimitReachedError(exc.name, exc.current, exc.maximum, state=state) from exc
         self._move(state, AgentStatus.PAUSED)
         await live.writer.save(state)
-        await self._publish(state, "lifecycle", "status", {"paused": str(exc)})
+        await self._publish(
+            state, "lifecycle", "status", {"status": state.status, "limit": str(exc)}
+        )
 
     async def _fail(self, live: _Live, exc: BaseException) -> None:
         state = live.state
@@ -638,7 +678,7 @@ class Runner:
             self._move(state, AgentStatus.ERROR)
             await live.writer.save(state)
             await self._publish(
-                state, "error", "failed", {"type": type(exc).__name__, "message": str(exc)[:500]}
+                state, "error", "error", {"type": type(exc).__name__, "message": str(exc)[:500]}
             )
         except StatekeeperError:
             pass  # the original error is what the caller needs to see
@@ -681,7 +721,9 @@ class Runner:
     async def _flush_status(self) -> None:
         pending, self._pending_status = self._pending_status, []
         for run_id, source, target in pending:
-            await self.events.publish(run_id, "lifecycle", "status", {"from": source, "to": target})
+            await self.events.publish(
+                run_id, "lifecycle", "status", {"status": target, "from": source, "to": target}
+            )
 
     async def _publish(
         self, state: RunState, stream: str, kind: str, payload: dict[str, Any]

@@ -1,5 +1,16 @@
-"""Runtime coordination: command lanes and follow-up queues."""
+"""Runtime coordination: lanes, follow-ups, the event bus, subagents, auth profiles."""
 
+from statekeeper.runtime.events import (
+    STREAM_KINDS,
+    BusEvent,
+    EventBus,
+    RunSnapshot,
+    SubscriberLaggedError,
+    Subscription,
+    UnknownEventKindError,
+    WaitTimeoutError,
+    check_event,
+)
 from statekeeper.runtime.followups import (
     DropPolicy,
     DropReason,
@@ -17,11 +28,30 @@ from statekeeper.runtime.lanes import (
     LaneStats,
     WaitInfo,
 )
+from statekeeper.runtime.profiles import (
+    AllProfilesCoolingDownError,
+    AuthProfile,
+    AuthProfiles,
+    resolve_secret,
+)
+from statekeeper.runtime.subagents import (
+    Recovery,
+    SubagentEntry,
+    SubagentFinishedError,
+    SubagentRegistry,
+    SubagentStatus,
+)
 
 __all__ = [
+    "STREAM_KINDS",
+    "AllProfilesCoolingDownError",
+    "AuthProfile",
+    "AuthProfiles",
+    "BusEvent",
     "CommandLanes",
     "DropPolicy",
     "DropReason",
+    "EventBus",
     "FollowupMode",
     "FollowupQueue",
     "FollowupQueueClosedError",
@@ -29,7 +59,19 @@ __all__ = [
     "LaneClearedError",
     "LaneStats",
     "LanesClosedError",
+    "Recovery",
+    "RunSnapshot",
+    "SubagentEntry",
+    "SubagentFinishedError",
+    "SubagentRegistry",
+    "SubagentStatus",
     "SubmitOutcome",
     "SubmitStatus",
+    "SubscriberLaggedError",
+    "Subscription",
+    "UnknownEventKindError",
     "WaitInfo",
+    "WaitTimeoutError",
+    "check_event",
+    "resolve_secret",
 ]

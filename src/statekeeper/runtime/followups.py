@@ -6,33 +6,29 @@ Each follow-up has a mode (per message, else per session, else the queue's defau
   `FollowupQueue.take_steering` at its next step and adds what it gets to the run.
 - ``queue``: the message waits for the run to end, then becomes a run of its own.
 
-When the session is idle (no active run, nothing draining), a follow-up of either mode
-starts a run at once: a steer with nothing to steer is simply the next run. When a run
-ends (`FollowupQueue.mark_idle`, or a run started by the queue returns), the pending
-follow-ups are handed one at a time, in arrival order, to the ``start_run`` callback, each
-after the previous run finished. Steering messages the run did not take are drained the
-same way, so none is lost. A failing run is reported to ``on_error`` and the drain goes on.
+A follow-up for an idle session (no active run, nothing draining) starts a run at once,
+whatever its mode: a steer with nothing to steer is simply the next run. When a run ends
+(`FollowupQueue.mark_idle`, or a run the queue started returns) the pending follow-ups go,
+one at a time and in arrival order, to the ``start_run`` callback, each after the previous
+run finished; steering the run did not take drains the same way, so none is lost. A failed
+run is reported to ``on_error`` and the drain goes on.
 
 Admission, in this order: a message whose dedup key (its text, or a custom key) is already
-pending for the session is dropped (``duplicate``); one arriving within ``min_interval``
-seconds of the last accepted message of the session is dropped (``too_fast``); when
-``max_pending`` follow-ups are pending the drop policy applies: ``oldest`` evicts the
-oldest pending one, ``newest`` drops the incoming one (``queue_full``), ``reject`` raises
-`FollowupQueueFullError`. Memory is bounded: at most ``max_pending`` messages per session,
-and state only for sessions that are busy or sent a message in the last ``min_interval``.
+pending for the session is dropped (``duplicate``); one within ``min_interval`` seconds of
+the session's last accepted message is dropped (``too_fast``); with ``max_pending``
+pending, policy ``oldest`` evicts the oldest, ``newest`` drops the new one
+(``queue_full``), ``reject`` raises `FollowupQueueFullError`. Memory is bounded: at most
+``max_pending`` messages per session, and state only for busy or recently active sessions.
 
-Wiring with command lanes, so runs of one session never overlap::
+Wiring with command lanes, so that runs of one session never overlap::
 
-    lanes = CommandLanes()
     followups = FollowupQueue(
-        lambda sid, msg: lanes.run(f"session:{sid}", partial(run_agent, sid, msg))
-    )
-    outcome = await followups.submit(session_id, incoming)  # for every inbound message
+        lambda sid, msg: lanes.run(f"session:{sid}", partial(run_agent, sid, msg)))
+    outcome = await followups.submit(session_id, incoming)  # every inbound message
 
     async def run_agent(sid, msg):  # runs started elsewhere do the same
         with followups.active(sid, run_id):
-            for each step:
-                steering = followups.take_steering(sid)  # add these to the transcript
+            ...  # at each step: add followups.take_steering(sid) to the run's input
 """
 
 from __future__ import annotations
@@ -272,7 +268,7 @@ class FollowupQueue:
         if state is None or (run_id is not None and state.active_run != run_id):
             return
         state.active_run = None
-        if state.drain is None and state.pending and not self._closed:
+        if state.drain is None and state.pending:
             self._start_drain(session_id, state)
         self._forget_if_idle(session_id, state)
 
@@ -395,21 +391,18 @@ class FollowupQueue:
         Follow-ups still waiting behind a run marked active with `mark_active` are not
         waited for: they drain when `mark_idle` is called.
         """
-        while True:
-            states = (
-                list(self._sessions.values())
-                if session_id is None
-                else [s for s in (self._sessions.get(session_id),) if s is not None]
-            )
-            drains = [s.drain for s in states if s.drain is not None and not s.drain.done()]
-            if not drains:
-                return
+        while drains := [
+            state.drain
+            for sid, state in self._sessions.items()
+            if state.drain is not None and not state.drain.done() and session_id in (None, sid)
+        ]:
             await asyncio.wait(drains)
 
     async def close(self, *, cancel: bool = False) -> None:
-        """Refuse new messages, then wait for the runs the queue started.
+        """Refuse new messages, then wait until the queue's drains end.
 
-        With ``cancel=True`` pending follow-ups are dropped and those runs are cancelled.
+        Accepted follow-ups still run: those behind a run marked active elsewhere when that
+        run ends. With ``cancel=True`` they are dropped and the queue's runs are cancelled.
         """
         self._closed = True
         if cancel:

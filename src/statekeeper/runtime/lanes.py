@@ -1,20 +1,15 @@
 """Command lanes: named in-process queues that serialise async work.
 
 A lane is a FIFO queue with a concurrency (1 by default): at most that many of its tasks
-run at once, started in the order they were enqueued. Lanes are independent, so a busy
-``"cron"`` lane never holds up ``"main"``. Typical names are ``main``, ``cron``,
-``subagent``, ``nested`` and ``session:<id>`` (one lane per conversation, so two messages
-never race the same session); any printable name of up to 200 characters works.
+run at once, started in the order they were enqueued. Lanes are independent. Typical names
+are ``main``, ``cron``, ``subagent``, ``nested`` and ``session:<id>`` (one lane per
+conversation, so two messages never race the same session).
 
-Lanes are created on first use and forgotten once idle unless configured
-(`CommandLanes.set_concurrency`, `CommandLanes.set_warn_after`), so one-off
-``session:<id>`` lanes cost no memory once their work is done. A lane's workers start
-when work arrives and stop when its queue is empty: nothing polls or sleeps.
-
-Each task runs in its lane worker's own empty `contextvars` context, not the caller's:
-pass what the task needs as arguments (``functools.partial``). A task must not wait for
-a later task of its own lane (it could never start): run such work on another lane, such
-as ``"nested"``.
+Lanes are created on first use and forgotten once idle unless configured, so one-off
+``session:<id>`` lanes cost no memory afterwards. Workers start when work arrives and stop
+when the queue is empty: nothing polls or sleeps. A task runs in its worker's own empty
+`contextvars` context (pass what it needs as arguments), and must not wait for a later
+task of its own lane, which could never start: use another lane (``"nested"``) for that.
 """
 
 from __future__ import annotations
@@ -202,17 +197,12 @@ def _closed_error() -> LanesClosedError:
 
 def validate_lane(name: object) -> str:
     """Return ``name`` if it is a valid lane name, else raise `InvalidInputError`."""
-    if not isinstance(name, str):
-        raise InvalidInputError(f"a lane name must be a string, got {type(name).__name__}")
-    if not name:
-        raise InvalidInputError("a lane name must not be empty")
-    if len(name) > MAX_LANE_NAME_LENGTH:
-        raise InvalidInputError(
-            f"lane name is {len(name)} characters long; the limit is {MAX_LANE_NAME_LENGTH}"
-        )
-    if not name.isprintable():
-        raise InvalidInputError(f"lane name {name[:40]!r} contains unprintable characters")
-    return name
+    if isinstance(name, str) and 0 < len(name) <= MAX_LANE_NAME_LENGTH and name.isprintable():
+        return name
+    raise InvalidInputError(
+        f"invalid lane name {repr(name)[:60]}: use 1 to {MAX_LANE_NAME_LENGTH} printable "
+        "characters, e.g. 'main' or 'session:<id>'"
+    )
 
 
 def _positive(value: int, what: str) -> int:

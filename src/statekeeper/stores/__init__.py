@@ -3,6 +3,9 @@
     memory://                         in-process, for tests and demos
     sqlite:///relative/path.db        embedded SQLite file (the default backend)
     sqlite:////absolute/path.db       ... with an absolute path
+    postgresql://user@host/db         PostgreSQL (extra: postgres)
+    redis://host:6379/0               Redis (extra: redis)
+    files:///path/to/dir              plain JSON / JSONL files a person can read
 
 SQLite options go in the query string: ``durability=power|process``,
 ``busy_timeout=<seconds>``, ``mode=ro`` (read-only), ``max_payload_bytes=<n>``.
@@ -26,6 +29,10 @@ Opener = Callable[[str, dict[str, str]], Awaitable[Store]]
 BACKENDS: dict[str, str] = {
     "memory": "statekeeper.stores.opening:open_memory",
     "sqlite": "statekeeper.stores.opening:open_sqlite",
+    "postgresql": "statekeeper.stores.postgres:open_postgres",
+    "postgres": "statekeeper.stores.postgres:open_postgres",
+    "redis": "statekeeper.stores.redis:open_redis",
+    "files": "statekeeper.stores.files:open_files",
 }
 """URL scheme -> ``module:function`` that opens it (imported on first use)."""
 

@@ -1,0 +1,1 @@
+"""Conformance registration of the files backend (filled in by its implementation)."""

@@ -1,0 +1,1 @@
+"""Conformance registration of the postgres backend (filled in by its implementation)."""

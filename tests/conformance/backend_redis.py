@@ -1,0 +1,1 @@
+"""Conformance registration of the redis backend (filled in by its implementation)."""

@@ -1,0 +1,96 @@
+"""The runner with command lanes, follow-up steering and the event bus."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from statekeeper.core.messages import Message
+from statekeeper.runs import Finish, Respond, Runner, StepInput
+from statekeeper.runs.scripted import ScriptedAgent
+from statekeeper.runtime import CommandLanes, EventBus, FollowupQueue
+from statekeeper.stores import Store
+
+
+async def test_steering_reaches_the_next_step(store: Store) -> None:
+    in_step, release = asyncio.Event(), asyncio.Event()
+    seen: list[list[str]] = []
+
+    async def never_started(session_id: str, message: Message) -> Any:
+        raise AssertionError("a steer during a run must not start a new run")
+
+    class Waiting:
+        name = "a"
+
+        async def step(self, run: StepInput) -> Any:
+            seen.append([m.text for m in run.new_input])
+            if run.state.turn == 1:
+                in_step.set()
+                await release.wait()
+                return Respond([Message.assistant("working")])
+            return Finish("done")
+
+    followups = FollowupQueue(never_started, mode="steer")
+    runner = Runner(store, "alice", [Waiting()], followups=followups, lanes=CommandLanes())
+    task = asyncio.create_task(runner.start("a", "first"))
+    await in_step.wait()
+    session_id = next(iter(followups.sessions()))
+    outcome = await followups.submit(session_id, Message.user("also this"))
+    assert outcome.status.name == "STEERED"
+    release.set()
+    result = await task
+    assert result.status == "completed"
+    assert seen == [["first"], ["also this"]]
+
+
+async def test_runs_of_one_session_never_overlap(store: Store) -> None:
+    lanes = CommandLanes()
+    active = 0
+    most = 0
+
+    class Counting:
+        name = "a"
+
+        async def step(self, run: StepInput) -> Any:
+            nonlocal active, most
+            active += 1
+            most = max(most, active)
+            await asyncio.sleep(0)
+            active -= 1
+            return Finish("ok")
+
+    runner = Runner(store, "alice", [Counting()], lanes=lanes)
+    first = await runner.start("a", "hi")
+    session = first.state.session_id
+    results = await asyncio.gather(
+        *(runner.start("a", f"m{i}", session_id=session) for i in range(5))
+    )
+    assert all(r.status == "completed" for r in results)
+    assert most == 1
+    await lanes.close()
+
+
+async def test_runner_events_reach_a_bus_subscriber(store: Store) -> None:
+    bus = EventBus(store, "alice")
+    runner = Runner(store, "alice", [ScriptedAgent("a", [Finish("ok")])], events=bus)
+    result = await runner.start("a", "hi")
+    events = [e async for e in _drain(bus, result.run_id)]
+    kinds = [(e.stream, e.kind) for e in events]
+    assert kinds[0] == ("lifecycle", "start")
+    assert ("lifecycle", "end") in kinds
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+
+
+async def _drain(bus: EventBus, run_id: str) -> Any:
+    sub = bus.subscribe(run_id, from_seq=0)
+    try:
+        while True:
+            try:
+                event = await asyncio.wait_for(sub.__anext__(), timeout=1.0)
+            except TimeoutError:
+                return
+            yield event
+            if event.stream == "lifecycle" and event.kind == "end":
+                return
+    finally:
+        sub.close()
