@@ -94,3 +94,34 @@ async def _drain(bus: EventBus, run_id: str) -> Any:
                 return
     finally:
         sub.close()
+
+
+async def test_a_message_appended_by_another_process_steers_the_run(store: Store) -> None:
+    from statekeeper.sessions import SessionManager
+
+    in_step, release = asyncio.Event(), asyncio.Event()
+    seen: list[list[str]] = []
+
+    class Waiting:
+        name = "a"
+
+        async def step(self, run: StepInput) -> Any:
+            seen.append([m.text for m in run.new_input])
+            if run.state.turn == 1:
+                in_step.set()
+                await release.wait()
+                return Respond([Message.assistant("working")])
+            return Finish("done")
+
+    runner = Runner(store, "alice", [Waiting()])
+    task = asyncio.create_task(runner.start("a", "first"))
+    await in_step.wait()
+    state_sessions = await SessionManager(store, "alice").list()
+    chat = await SessionManager(store, "alice").get(state_sessions.items[0].id)
+    await chat.append(Message.user("from elsewhere"), strict=False)  # as another process would
+    release.set()
+    result = await task
+    assert seen == [["first"], ["from elsewhere"]]
+    texts = [m.text for m in await chat.messages()]
+    assert texts == ["first", "from elsewhere", "working"]
+    assert result.status == "completed"

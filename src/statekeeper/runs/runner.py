@@ -114,6 +114,7 @@ class _Live:
     context: Any
     new_input: list[Message] = field(default_factory=list)
     added: list[Message] = field(default_factory=list)
+    seen_seq: int = 0
 
 
 class Runner:
@@ -336,7 +337,9 @@ class Runner:
             owner=self.owner,
             lease_ttl=self.lease_ttl,
         )
-        return _Live(state, writer, await session.messages(), context)
+        live = _Live(state, writer, await session.messages(), context)
+        live.seen_seq = session.record.last_seq
+        return live
 
     async def _in_lane(self, live: _Live) -> RunResult:
         """Drive the run in its session's lane (one run per session at a time)."""
@@ -394,8 +397,38 @@ class Runner:
             else:
                 await self._flush_status()
 
+    async def _foreign_messages(self, live: _Live) -> None:
+        """Messages others appended to the session while the run went on steer it.
+
+        This is how a message reaches a run in another process: append it to the
+        session, and the run sees it as new input at its next step.
+        """
+        if live.writer.mode != "step":
+            return  # the writer lags behind: other appends cannot be told from ours
+        record = await self.store.get_session(self.tenant, live.state.session_id)
+        if record.last_seq <= live.seen_seq:
+            return
+        entries = await self.store.read_entries(
+            self.tenant, live.state.session_id, after_seq=live.seen_seq
+        )
+        live.seen_seq = record.last_seq
+        own = live.writer.written
+        foreign = [
+            Message.model_validate(e.payload)
+            for e in entries
+            if e.kind == "message" and e.seq not in own
+        ]
+        live.writer.written = {seq for seq in own if seq > live.seen_seq}
+        if foreign:
+            live.messages.extend(foreign)
+            live.state.pending_input = [
+                *live.state.pending_input,
+                *(m.to_dict() for m in foreign),
+            ]
+
     async def _step(self, live: _Live) -> None:
         state = live.state
+        await self._foreign_messages(live)
         if self.followups is not None:
             steering = self.followups.take_steering(state.session_id)
             if steering:  # messages that arrived during the run steer it from this step

@@ -51,6 +51,8 @@ class CheckpointWriter:
         self._queue: asyncio.Queue[tuple[RunState, list[Message]] | None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
+        self.written: set[int] = set()
+        """Seqs of the entries this writer appended (to tell others' appends apart)."""
         self._indexed_status: str | None = None
         self._checkpoint_seq: int | None = None
         self._latest_written: RunState | None = None
@@ -131,6 +133,8 @@ class CheckpointWriter:
             update_index=update,
         )
         self.revision = snapshot.revision
+        self.written.update(e.seq for e in saved.entries)
+        self.written.add(saved.checkpoint_seq)
         self._checkpoint_seq = saved.checkpoint_seq
         self._latest_written = snapshot if self.mode != "step" else None
         if update:
