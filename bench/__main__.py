@@ -1,23 +1,45 @@
-"""Run every benchmark and report ratios against baselines measured in the same run."""
+"""Run every benchmark and report ratios against baselines measured in the same run.
+
+    python -m bench              # all of them
+    python -m bench sessions runs lanes events postgres redis files
+"""
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import sys
 
-from bench import runs, sessions
+SUITES = {
+    "sessions": "sessions on SQLite vs raw sqlite3",
+    "runs": "run checkpoints and resume on SQLite",
+    "lanes": "command lanes vs a bare asyncio.Queue worker",
+    "events": "event bus vs asyncio.Queue fan-out and raw sqlite3",
+    "postgres": "PostgreSQL store vs raw psycopg",
+    "redis": "Redis store vs raw redis-py",
+    "files": "plain-file store vs raw file appends",
+}
 
 
-def main() -> int:
-    """Run, report, and exit non-zero if a target was missed."""
-    print("== sessions on SQLite vs raw sqlite3 ==")
-    failed = sessions.report(asyncio.run(sessions.run()))
-    print("\n== run checkpoints and resume on SQLite ==")
-    failed += runs.report(asyncio.run(runs.run()))
+def main(argv: list[str]) -> int:
+    """Run the chosen suites, report, and exit non-zero if a target was missed."""
+    chosen = argv or list(SUITES)
+    failed: list[str] = []
+    for name in chosen:
+        if name not in SUITES:
+            print(f"unknown benchmark {name!r}; choose from {', '.join(SUITES)}")
+            return 2
+        try:
+            module = importlib.import_module(f"bench.{name}")
+        except ModuleNotFoundError:
+            print(f"\n== {SUITES[name]} ==\n(not available in this checkout)")
+            continue
+        print(f"\n== {SUITES[name]} ==")
+        failed += [f"{name}: {m}" for m in module.report(asyncio.run(module.run()))]
     if failed:
-        print(f"\n{len(failed)} target(s) missed: {', '.join(failed)}")
+        print(f"\n{len(failed)} target(s) missed:\n  " + "\n  ".join(failed))
     return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
