@@ -17,6 +17,7 @@ from typing import Any, Protocol, overload
 
 from pydantic import JsonValue
 
+from statekeeper.codec import StateCodec
 from statekeeper.core.lifecycle import DEFAULT_TRANSITIONS, AgentStatus, TransitionTable
 from statekeeper.core.limits import Limits
 from statekeeper.core.messages import Message, Role, ToolCallBlock, utcnow
@@ -139,6 +140,7 @@ class Runner:
         lease_ttl: float = 300.0,
         lanes: CommandLanes | None = None,
         followups: FollowupQueue | None = None,
+        codec: StateCodec | None = None,
     ) -> None:
         self.store, self.tenant = store, tenant
         items = agents.values() if isinstance(agents, Mapping) else agents
@@ -151,7 +153,7 @@ class Runner:
         self.output_guardrails = list(output_guardrails)
         self.transitions = transitions
         self.events: EventSink = events if events is not None else EventBus(store, tenant)
-        self.runs = RunStore(store, tenant, counter=counter)
+        self.runs = RunStore(store, tenant, counter=counter, codec=codec)
         self.sessions = SessionManager(store, tenant, max_messages=None, counter=counter)
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{new_id()[-6:]}"
         self.lease_ttl = lease_ttl

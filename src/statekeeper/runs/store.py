@@ -11,11 +11,14 @@ for newer checkpoint entries of the run after the one the index names.
 
 from __future__ import annotations
 
+import base64
 import builtins
 import contextlib
+import json
 import os
 import socket
 from collections.abc import Sequence
+from typing import Any
 from datetime import datetime, timedelta
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
@@ -24,11 +27,14 @@ from statekeeper.core.messages import Message, utcnow
 from statekeeper.core.tokens import DEFAULT_COUNTER, TokenCounter, message_tokens
 from statekeeper.errors import (
     AlreadyExistsError,
+    InvalidInputError,
     ConflictError,
     NotFoundError,
     StoreCorruptError,
 )
+from statekeeper.codec import StateCodec, StateTamperedError
 from statekeeper.ids import validate_id
+from statekeeper.jsoncodec import loads
 from statekeeper.runs.state import RunState
 from statekeeper.stores.base import Entry, EntryDraft, SessionPatch, SessionRecord, Store
 
@@ -78,11 +84,20 @@ def checkpoint_id(run_id: str, revision: int) -> str:
 class RunStore:
     """Persistence of runs of one tenant."""
 
-    def __init__(self, store: Store, tenant: str, *, counter: TokenCounter | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        tenant: str,
+        *,
+        counter: TokenCounter | None = None,
+        codec: StateCodec | None = None,
+    ) -> None:
         validate_id(tenant, "tenant")
         self.store = store
         self.tenant = tenant
         self.counter = counter or DEFAULT_COUNTER
+        self.codec = codec
+        """Seals stored checkpoints (compression and/or authenticated encryption)."""
 
     # -- index ---------------------------------------------------------------------------
 
@@ -174,7 +189,7 @@ class RunStore:
             EntryDraft(
                 id=checkpoint_id(state.run_id, state.revision),
                 kind=CHECKPOINT_KIND,
-                payload=state.checkpoint_data(),
+                payload=self._seal(state),
                 side=True,
             )
         )
@@ -259,13 +274,41 @@ class RunStore:
                 f"run {run_id!r}: checkpoint {index.checkpoint_seq} is missing from session "
                 f"{index.session_id!r}"
             )
-        state = RunState.from_data(latest.payload)
+        state = RunState.from_data(self._unseal(latest.payload, run_id))
         state.transcript_seq = latest.parent_seq or 0
         state.cancel_requested = state.cancel_requested or index.cancel_requested
         if latest.seq != index.checkpoint_seq:  # roll the index forward
             index = _index_of(state, checkpoint_seq=latest.seq)
             version = await self.put_index(index, expected_version=version)
         return state, version, session.version
+
+    def _seal(self, state: RunState) -> dict[str, Any]:
+        data = state.checkpoint_data()
+        if self.codec is None or not (self.codec.compress or self.codec.encrypted):
+            return data
+        text = json.dumps(data, ensure_ascii=False, allow_nan=False)
+        blob = self.codec.encode(text, associated_data=self._aad(state.run_id))
+        # run_id stays readable: loading finds a run's checkpoints by it.
+        return {"run_id": state.run_id, "sealed": base64.b64encode(blob).decode()}
+
+    def _unseal(self, payload: dict[str, Any], run_id: str) -> dict[str, Any]:
+        if "sealed" not in payload:
+            if self.codec is not None and self.codec.encrypted:
+                raise StateTamperedError(
+                    f"checkpoint of run {run_id!r} is not encrypted, but this store seals "
+                    "checkpoints: refusing it (it may have been replaced)"
+                )
+            return payload
+        if self.codec is None:
+            raise InvalidInputError(
+                f"checkpoint of run {run_id!r} is sealed; open the RunStore with its codec"
+            )
+        blob = base64.b64decode(str(payload["sealed"]))
+        return dict(loads(self.codec.decode(blob, associated_data=self._aad(run_id))))
+
+    def _aad(self, run_id: str) -> bytes:
+        # Binds a sealed checkpoint to its tenant and run: it cannot be moved to another.
+        return f"{self.tenant}/{run_id}".encode()
 
     async def request_cancel(self, run_id: str) -> RunIndex:
         """Flag the run for cancellation; a running runner stops before its next step."""
