@@ -1,7 +1,7 @@
 """Run every benchmark and report ratios against baselines measured in the same run.
 
-    python -m bench              # all of them
-    python -m bench sessions runs lanes events postgres redis files
+python -m bench              # all of them
+python -m bench sessions runs lanes events postgres redis files
 """
 
 from __future__ import annotations

@@ -18,21 +18,21 @@ import json
 import os
 import socket
 from collections.abc import Sequence
-from typing import Any
 from datetime import datetime, timedelta
+from typing import Any
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
+from statekeeper.codec import StateCodec, StateTamperedError
 from statekeeper.core.messages import Message, utcnow
 from statekeeper.core.tokens import DEFAULT_COUNTER, TokenCounter, message_tokens
 from statekeeper.errors import (
     AlreadyExistsError,
-    InvalidInputError,
     ConflictError,
+    InvalidInputError,
     NotFoundError,
     StoreCorruptError,
 )
-from statekeeper.codec import StateCodec, StateTamperedError
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import loads
 from statekeeper.runs.state import RunState
