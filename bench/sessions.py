@@ -2,8 +2,9 @@
 
 For each durability setting and history length (10, 1,000, 10,000 messages):
 - append: the mean cost of appending one message through ``Session.append`` (one
-  transaction each), against raw sqlite3 inserting the same payload into the same
-  table in WAL mode, one row per transaction, with the same ``synchronous`` setting;
+  transaction each), against raw sqlite3 encoding the same kind of message to JSON and
+  inserting it into the same table in WAL mode, one row per transaction, with the same
+  ``synchronous`` setting;
 - load: reading the whole session as `Message` objects (``Session.messages()``),
   against a raw ``SELECT`` of the payloads plus ``json.loads`` of each;
 - bytes: the database file (after a WAL checkpoint) against the JSON payload bytes.
@@ -106,10 +107,10 @@ async def measure(durability: str, history: int, folder: Path) -> dict[str, floa
         for m in fresh:
             await session.append(m)
         ours_append = (time.perf_counter() - start) / APPENDS
-        payloads = [json.dumps(m.to_dict()) for m in fresh]
+        raw_messages = [message(history + APPENDS + n) for n in range(APPENDS)]
         start = time.perf_counter()
-        for text in payloads:
-            raw.append_one(text)
+        for m in raw_messages:  # the raw side encodes the same message to JSON too
+            raw.append_one(json.dumps(m.to_dict()))
         raw_append = (time.perf_counter() - start) / APPENDS
 
         loop = asyncio.get_running_loop()

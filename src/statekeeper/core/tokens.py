@@ -41,6 +41,7 @@ __all__ = [
     "CallableCounter",
     "EstimateCounter",
     "TokenCounter",
+    "counted",
     "message_tokens",
 ]
 
@@ -183,3 +184,11 @@ def message_tokens(message: Message, counter: TokenCounter | None = None) -> int
     if message.tokens is not None:
         return message.tokens
     return (DEFAULT_COUNTER if counter is None else counter).count_message(message)
+
+
+def counted(message: Message, counter: TokenCounter | None = None) -> Message:
+    """``message`` with its token count filled in (itself if it already has one)."""
+    if message.tokens is not None:
+        return message
+    # The count is an int we computed: no need to validate the whole message again.
+    return message.model_copy(update={"tokens": message_tokens(message, counter)})

@@ -25,7 +25,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from statekeeper.codec import StateCodec, StateTamperedError
 from statekeeper.core.messages import Message, utcnow
-from statekeeper.core.tokens import DEFAULT_COUNTER, TokenCounter, message_tokens
+from statekeeper.core.tokens import DEFAULT_COUNTER, TokenCounter, counted
 from statekeeper.errors import (
     AlreadyExistsError,
     ConflictError,
@@ -176,14 +176,11 @@ class RunStore:
         ``update_index=False`` skips the index write (a running runner batches them:
         `load` rolls forward past the index to the newest checkpoint anyway).
         """
-        counted = [
-            m if m.tokens is not None else m.with_changes(tokens=message_tokens(m, self.counter))
-            for m in messages
-        ]
+        with_tokens = [counted(m, self.counter) for m in messages]
         state.revision += 1
         state.updated_at = utcnow()
         drafts = [
-            EntryDraft(id=m.id, payload=m.to_dict(), created_at=m.created_at) for m in counted
+            EntryDraft(id=m.id, payload=m.to_dict(), created_at=m.created_at) for m in with_tokens
         ]
         drafts.append(
             EntryDraft(
@@ -193,9 +190,9 @@ class RunStore:
                 side=True,
             )
         )
-        tokens = sum(m.tokens or 0 for m in counted)
+        tokens = sum(m.tokens or 0 for m in with_tokens)
         patch = SessionPatch(
-            add={"total_tokens": tokens, "fresh_tokens": tokens, "message_count": len(counted)}
+            add={"total_tokens": tokens, "fresh_tokens": tokens, "message_count": len(with_tokens)}
         )
         try:
             result = await self.store.append_entries(

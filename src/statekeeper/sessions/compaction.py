@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from statekeeper.core.messages import Message, MessageCategory, Role
-from statekeeper.core.tokens import message_tokens
+from statekeeper.core.tokens import counted
 from statekeeper.errors import ConflictError, InvalidPayloadError
 from statekeeper.sessions.view import SUMMARY_KEY, TranscriptView, is_replaceable
 from statekeeper.stores.base import Entry, EntryDraft, EntryKind, SessionPatch
@@ -94,7 +94,7 @@ async def compact_session(
         metadata={**produced.metadata, SUMMARY_KEY: True, "through_seq": through_seq},
         tokens=None,
     )
-    summary = summary.with_changes(tokens=message_tokens(summary, session.manager.counter))
+    summary = counted(summary, session.manager.counter)
     replaced_tokens = sum(m.tokens or 0 for m in originals)
 
     for _ in range(_MAX_ATTEMPTS):

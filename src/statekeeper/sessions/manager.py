@@ -19,7 +19,7 @@ from pydantic import JsonValue
 
 from statekeeper.core.context import ContextWindow, build_context_window
 from statekeeper.core.messages import Message, MessageCategory, Role
-from statekeeper.core.tokens import DEFAULT_COUNTER, TokenCounter, message_tokens
+from statekeeper.core.tokens import DEFAULT_COUNTER, TokenCounter, counted
 from statekeeper.errors import (
     AlreadyExistsError,
     ConflictError,
@@ -256,24 +256,26 @@ class Session:
         """
         if not messages:
             raise InvalidInputError("append needs at least one message")
-        counted = [
-            m
-            if m.tokens is not None
-            else m.with_changes(tokens=message_tokens(m, self.manager.counter))
-            for m in messages
-        ]
+        with_tokens = [counted(m, self.manager.counter) for m in messages]
         continued_from = None
-        if self.manager.auto_continue and self.needs_continuation(extra=counted):
+        if self.manager.auto_continue and self.needs_continuation(extra=with_tokens):
             continued_from = self.id
             await self.continue_session()
-        tokens = sum(m.tokens or 0 for m in counted)
+        tokens = sum(m.tokens or 0 for m in with_tokens)
         result = await self._store.append_entries(
             self._tenant,
             self.id,
-            [EntryDraft(id=m.id, payload=m.to_dict(), created_at=m.created_at) for m in counted],
+            [
+                EntryDraft(id=m.id, payload=m.to_dict(), created_at=m.created_at)
+                for m in with_tokens
+            ],
             expected_version=self.version if strict else None,
             patch=SessionPatch(
-                add={"total_tokens": tokens, "fresh_tokens": tokens, "message_count": len(counted)}
+                add={
+                    "total_tokens": tokens,
+                    "fresh_tokens": tokens,
+                    "message_count": len(with_tokens),
+                }
             ),
         )
         if not result.replayed:
@@ -443,7 +445,7 @@ class Session:
             content=f"[This conversation continues from session {old.id}.]",
             metadata={_MARKER_KEY: "continuation", "continued_from": old.id},
         )
-        carried.append(marker.with_changes(tokens=message_tokens(marker, self.manager.counter)))
+        carried.append(counted(marker, self.manager.counter))
         record = SessionRecord(
             id=target,
             tenant=self._tenant,
