@@ -125,3 +125,31 @@ async def test_a_message_appended_by_another_process_steers_the_run(store: Store
     texts = [m.text for m in await chat.messages()]
     assert texts == ["first", "from elsewhere", "working"]
     assert result.status == "completed"
+
+
+async def test_delegated_runs_are_registered_and_settled(store: Store) -> None:
+    from statekeeper.runs import AskInput
+    from statekeeper.runtime import SubagentRegistry
+
+    parent_agent = ScriptedAgent("parent", [Finish("p")])
+    quick = ScriptedAgent("quick", [Finish("child done")])
+    slow = ScriptedAgent("slow", [AskInput("details?"), Finish("x")])
+    runner: Runner
+    registry = SubagentRegistry(
+        store, "alice", owner_id="test", kill=lambda run_id: runner.cancel(run_id)
+    )
+    runner = Runner(store, "alice", [parent_agent, quick, slow], subagents=registry)
+    parent = await runner.start("parent", "go")
+
+    done = await runner.delegate(parent.state, "quick", "sum it up")
+    entry = await registry.get(done.run_id)
+    assert entry.status == "completed"
+    assert entry.outcome == "child done"
+    assert entry.requester_session_id == parent.state.session_id
+    assert entry.task == "sum it up"
+
+    waiting = await runner.delegate(parent.state, "slow", "look deeper")
+    assert (await registry.get(waiting.run_id)).status == "running"
+    killed = await registry.kill(waiting.run_id)
+    assert killed.status == "killed"
+    assert (await runner.load(waiting.run_id)).status == "cancelled"

@@ -3,6 +3,10 @@
     statekeeper [--store URL] [--tenant ID] [--json] sessions list|show|fork|export|import|delete
     statekeeper ... runs list|show|approve|reject|resume|cancel|export|import
     statekeeper ... gc --before DATE_OR_AGE [--dry-run]
+    statekeeper ... events tail [--run ID] [--from SEQ] [--stream S ...] [--follow]
+    statekeeper ... subagents list|kill|steer
+    statekeeper ... lanes
+    statekeeper ... profiles list|reset --agent AGENT
 
 ``--store`` defaults to ``$STATEKEEPER_STORE`` or ``sqlite:///.statekeeper/state.db``,
 ``--tenant`` to ``$STATEKEEPER_TENANT`` or ``default``. Expected failures print one red
@@ -24,6 +28,7 @@ except ImportError as exc:  # pragma: no cover - only without the extra
 from statekeeper.cli import runs, sessions
 from statekeeper.cli._common import DEFAULT_STORE, DEFAULT_TENANT, Settings
 from statekeeper.cli.retention import gc
+from statekeeper.cli.runtime import events_app, lanes, profiles_app, subagents_app
 
 __all__ = ["app", "main"]
 
@@ -36,6 +41,10 @@ app = typer.Typer(
 app.add_typer(sessions.app, name="sessions")
 app.add_typer(runs.app, name="runs")
 app.command("gc")(gc)
+app.add_typer(events_app, name="events")
+app.add_typer(subagents_app, name="subagents")
+app.command("lanes")(lanes)
+app.add_typer(profiles_app, name="profiles")
 
 
 @app.callback()

@@ -28,6 +28,7 @@ from statekeeper.errors import (
     InvalidPayloadError,
     InvalidTransitionError,
     LimitReachedError,
+    NotFoundError,
     StatekeeperError,
 )
 from statekeeper.ids import new_id, validate_id
@@ -50,6 +51,7 @@ from statekeeper.runs.writer import CheckpointWriter, WriteMode
 from statekeeper.runtime.events import EventBus
 from statekeeper.runtime.followups import FollowupQueue
 from statekeeper.runtime.lanes import CommandLanes
+from statekeeper.runtime.subagents import SubagentFinishedError, SubagentRegistry
 from statekeeper.sessions import SessionManager
 from statekeeper.stores.base import EventDraft, Store
 
@@ -141,6 +143,7 @@ class Runner:
         lanes: CommandLanes | None = None,
         followups: FollowupQueue | None = None,
         codec: StateCodec | None = None,
+        subagents: SubagentRegistry | None = None,
     ) -> None:
         self.store, self.tenant = store, tenant
         items = agents.values() if isinstance(agents, Mapping) else agents
@@ -159,6 +162,7 @@ class Runner:
         self.lease_ttl = lease_ttl
         self.lanes = lanes
         self.followups = followups
+        self.subagents = subagents
         self._cancel: dict[str, asyncio.Event] = {}
         self._pending_status: list[tuple[str, str, str]] = []
 
@@ -304,26 +308,42 @@ class Runner:
         own_session: bool = True,
         headless: bool | None = None,
         limits: Limits | None = None,
+        task: str | None = None,
     ) -> RunResult:
-        """Run ``agent`` as a child of ``parent`` (delegate level + 1, metrics snapshot)."""
+        """Run ``agent`` as a child of ``parent`` (delegate level + 1, metrics snapshot).
+
+        With a subagent registry the child is registered first and settled when it ends.
+        """
         delegation = DelegationInfo.child_of(
             parent.delegation or 0,
             parent.metrics,
             int(parent.limits.iterations.current),
             parent_run_id=parent.run_id,
         )
-        result = await self.start(
+        run_id = new_id("run")
+        session_id = parent.session_id
+        if own_session:
+            title = f"delegated by {parent.run_id}"
+            session_id = (await self.sessions.create(title=title, agent_id=agent)).id
+        if self.subagents is not None:
+            messages = _as_messages(input)
+            await self.subagents.register(
+                run_id,
+                child_session_id=session_id,
+                requester_session_id=parent.session_id,
+                task=task or (messages[0].text if messages else agent),
+            )
+        return await self.start(
             agent,
             input,
-            session_id=None if own_session else parent.session_id,
-            title=f"delegated by {parent.run_id}",
+            session_id=session_id,
+            run_id=run_id,
             headless=parent.headless if headless is None else headless,
             limits=limits,
             group_id=parent.group_id or parent.run_id,
             delegation=delegation,
             context=self._deserialize(parent.context),
         )
-        return result
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -396,6 +416,7 @@ class Runner:
             await live.writer.flush(state, release=True)
             if state.status in _FINISHED:
                 await self._publish(state, "lifecycle", "end", {"status": state.status})
+                await self._settle_subagent(state)
             else:
                 await self._flush_status()
 
@@ -752,6 +773,22 @@ class Runner:
             state, index_version=index_version, session_version=session_version
         )
         return saved.state
+
+    async def _settle_subagent(self, state: RunState) -> None:
+        """Mark a delegated run's registry entry completed or failed."""
+        if self.subagents is None or state.delegation is None:
+            return
+        try:
+            if state.status == AgentStatus.COMPLETED:
+                outcome = (
+                    state.output if isinstance(state.output, str) else json.dumps(state.output)
+                )
+                await self.subagents.complete(state.run_id, outcome)
+            else:
+                reason = state.error.message if state.error else str(state.status)
+                await self.subagents.fail(state.run_id, reason)
+        except (NotFoundError, SubagentFinishedError):
+            pass  # not registered here, or already settled (killed, say)
 
     async def _flush_status(self) -> None:
         pending, self._pending_status = self._pending_status, []

@@ -1,0 +1,742 @@
+"""``statekeeper events|subagents|lanes|profiles``: the runtime, as the store records it.
+
+    events tail       a run's event log, optionally followed until the run ends
+    subagents         list, kill and steer delegated (child) runs
+    lanes             runs that hold a session lane now (from the runs index)
+    profiles          list and reset an agent's auth profiles
+
+Everything here works from another process than the one running the agents: kill
+cancels through the runs index (`Runner.cancel`), steer appends to the child's session
+(the running run reads it at its next step), and lanes are shown as the store sees them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import sys
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from statekeeper.cli._common import (
+    JsonFlag,
+    console,
+    fail,
+    print_json,
+    run,
+    stamp,
+    wants_json,
+)
+from statekeeper.core.messages import Message, utcnow
+from statekeeper.errors import NotFoundError
+from statekeeper.ids import validate_id
+from statekeeper.runs.runner import Runner
+from statekeeper.runs.store import RunIndex, RunStore, owner_alive
+from statekeeper.runtime.profiles import AuthProfile, AuthProfiles
+from statekeeper.runtime.subagents import SubagentEntry, SubagentRegistry, SubagentStatus
+from statekeeper.sessions import SessionManager
+from statekeeper.stores import Store
+from statekeeper.stores.base import Event
+
+__all__ = [
+    "CLI_OWNER",
+    "events_app",
+    "lanes",
+    "pause",
+    "profiles_app",
+    "stdout_is_terminal",
+    "subagents_app",
+]
+
+CLI_OWNER = "statekeeper-cli"
+"""The worker id of the CLI's subagent registry (it never registers or owns children)."""
+
+_PAGE = 500
+_PAYLOAD_WIDTH = 240
+_HIDDEN_KEYS = ("trace_id",)  # on every runner event; kept in --json output
+_OVERVIEW_RUNS = 10
+_FINISHED_RUNS = frozenset({"completed", "error", "cancelled"})
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _reflow(func: F) -> F:
+    """Join the lines of each paragraph of a command's docstring.
+
+    Typer keeps the single line breaks of a help text's later paragraphs, which then
+    wrap raggedly; the source keeps them to stay within the line length.
+    """
+    if func.__doc__:
+        paragraphs = inspect.cleandoc(func.__doc__).split("\n\n")
+        func.__doc__ = "\n\n".join(
+            " ".join(line.strip() for line in paragraph.splitlines()) for paragraph in paragraphs
+        )
+    return func
+
+
+def _utc(when: datetime) -> datetime:
+    return when.astimezone(UTC) if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
+def _span(seconds: float) -> str:
+    """A duration, short: ``45s``, ``3m05s``, ``2h03m``, ``1d04h``."""
+    total = int(abs(seconds))
+    days, rest = divmod(total, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours:02d}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+# -- events ---------------------------------------------------------------------------------
+
+events_app = typer.Typer(
+    help="Read the event logs of runs (one log per run).", no_args_is_help=True
+)
+
+
+def stdout_is_terminal() -> bool:
+    """Whether stdout is a terminal, which turns ``--follow`` on by default (tests replace
+    this)."""
+    return sys.stdout.isatty()
+
+
+async def pause(seconds: float) -> None:
+    """The wait between two polls of the log while following (tests replace this)."""
+    await asyncio.sleep(seconds)
+
+
+def _terminal(event: Event) -> bool:
+    return event.stream == "lifecycle" and event.kind in ("end", "abort")
+
+
+def event_json(event: Event) -> dict[str, Any]:
+    """An event as the JSON object ``--json`` prints (one per line)."""
+    return {
+        "run_id": event.log_id,
+        "seq": event.seq,
+        "ts": _utc(event.ts).isoformat(),
+        "stream": event.stream,
+        "kind": event.kind,
+        "payload": event.payload,
+    }
+
+
+def event_line(event: Event) -> str:
+    """An event as one line: seq, UTC time, stream/kind, compact payload (no trace id)."""
+    payload = {k: v for k, v in event.payload.items() if k not in _HIDDEN_KEYS}
+    text = (
+        json.dumps(payload, ensure_ascii=False, separators=(",", ":"), default=str)
+        if payload
+        else ""
+    )
+    when = _utc(event.ts).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    line = f"{event.seq:>5}  {when}  {event.stream}/{event.kind}  {_clip(text, _PAYLOAD_WIDTH)}"
+    return line.rstrip()
+
+
+def _emit(event: Event, as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps(event_json(event), ensure_ascii=False, default=str))
+    else:
+        typer.echo(event_line(event))  # echo flushes: a follower sees each event at once
+
+
+async def _pages(store: Store, tenant: str, run_id: str, after: int) -> AsyncIterator[list[Event]]:
+    """The run's logged events after seq ``after``, page by page."""
+    while page := await store.read_events(tenant, run_id, after_seq=after, limit=_PAGE):
+        yield page
+        after = page[-1].seq
+
+
+async def _check_run(store: Store, tenant: str, run_id: str) -> None:
+    """Fail unless the run has an event log or is in the runs index."""
+    validate_id(run_id, "run id")
+    if await store.read_events(tenant, run_id, limit=1):
+        return
+    try:
+        await RunStore(store, tenant).index(run_id)
+    except NotFoundError:
+        fail(
+            f"no run {run_id!r}: it has no event log and is not in the runs index "
+            "(see `statekeeper runs list`)"
+        )
+
+
+@dataclass
+class _Latest:
+    index: RunIndex
+    last_seq: int = 0
+    event: Event | None = None
+
+
+def _overview(
+    ctx: typer.Context, streams: frozenset[str] | None, count: int, as_json: bool
+) -> None:
+    async def work(store: Store, tenant: str) -> list[_Latest]:
+        runs = await RunStore(store, tenant).list(limit=sys.maxsize)
+        runs.sort(key=lambda index: (index.updated_at, index.run_id), reverse=True)
+        found: list[_Latest] = []
+        for index in runs[:count]:
+            latest = _Latest(index)
+            async for page in _pages(store, tenant, index.run_id, 0):
+                latest.last_seq = page[-1].seq
+                for event in reversed(page):
+                    if streams is None or event.stream in streams:
+                        latest.event = event
+                        break
+            found.append(latest)
+        return found
+
+    found = run(ctx, work)
+    if as_json:
+        for item in found:
+            index = item.index
+            line = {
+                "run_id": index.run_id,
+                "status": index.status,
+                "agent": index.agent,
+                "session_id": index.session_id,
+                "updated_at": index.updated_at.isoformat(),
+                "last_seq": item.last_seq,
+                "last_event": None if item.event is None else event_json(item.event),
+            }
+            typer.echo(json.dumps(line, ensure_ascii=False, default=str))
+        return
+    out = console()
+    if not found:
+        out.print("No runs.")
+        return
+    table = Table(title=f"Latest event of the {len(found)} most recently updated run(s)")
+    for column in ("run", "status", "agent", "updated (UTC)", "events", "latest event"):
+        table.add_column(column, justify="right" if column == "events" else "left")
+    for item in found:
+        table.add_row(
+            Text(item.index.run_id),
+            Text(item.index.status),
+            Text(item.index.agent),
+            stamp(item.index.updated_at),
+            str(item.last_seq),
+            Text(event_line(item.event).strip() if item.event else ""),
+        )
+    out.print(table)
+    out.print(Text("show one run's events: statekeeper events tail --run ID [--follow]"))
+
+
+@events_app.command("tail")
+@_reflow
+def tail(
+    ctx: typer.Context,
+    run_id: Annotated[
+        str | None,
+        typer.Option(
+            "--run",
+            metavar="ID",
+            help="The run whose events to print. Without it: the latest event of each of "
+            "the most recently updated runs (from the runs index).",
+            show_default=False,
+        ),
+    ] = None,
+    from_seq: Annotated[
+        int,
+        typer.Option("--from", min=0, metavar="SEQ", help="Only events after this seq."),
+    ] = 0,
+    streams: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--stream",
+            metavar="S",
+            help="Only events of this stream (repeat for several): lifecycle, tool, "
+            "assistant, error, compaction or a custom stream.",
+            show_default=False,
+        ),
+    ] = None,
+    follow: Annotated[
+        bool | None,
+        typer.Option(
+            "--follow/--no-follow",
+            "-f",
+            help="Keep polling the log and print new events until the run's lifecycle "
+            "end/abort event (or Ctrl-C, which exits with code 0). Default: on when --run "
+            "is given and stdout is a terminal, off otherwise (pipes, scripts).",
+            show_default=False,
+        ),
+    ] = None,
+    interval: Annotated[
+        float, typer.Option(min=0.01, help="Seconds between two polls while following.")
+    ] = 0.5,
+    limit: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            metavar="N",
+            help="With --run: only the last N of the events already logged (like tail -n; "
+            "events that arrive while following are all printed). Without --run: this "
+            f"many runs (default {_OVERVIEW_RUNS}).",
+            show_default=False,
+        ),
+    ] = None,
+    json_output: JsonFlag = False,
+) -> None:
+    """Print a run's events (seq, UTC time, stream/kind, payload) from its event log.
+
+    The store keeps one event log per run and cannot list logs: without --run this
+    shows the latest event of recent runs from the runs index instead (runs that only
+    ever published through an EventBus, with no runner, need --run). --json prints one
+    JSON object per line; text lines leave out the payload's trace_id.
+    """
+    as_json = wants_json(ctx, json_output)
+    wanted = frozenset(streams) if streams else None
+    if run_id is None:
+        for given, name in ((follow, "--follow"), (from_seq, "--from")):
+            if given:
+                raise typer.BadParameter(
+                    f"{name} needs --run ID: the store keeps one event log per run "
+                    "(find run ids with `statekeeper runs list`)",
+                    param_hint=name,
+                )
+        _overview(ctx, wanted, limit or _OVERVIEW_RUNS, as_json)
+        return
+    following = stdout_is_terminal() if follow is None else follow
+    target = run_id
+
+    async def work(store: Store, tenant: str) -> int:
+        await _check_run(store, tenant, target)
+        ended, last = False, 0
+        backlog: deque[Event] = deque(maxlen=limit)
+        # A follower reads from the start, to know whether the run has already ended.
+        async for page in _pages(store, tenant, target, 0 if following else from_seq):
+            for event in page:
+                ended = ended or _terminal(event)
+                if event.seq > from_seq and (wanted is None or event.stream in wanted):
+                    backlog.append(event)
+            last = page[-1].seq
+        for event in backlog:
+            _emit(event, as_json)
+        printed = len(backlog)
+        if not following:
+            return printed
+        last = max(last, from_seq)
+        while not ended:
+            await pause(interval)
+            async for page in _pages(store, tenant, target, last):
+                for event in page:
+                    ended = ended or _terminal(event)
+                    if wanted is None or event.stream in wanted:
+                        _emit(event, as_json)
+                        printed += 1
+                last = page[-1].seq
+        return printed
+
+    try:
+        printed = run(ctx, work)
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None
+    if printed == 0 and not as_json and not following:
+        console().print(Text(f"No events of run {run_id} after seq {from_seq}."))
+
+
+# -- subagents ------------------------------------------------------------------------------
+
+subagents_app = typer.Typer(
+    help="List, kill and steer subagent (delegated child) runs.", no_args_is_help=True
+)
+
+SubagentRunId = Annotated[str, typer.Argument(help="The child run's id.", show_default=False)]
+
+
+@subagents_app.command("list")
+def list_subagents(
+    ctx: typer.Context,
+    requester: Annotated[
+        str | None,
+        typer.Option(
+            "--requester", metavar="SESSION", help="Only children of this requester session."
+        ),
+    ] = None,
+    status: Annotated[SubagentStatus | None, typer.Option(help="Only children in this status.")] = (
+        None
+    ),
+    json_output: JsonFlag = False,
+) -> None:
+    """List subagent runs, oldest start first."""
+
+    async def work(store: Store, tenant: str) -> list[SubagentEntry]:
+        registry = SubagentRegistry(store, tenant, owner_id=CLI_OWNER)
+        return await registry.list(requester=requester, status=status)
+
+    entries = run(ctx, work)
+    if wants_json(ctx, json_output):
+        print_json({"items": [entry.model_dump(mode="json") for entry in entries]})
+        return
+    out = console()
+    if not entries:
+        out.print("No subagent runs.")
+        return
+    now = utcnow()
+    table = Table()
+    columns = ("run", "status", "task", "requester", "child session", "owner", "started (UTC)")
+    for column in (*columns, "ended / heartbeat", "outcome"):
+        table.add_column(column, overflow="fold" if column in ("task", "outcome") else "ellipsis")
+    for entry in entries:
+        if entry.completed_at is not None:
+            when = stamp(entry.completed_at)
+        else:
+            when = f"heartbeat {_span((now - entry.heartbeat_at).total_seconds())} ago"
+        table.add_row(
+            Text(entry.run_id),
+            Text(entry.status),
+            Text(_clip(entry.task, 80)),
+            Text(entry.requester_session_id),
+            Text(entry.child_session_id),
+            Text(entry.owner),
+            stamp(entry.started_at),
+            when,
+            Text(entry.outcome or ""),
+        )
+    out.print(table)
+
+
+@dataclass
+class _Killed:
+    entry: SubagentEntry
+    before: str | None = None
+    """The run's status before the cancel; None when the run is not in the runs index."""
+    after: str | None = None
+    owner: str | None = None
+
+
+@subagents_app.command("kill")
+@_reflow
+def kill(ctx: typer.Context, run_id: SubagentRunId) -> None:
+    """Cancel a running child run and mark its entry killed.
+
+    A stopped run is cancelled at once; a run another process is running stops before
+    its next step (its cancel flag is set in the runs index).
+    """
+    seen: dict[str, Any] = {}
+
+    async def work(store: Store, tenant: str) -> _Killed:
+        runner = Runner(store, tenant, agents=[])
+
+        async def cancel(child: str) -> None:
+            try:
+                before = (await runner.load(child)).status
+            except NotFoundError:
+                return  # not in the runs index: nothing to cancel, only the entry to mark
+            state = await runner.cancel(child, "killed with `statekeeper subagents kill`")
+            seen["before"], seen["after"] = str(before), str(state.status)
+            seen["owner"] = (await runner.runs.index(child))[0].owner
+
+        registry = SubagentRegistry(store, tenant, owner_id=CLI_OWNER, kill=cancel)
+        entry = await registry.kill(run_id)
+        return _Killed(entry, seen.get("before"), seen.get("after"), seen.get("owner"))
+
+    killed = run(ctx, work)
+    out = console()
+    entry = killed.entry
+    if entry.status != SubagentStatus.KILLED:
+        out.print(Text(f"subagent run {run_id} finished ({entry.status}) before it was killed"))
+        return
+    if killed.before is None:
+        note = "its run is not in the runs index, so there was nothing to cancel"
+    elif killed.before in _FINISHED_RUNS:
+        note = f"its run was already {killed.before}"
+    elif killed.after == "cancelled":
+        note = f"run cancelled (was {killed.before})"
+    else:
+        by = f" by {killed.owner}" if killed.owner else ""
+        note = f"cancel requested: the run is being run{by}; it stops before its next step"
+    out.print(Text(f"killed subagent run {run_id}: {note}"))
+
+
+@dataclass
+class _Steered:
+    session_id: str = ""
+    seq: int | None = None
+    run_status: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@subagents_app.command("steer")
+@_reflow
+def steer(
+    ctx: typer.Context,
+    run_id: SubagentRunId,
+    text: Annotated[str, typer.Argument(help="The message to send.", show_default=False)],
+) -> None:
+    """Send a user message to a running child run.
+
+    The text is appended to the child's session; a run in progress (in any process)
+    reads it as new input at its next step.
+    """
+    steered = _Steered()
+
+    async def work(store: Store, tenant: str) -> _Steered:
+        # No automatic continuation: the message must land in the session the run reads.
+        manager = SessionManager(store, tenant, auto_continue=False)
+
+        async def append(child: str, message: Message) -> None:
+            entry = await registry.get(child)
+            session = await manager.get(entry.child_session_id)
+            outcome = await session.append(message, strict=False)
+            steered.session_id = outcome.session_id
+            steered.seq = outcome.entries[-1].seq if outcome.entries else None
+
+        registry = SubagentRegistry(store, tenant, owner_id=CLI_OWNER, steer=append)
+        await registry.steer(run_id, Message.user(text))
+        try:
+            steered.run_status = (await RunStore(store, tenant).index(run_id))[0].status
+        except NotFoundError:
+            steered.run_status = None
+        return steered
+
+    done = run(ctx, work)
+    at = f" (entry {done.seq})" if done.seq is not None else ""
+    out = console()
+    out.print(Text(f"steered subagent run {run_id}: appended to session {done.session_id}{at}"))
+    if done.run_status in (None, "running"):
+        out.print(Text("a running run reads it as new input at its next step"))
+    else:
+        out.print(
+            Text(
+                f"run {run_id} is {done.run_status}, not running: the message stays in its "
+                "session's history for when it is resumed"
+            )
+        )
+
+
+# -- lanes ----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Held:
+    index: RunIndex
+    alive: bool
+
+
+def _held_json(held: _Held, now: datetime) -> dict[str, Any]:
+    index = held.index
+    assert index.lease_until is not None
+    return {
+        "run_id": index.run_id,
+        "status": index.status,
+        "agent": index.agent,
+        "owner": index.owner,
+        "owner_alive": held.alive,
+        "lease_until": index.lease_until.isoformat(),
+        "lease_left_seconds": round((index.lease_until - now).total_seconds(), 3),
+        "updated_at": index.updated_at.isoformat(),
+        "since_update_seconds": round((now - index.updated_at).total_seconds(), 3),
+        "cancel_requested": index.cancel_requested,
+    }
+
+
+@_reflow
+def lanes(ctx: typer.Context, json_output: JsonFlag = False) -> None:
+    """Session lanes held now, as the store sees them: runs with a live lease, by session.
+
+    Command lanes are in-process queues, so this command has none of its own. What the
+    store knows is the per-session serialisation: a run being executed holds a lease
+    (owner, lease_until) in the runs index, shown here grouped by its lane
+    session:<id>, with its status, owner, lease and last checkpoint. The store keeps no
+    time at which a lease was taken. Queue lengths, running counts and waits are only
+    known in the process itself: CommandLanes.stats() there.
+    """
+
+    async def work(store: Store, tenant: str) -> list[RunIndex]:
+        return await RunStore(store, tenant).list(limit=sys.maxsize)
+
+    runs = run(ctx, work)
+    now = utcnow()
+    groups: dict[str, list[_Held]] = {}
+    expired: list[RunIndex] = []
+    for index in runs:
+        if index.owner is None:
+            continue
+        if index.lease_until is None or index.lease_until <= now:
+            expired.append(index)
+            continue
+        held = _Held(index, owner_alive(index.owner))
+        groups.setdefault(f"session:{index.session_id}", []).append(held)
+    if wants_json(ctx, json_output):
+        print_json(
+            {
+                "lanes": [
+                    {"lane": lane, "runs": [_held_json(h, now) for h in items]}
+                    for lane, items in sorted(groups.items())
+                ],
+                "expired_leases": [
+                    {
+                        "run_id": index.run_id,
+                        "lane": f"session:{index.session_id}",
+                        "status": index.status,
+                        "owner": index.owner,
+                        "lease_until": index.lease_until.isoformat() if index.lease_until else None,
+                    }
+                    for index in expired
+                ],
+            }
+        )
+        return
+    out = console()
+    if not groups:
+        out.print("No session lane is held: no run has a live lease.")
+    else:
+        table = Table(title=f"Held session lanes ({len(groups)})")
+        columns = ("lane", "run", "status", "agent", "owner", "lease left")
+        for column in (*columns, "last checkpoint", "notes"):
+            table.add_column(column)
+        for lane, items in sorted(groups.items()):
+            for i, held in enumerate(items):
+                index = held.index
+                assert index.lease_until is not None
+                notes = []
+                if not held.alive:
+                    notes.append("owner process is gone")
+                if index.cancel_requested:
+                    notes.append("cancel requested")
+                if len(items) > 1 and i == 0:
+                    notes.append(f"{len(items)} runs hold this lane")
+                table.add_row(
+                    Text(lane if i == 0 else ""),
+                    Text(index.run_id),
+                    Text(index.status),
+                    Text(index.agent),
+                    Text(index.owner or ""),
+                    _span((index.lease_until - now).total_seconds()),
+                    f"{_span((now - index.updated_at).total_seconds())} ago",
+                    Text(", ".join(notes)),
+                )
+        out.print(table)
+    if expired:
+        ids = ", ".join(index.run_id for index in expired)
+        out.print(
+            Text(f"{len(expired)} run(s) have an expired lease (not released by its owner): {ids}")
+        )
+    out.print(
+        Text(
+            "in-process lane statistics (queued, running, waits): CommandLanes.stats() "
+            "in the process that runs the agents",
+            style="dim",
+        )
+    )
+
+
+# -- auth profiles --------------------------------------------------------------------------
+
+profiles_app = typer.Typer(
+    help="List and reset an agent's auth profiles (API key rotation).", no_args_is_help=True
+)
+
+AgentOption = Annotated[
+    str, typer.Option("--agent", metavar="AGENT", help="The agent id.", show_default=False)
+]
+
+
+def mask_secret(ref: str) -> str:
+    """A secret reference with only its scheme left: ``env:OPENAI_KEY`` -> ``env:…``."""
+    scheme, sep, _ = ref.partition(":")
+    return f"{scheme}:…" if sep else "…"
+
+
+def _profile_json(profile: AuthProfile, now: datetime) -> dict[str, Any]:
+    data = profile.model_dump(mode="json", exclude={"secret_ref"})
+    return {**data, "secret_ref": mask_secret(profile.secret_ref), "cooling": profile.cooling(now)}
+
+
+def _cooldown(profile: AuthProfile, now: datetime) -> str:
+    until = profile.cooldown_until
+    if until is None:
+        return ""
+    if profile.cooling(now):
+        return f"{stamp(until)} (in {_span((until - now).total_seconds())})"
+    return f"{stamp(until)} (over)"
+
+
+@profiles_app.command("list")
+@_reflow
+def list_profiles(ctx: typer.Context, agent: AgentOption, json_output: JsonFlag = False) -> None:
+    """List an agent's auth profiles: use, cooldown and failures (secrets show only their
+    scheme, e.g. env:…)."""
+
+    async def work(store: Store, tenant: str) -> list[AuthProfile]:
+        return await AuthProfiles(store, tenant, agent).list()
+
+    profiles = run(ctx, work)
+    now = utcnow()
+    if wants_json(ctx, json_output):
+        print_json({"agent": agent, "items": [_profile_json(p, now) for p in profiles]})
+        return
+    out = console()
+    if not profiles:
+        out.print(Text(f"Agent {agent} has no auth profiles."))
+        return
+    table = Table(title=f"Auth profiles of agent {agent}")
+    columns = ("id", "label", "secret", "uses", "last used (UTC)", "cooldown until (UTC)")
+    for column in (*columns, "failures", "reason"):
+        table.add_column(column, justify="right" if column in ("uses", "failures") else "left")
+    for profile in profiles:
+        table.add_row(
+            Text(profile.id),
+            Text(profile.label),
+            Text(mask_secret(profile.secret_ref)),
+            str(profile.usage_count),
+            stamp(profile.last_used),
+            _cooldown(profile, now),
+            str(profile.failure_count),
+            Text(profile.failure_reason or "", overflow="fold"),
+        )
+    out.print(table)
+
+
+@profiles_app.command("reset")
+def reset_profiles(
+    ctx: typer.Context,
+    agent: AgentOption,
+    profile_id: Annotated[
+        str | None,
+        typer.Argument(help="The profile to reset (default: every profile of the agent)."),
+    ] = None,
+) -> None:
+    """Clear cooldowns and failure streaks of an agent's profiles (one, or all)."""
+
+    async def work(store: Store, tenant: str) -> list[AuthProfile]:
+        profiles = AuthProfiles(store, tenant, agent)
+        if profile_id is not None:
+            before = [await profiles.get(profile_id)]
+        else:
+            before = await profiles.list()
+            if not before:  # reset() would store an empty record for an unknown agent
+                fail(f"agent {agent!r} has no auth profiles")
+        await profiles.reset(profile_id)
+        return before
+
+    before = run(ctx, work)
+    now = utcnow()
+    cooling = sum(1 for p in before if p.cooling(now))
+    failures = sum(p.failure_count for p in before)
+    what = f"profile {profile_id}" if profile_id is not None else f"{len(before)} profile(s)"
+    console().print(
+        Text(
+            f"reset {what} of agent {agent}: cleared {cooling} cooldown(s) "
+            f"and {failures} failure(s) in a row"
+        )
+    )

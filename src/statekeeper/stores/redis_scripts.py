@@ -1,0 +1,362 @@
+"""Key names, the entry wire format and the Lua scripts of the Redis store.
+
+Every write is one Lua script, so Redis runs it atomically: nothing else runs between
+its first and its last command. Each script reads and checks everything first and only
+then writes, so a script that fails (a read-only replica, ``maxmemory`` reached) fails
+before its first write and leaves nothing half-done: Redis refuses the first write of a
+script when out of memory but never a later one, so a script that started writing ends.
+
+Scripts return only integers, strings and arrays of them (no booleans, whose conversion
+depends on the protocol version), so they behave the same over RESP2 and RESP3.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+__all__ = [
+    "APPEND_EVENTS",
+    "COMMIT",
+    "CREATE_SESSION",
+    "DELETE_RECORD",
+    "DELETE_SESSION",
+    "GET_ENTRY",
+    "LINKS",
+    "LIST_RECORDS",
+    "LIST_SESSIONS",
+    "PRUNE",
+    "PUT_RECORD",
+    "READ_ENTRIES",
+    "Keys",
+    "Script",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """The key names of one store: ``{prefix}/{{tenant}}/<kind>/<ids...>``.
+
+    Ids never contain ``/`` (see `statekeeper.ids`), and each kind has a fixed number of
+    parts, so a key splits back into exactly one (tenant, kind, ids) and ``a:b`` + ``c``
+    can never meet ``a`` + ``b:c``. The tenant is a hash tag (``{...}``): every key of a
+    tenant hashes to the same Redis Cluster slot, so each script touches one slot.
+    """
+
+    prefix: str
+
+    def tenant(self, tenant: str) -> str:
+        return f"{self.prefix}/{{{tenant}}}"
+
+    def head(self, tenant: str, session_id: str) -> str:
+        return f"{self.prefix}/{{{tenant}}}/s/{session_id}"
+
+    def heads(self, tenant: str) -> str:
+        """What every head key of the tenant starts with (the session id follows)."""
+        return f"{self.prefix}/{{{tenant}}}/s/"
+
+    def entries(self, tenant: str, session_id: str) -> str:
+        return f"{self.prefix}/{{{tenant}}}/e/{session_id}"
+
+    def entry_ids(self, tenant: str, session_id: str) -> str:
+        return f"{self.prefix}/{{{tenant}}}/i/{session_id}"
+
+    def sessions(self, tenant: str) -> str:
+        return f"{self.prefix}/{{{tenant}}}/sessions"
+
+    def session_keys(self, tenant: str, session_id: str) -> list[str]:
+        """The four keys every session script takes, in the order they expect."""
+        return [
+            self.head(tenant, session_id),
+            self.entries(tenant, session_id),
+            self.entry_ids(tenant, session_id),
+            self.sessions(tenant),
+        ]
+
+    def record(self, tenant: str, namespace: str, key: str) -> str:
+        return f"{self.prefix}/{{{tenant}}}/r/{namespace}/{key}"
+
+    def records(self, tenant: str, namespace: str) -> str:
+        """What every record key of the namespace starts with (the key follows)."""
+        return f"{self.prefix}/{{{tenant}}}/r/{namespace}/"
+
+    def record_index(self, tenant: str, namespace: str) -> str:
+        return f"{self.prefix}/{{{tenant}}}/rk/{namespace}"
+
+    def events(self, tenant: str, log_id: str) -> str:
+        return f"{self.prefix}/{{{tenant}}}/ev/{log_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    """A Lua script and its SHA1 (what EVALSHA names it by)."""
+
+    name: str
+    source: str
+
+    @property
+    def sha(self) -> str:
+        return hashlib.sha1(self.source.encode(), usedforsecurity=False).hexdigest()
+
+
+# A transcript entry is one member of the session's entries sorted set, scored by its seq:
+# a JSON header [id, parent_seq, kind, created_us], a newline, then the payload's JSON
+# text. JSON escapes newlines inside strings, so the first newline ends the header.
+
+_CHECK_HEAD = """
+local g = redis.call('HGET', KEYS[1], 'g')
+if not g then return {0} end
+"""
+
+_STALE = """
+if g ~= ARGV[1] or redis.call('HGET', KEYS[1], 'v') ~= ARGV[2] then
+  return {2, g, redis.call('HGET', KEYS[1], 'doc')}
+end
+"""
+
+_SAVE_HEAD = """
+redis.call('HSET', KEYS[1], 'doc', ARGV[4], 'v', ARGV[3])
+redis.call('ZADD', KEYS[4], ARGV[5], ARGV[6])
+"""
+
+CREATE_SESSION = Script(
+    "create_session",
+    """
+-- KEYS: head, entries, entry ids, sessions index
+-- ARGV: generation, doc, score, session id
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('UNLINK', KEYS[2], KEYS[3])
+redis.call('HSET', KEYS[1], 'doc', ARGV[2], 'v', '1', 'g', ARGV[1])
+redis.call('ZADD', KEYS[4], ARGV[3], ARGV[4])
+return 1
+""",
+)
+"""Create a head unless one exists: 1 created, 0 taken."""
+
+DELETE_SESSION = Script(
+    "delete_session",
+    """
+-- KEYS: head, entries, entry ids, sessions index;  ARGV: session id
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('UNLINK', KEYS[1], KEYS[2], KEYS[3])
+redis.call('ZREM', KEYS[4], ARGV[1])
+return 1
+""",
+)
+"""Delete a session and its entries: 1 deleted, 0 absent."""
+
+COMMIT = Script(
+    "commit",
+    f"""
+-- KEYS: head, entries, entry ids, sessions index
+-- ARGV: generation, base version, new version, new doc, score, session id, n, then
+--       n entry ids, then n (seq, member) pairs of the entries to write
+-- Returns {{1}} written; {{0}} no such session; {{2, generation, doc, id, seq, member, ...}}
+-- when the head is not (generation, base version) or a draft id is already stored
+-- (with those entries): plan again from that state. A generation of '' only reads.
+{_CHECK_HEAD}
+local n = tonumber(ARGV[7])
+local out = {{2, g, false}}
+for i = 1, n do
+  local seq = redis.call('HGET', KEYS[3], ARGV[7 + i])
+  if seq then
+    local rows = redis.call('ZRANGEBYSCORE', KEYS[2], seq, seq)
+    out[#out + 1] = ARGV[7 + i]
+    out[#out + 1] = seq
+    out[#out + 1] = rows[1] or ''
+  end
+end
+if #out > 3 or g ~= ARGV[1] or redis.call('HGET', KEYS[1], 'v') ~= ARGV[2] then
+  out[3] = redis.call('HGET', KEYS[1], 'doc')
+  return out
+end
+for i = 1, n do
+  local seq = ARGV[6 + n + 2 * i]
+  redis.call('ZADD', KEYS[2], seq, ARGV[7 + n + 2 * i])
+  redis.call('HSET', KEYS[3], ARGV[7 + i], seq)
+end
+{_SAVE_HEAD}
+return {{1}}
+""",
+)
+"""Compare-and-set a head (generation and version) and append entries with it."""
+
+LINKS = Script(
+    "links",
+    """
+-- KEYS: head, entries;  ARGV: -
+-- Returns {0} no such session, else {generation, doc, seq, header, seq, header, ...}.
+local g = redis.call('HGET', KEYS[1], 'g')
+if not g then return {0} end
+local out = {g, redis.call('HGET', KEYS[1], 'doc')}
+local rows = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
+for i = 1, #rows, 2 do
+  local m = rows[i]
+  local cut = string.find(m, '\\n', 1, true)
+  out[#out + 1] = rows[i + 1]
+  out[#out + 1] = cut and string.sub(m, 1, cut - 1) or m
+end
+return out
+""",
+)
+"""The head and every entry's header (no payloads): what pruning decides on."""
+
+PRUNE = Script(
+    "prune",
+    f"""
+-- KEYS: head, entries, entry ids, sessions index
+-- ARGV: generation, base version, new version, new doc, score, session id, then
+--       (seq, entry id) pairs to delete
+-- Returns {{1}} deleted; {{0}} no such session; {{2, generation, doc}} stale head.
+{_CHECK_HEAD}
+{_STALE}
+for i = 7, #ARGV, 2 do
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], ARGV[i], ARGV[i])
+  redis.call('HDEL', KEYS[3], ARGV[i + 1])
+end
+{_SAVE_HEAD}
+return {{1}}
+""",
+)
+"""Delete chosen entries with a compare-and-set of the head."""
+
+READ_ENTRIES = Script(
+    "read_entries",
+    """
+-- KEYS: head, entries;  ARGV: min, max, limit ('' for none)
+-- Returns {0} no such session, else {1, member, seq, member, seq, ...}.
+if redis.call('EXISTS', KEYS[1]) == 0 then return {0} end
+local rows
+if ARGV[3] == '' then
+  rows = redis.call('ZRANGEBYSCORE', KEYS[2], ARGV[1], ARGV[2], 'WITHSCORES')
+else
+  rows = redis.call('ZRANGEBYSCORE', KEYS[2], ARGV[1], ARGV[2], 'WITHSCORES',
+                    'LIMIT', 0, ARGV[3])
+end
+table.insert(rows, 1, 1)
+return rows
+""",
+)
+"""A window of entries, with a check that the session exists (one snapshot)."""
+
+GET_ENTRY = Script(
+    "get_entry",
+    """
+-- KEYS: head, entries, entry ids;  ARGV: entry id
+-- Returns {0} no such session, {1} no such entry, {2, member, seq} found.
+if redis.call('EXISTS', KEYS[1]) == 0 then return {0} end
+local seq = redis.call('HGET', KEYS[3], ARGV[1])
+if not seq then return {1} end
+local rows = redis.call('ZRANGEBYSCORE', KEYS[2], seq, seq)
+if not rows[1] then return {1} end
+return {2, rows[1], seq}
+""",
+)
+"""One entry by id."""
+
+LIST_SESSIONS = Script(
+    "list_sessions",
+    """
+-- KEYS: sessions index;  ARGV: head key prefix, max score, min score, offset, count
+-- Returns {scanned, doc, doc, ...} for index rows offset.. newest first (docs of heads
+-- deleted meanwhile are left out). Head keys are the prefix plus a member: they carry
+-- the same hash tag as the index, so they live in its slot.
+local ids = redis.call('ZREVRANGEBYSCORE', KEYS[1], ARGV[2], ARGV[3],
+                       'LIMIT', ARGV[4], ARGV[5])
+local out = {#ids}
+for _, id in ipairs(ids) do
+  local doc = redis.call('HGET', ARGV[1] .. id, 'doc')
+  if doc then out[#out + 1] = doc end
+end
+return out
+""",
+)
+"""One batch of session heads in list order, read in one snapshot."""
+
+PUT_RECORD = Script(
+    "put_record",
+    """
+-- KEYS: record, namespace index
+-- ARGV: now_us, expected version ('' for any), value, updated_us, expires_us (''),
+--       record key, expire-at ms for Redis ('' for never)
+-- Returns {1, version} written; {0, live version} the expected version was wrong.
+local cur = redis.call('HMGET', KEYS[1], 'v', 'x')
+local version = 0
+if cur[1] and (not cur[2] or cur[2] == '' or tonumber(cur[2]) > tonumber(ARGV[1])) then
+  version = tonumber(cur[1])
+end
+if ARGV[2] ~= '' and tonumber(ARGV[2]) ~= version then return {0, version} end
+version = version + 1
+redis.call('HSET', KEYS[1], 'v', version, 'u', ARGV[4], 'x', ARGV[5], 'd', ARGV[3])
+if ARGV[7] == '' then
+  redis.call('PERSIST', KEYS[1])
+else
+  redis.call('PEXPIREAT', KEYS[1], ARGV[7])
+end
+redis.call('ZADD', KEYS[2], 0, ARGV[6])
+return {1, version}
+""",
+)
+"""Compare-and-set one record (a record past its expiry counts as absent: version 0)."""
+
+DELETE_RECORD = Script(
+    "delete_record",
+    """
+-- KEYS: record, namespace index;  ARGV: now_us, expected version (''), record key
+-- Returns {2} deleted; {0, 0} not live; {1, version} the expected version was wrong.
+local cur = redis.call('HMGET', KEYS[1], 'v', 'x')
+if not cur[1] or (cur[2] and cur[2] ~= '' and tonumber(cur[2]) <= tonumber(ARGV[1])) then
+  return {0, 0}
+end
+local version = tonumber(cur[1])
+if ARGV[2] ~= '' and tonumber(ARGV[2]) ~= version then return {1, version} end
+redis.call('UNLINK', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[3])
+return {2}
+""",
+)
+"""Delete a live record, with an optional compare-and-set."""
+
+LIST_RECORDS = Script(
+    "list_records",
+    """
+-- KEYS: namespace index;  ARGV: record key prefix, lex min, lex max, count
+-- Returns {scanned, last key scanned, key, version, updated_us, expires_us, value, ...}.
+-- Index members whose record is gone (expired by Redis) are removed on the way.
+local keys = redis.call('ZRANGEBYLEX', KEYS[1], ARGV[2], ARGV[3], 'LIMIT', 0, ARGV[4])
+local out = {#keys, keys[#keys] or ''}
+for _, key in ipairs(keys) do
+  local row = redis.call('HMGET', ARGV[1] .. key, 'v', 'u', 'x', 'd')
+  if row[1] then
+    out[#out + 1] = key
+    out[#out + 1] = row[1]
+    out[#out + 1] = row[2]
+    out[#out + 1] = row[3]
+    out[#out + 1] = row[4]
+  else
+    redis.call('ZREM', KEYS[1], key)
+  end
+end
+return out
+""",
+)
+"""One batch of a namespace's records in key order."""
+
+APPEND_EVENTS = Script(
+    "append_events",
+    """
+-- KEYS: event stream;  ARGV: (stream, kind, ts_us, payload) per event
+-- Events are stream entries with the id '<seq>-0'. Returns the first new seq.
+local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+local seq = 0
+if last[1] then seq = tonumber(string.match(last[1][1], '^(%d+)')) end
+local first = seq + 1
+for i = 1, #ARGV, 4 do
+  seq = seq + 1
+  redis.call('XADD', KEYS[1], seq .. '-0', 's', ARGV[i], 'k', ARGV[i + 1],
+             't', ARGV[i + 2], 'p', ARGV[i + 3])
+end
+return first
+""",
+)
+"""Append events with the next gap-free sequence numbers."""
