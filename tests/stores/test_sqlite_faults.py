@@ -222,3 +222,49 @@ async def test_sigkill_mid_append_leaves_whole_entries_only(tmp_path: Path) -> N
         assert chat.record.message_count == len(texts) == chat.record.last_seq
     finally:
         await store.close()
+
+
+SAME_SESSION_WRITER = """
+    import asyncio, sys
+    from statekeeper.core.messages import Message
+    from statekeeper.sessions import SessionManager
+    from statekeeper.stores import open_store
+
+    async def main(path, name):
+        store = await open_store(f"sqlite:///{path}")
+        try:
+            chat = await SessionManager(store, "alice").get("shared")
+            for i in range(25):
+                await chat.append(Message.user(f"{name}-{i}"), strict=False)
+        finally:
+            await store.close()
+
+    asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+
+@pytest.mark.slow
+async def test_eight_processes_appending_to_one_session_lose_nothing(tmp_path: Path) -> None:
+    db = tmp_path / "shared.db"
+    store = await open_store(f"sqlite:///{db}")
+    await SessionManager(store, "alice").create(session_id="shared")
+    await store.close()
+
+    procs = [run_python(SAME_SESSION_WRITER, str(db), f"p{i}") for i in range(8)]
+    for proc in procs:
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        assert "locked" not in err
+
+    store = await open_store(f"sqlite:///{db}")
+    try:
+        chat = await SessionManager(store, "alice").get("shared")
+        entries = await chat.entries()
+        assert [e.seq for e in entries] == list(range(1, 201))
+        assert [e.parent_seq for e in entries] == [None, *range(1, 200)]  # one valid chain
+        texts = [m.text for m in await chat.messages()]
+        for i in range(8):  # each writer's messages are all there, in its own order
+            assert [t for t in texts if t.startswith(f"p{i}-")] == [f"p{i}-{n}" for n in range(25)]
+        assert chat.record.message_count == 200
+    finally:
+        await store.close()
