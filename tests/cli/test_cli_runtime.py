@@ -5,22 +5,24 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import re
 import socket
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
 
 import pytest
+from pydantic import JsonValue
 from typer.testing import CliRunner, Result
 
 from statekeeper.cli import app
 from statekeeper.cli import runtime as runtime_cli
 from statekeeper.core.messages import Message
-from statekeeper.runs import RunStore
+from statekeeper.runs import Action, Finish, Respond, Runner, RunStore, StepInput
 from statekeeper.runtime import (
     AllProfilesCoolingDownError,
     AuthProfiles,
@@ -138,7 +140,9 @@ def test_tail_prints_a_runs_events_after_from_in_order(cli: Cli) -> None:
     assert "tr-hidden" not in out
     assert 'tool/call_start  {"tool":"search","args":{"q":"weather"}}' in lines[1]
     assert "custom.notes/note" in lines[3]
-    assert datetime.now(UTC).strftime("%Y-%m-%d") in lines[0]
+    assert re.fullmatch(
+        r" +1  \d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}  lifecycle/start  .*", lines[0]
+    )
 
     assert seqs(cli("events", "tail", "--run", "run-1", "--from", "2").stdout) == [3, 4, 5]
     filtered = cli("events", "tail", "--run", "run-1", "--stream", "tool", "--stream", "lifecycle")
@@ -321,26 +325,78 @@ def test_subagents_kill_a_run_another_process_holds(cli: Cli, cli_app: ModuleTyp
     assert entries(cli)["sub-gone"] == "killed"
 
 
-def test_subagents_steer_appends_to_the_child_session(cli: Cli, cli_app: ModuleType) -> None:
-    run_id, session_id = start_run(cli, cli_app, "asker")
-    register(cli, (run_id, session_id, "ses-parent"))
-    out = cli("subagents", "steer", run_id, "Focus on order 7, please.").stdout
-    assert f"appended to session {session_id}" in out
-    assert "waiting_for_input, not running" in out
+class SteeredAgent:
+    """Steered from the CLI during its first step; finishes with what it saw."""
 
-    async def messages(store: Store) -> list[Message]:
-        return await (await SessionManager(store, TENANT).get(session_id)).messages()
+    name = "steered"
 
-    last = cli.api(messages)[-1]
-    assert (last.role, last.text) == ("user", "Focus on order 7, please.")
-    assert entries(cli) == {run_id: "running"}
+    def __init__(self, cli: Cli) -> None:
+        self.cli = cli
+        self.steer_output = ""
+
+    async def step(self, run: StepInput) -> Action:
+        if run.state.turn == 1:
+            # Another "process": the CLI, with its own connection, from another thread.
+            args = ("subagents", "steer", run.state.run_id, "Focus on order 7, please.")
+            result = await asyncio.to_thread(self.cli, *args)
+            self.steer_output = result.stdout
+            return Respond([Message.assistant("Working on it.")])
+        new: list[JsonValue] = [m.text for m in run.new_input]
+        return Finish({"new_input": new}, Message.assistant("Done."))
+
+
+def test_subagents_steer_reaches_the_running_child(cli: Cli) -> None:
+    register(cli, ("run-child", "ses-child", "ses-parent"))
+    agent = SteeredAgent(cli)
+
+    async def work(store: Store) -> Any:
+        await SessionManager(store, TENANT).create(session_id="ses-child")
+        runner = Runner(store, TENANT, [agent])
+        result = await runner.start(
+            "steered", "Look at my orders.", run_id="run-child", session_id="ses-child"
+        )
+        messages = await (await SessionManager(store, TENANT).get("ses-child")).messages()
+        return result.output, [(m.role, m.text) for m in messages]
+
+    output, messages = cli.api(work)
+    assert "steered subagent run run-child: appended to session ses-child" in agent.steer_output
+    assert "reads it as new input at its next step" in agent.steer_output
+    assert output == {"new_input": ["Focus on order 7, please."]}
+    # Appended while step 1 ran, so before that step's reply was written.
+    assert messages == [
+        ("user", "Look at my orders."),
+        ("user", "Focus on order 7, please."),
+        ("assistant", "Working on it."),
+        ("assistant", "Done."),
+    ]
+
+
+def test_subagents_steer_refusals(cli: Cli, cli_app: ModuleType) -> None:
+    asking, asking_session = start_run(cli, cli_app, "asker")
+    approving, approving_session = start_run(cli, cli_app, "support")
+    register(cli, (asking, asking_session, "ses-p"), (approving, approving_session, "ses-p"))
+    register(cli, ("sub-unindexed", "ses-loose", "ses-p"))
+
+    async def messages(store: Store) -> list[tuple[str, str]]:
+        session = await SessionManager(store, TENANT).get(asking_session)
+        return [(str(m.role), m.text) for m in await session.messages()]
+
+    before = cli.api(messages)
+    waiting = cli("subagents", "steer", asking, "hi", code=1)
+    assert waiting.stderr.startswith(f"error: run {asking} is waiting for input")
+    assert "--input" in waiting.stderr
+    approval = cli("subagents", "steer", approving, "hi", code=1)
+    assert "waiting for approval" in approval.stderr
+    assert cli.api(messages) == before
 
     unknown = cli("subagents", "steer", "sub-nope", "hi", code=1)
     assert unknown.stderr.startswith("error: no subagent run 'sub-nope'")
-    cli("subagents", "kill", run_id)
-    finished = cli("subagents", "steer", run_id, "too late", code=1)
+    missing_session = cli("subagents", "steer", "sub-unindexed", "hi", code=1)
+    assert missing_session.stderr.startswith("error: ")
+    cli("subagents", "kill", asking)
+    finished = cli("subagents", "steer", asking, "too late", code=1)
     assert "already killed" in finished.stderr
-    assert cli.api(messages)[-1].text == "Focus on order 7, please."
+    assert entries(cli) == {asking: "killed", approving: "running", "sub-unindexed": "running"}
 
 
 # -- lanes ----------------------------------------------------------------------------------

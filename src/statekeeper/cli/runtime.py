@@ -18,7 +18,7 @@ import json
 import sys
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any, TypeVar
 
@@ -139,17 +139,19 @@ def event_json(event: Event) -> dict[str, Any]:
     }
 
 
+def _payload_text(event: Event) -> str:
+    """The payload as compact JSON without the trace id, clipped ("" when empty)."""
+    payload = {k: v for k, v in event.payload.items() if k not in _HIDDEN_KEYS}
+    if not payload:
+        return ""
+    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), default=str)
+    return _clip(text, _PAYLOAD_WIDTH)
+
+
 def event_line(event: Event) -> str:
     """An event as one line: seq, UTC time, stream/kind, compact payload (no trace id)."""
-    payload = {k: v for k, v in event.payload.items() if k not in _HIDDEN_KEYS}
-    text = (
-        json.dumps(payload, ensure_ascii=False, separators=(",", ":"), default=str)
-        if payload
-        else ""
-    )
     when = _utc(event.ts).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
-    line = f"{event.seq:>5}  {when}  {event.stream}/{event.kind}  {_clip(text, _PAYLOAD_WIDTH)}"
-    return line.rstrip()
+    return f"{event.seq:>5}  {when}  {event.stream}/{event.kind}  {_payload_text(event)}".rstrip()
 
 
 def _emit(event: Event, as_json: bool) -> None:
@@ -234,7 +236,12 @@ def _overview(
             Text(item.index.agent),
             stamp(item.index.updated_at),
             str(item.last_seq),
-            Text(event_line(item.event).strip() if item.event else ""),
+            Text(
+                f"#{item.event.seq} {item.event.stream}/{item.event.kind} "
+                f"{_payload_text(item.event)}".rstrip()
+                if item.event
+                else ""
+            ),
         )
     out.print(table)
     out.print(Text("show one run's events: statekeeper events tail --run ID [--follow]"))
@@ -472,7 +479,25 @@ class _Steered:
     session_id: str = ""
     seq: int | None = None
     run_status: str | None = None
-    details: dict[str, Any] = field(default_factory=dict)
+    """The run's status in the runs index; None when the run is not in it."""
+
+
+def _steer_refusal(run_id: str, status: str) -> str | None:
+    """Why a run in ``status`` must not be steered (None: it may be)."""
+    if status == "waiting_for_approval":
+        return (
+            f"run {run_id} is waiting for approval: a message now would land between its "
+            "tool call and the call's result; decide the call first (`statekeeper runs "
+            "approve|reject`)"
+        )
+    if status == "waiting_for_input":
+        return (
+            f"run {run_id} is waiting for input, not running: give it the text with "
+            f"`statekeeper runs resume {run_id} --input TEXT --app ...` instead"
+        )
+    if status in _FINISHED_RUNS:
+        return f"run {run_id} is already {status}: no run reads a steering message any more"
+    return None
 
 
 @subagents_app.command("steer")
@@ -484,8 +509,9 @@ def steer(
 ) -> None:
     """Send a user message to a running child run.
 
-    The text is appended to the child's session; a run in progress (in any process)
-    reads it as new input at its next step.
+    The text is appended to the child's session as a user message; a run in progress
+    (in any process) reads it as new input at its next step. Runs waiting for approval
+    or input, and finished runs, are refused: decide, resume or start them instead.
     """
     steered = _Steered()
 
@@ -495,6 +521,14 @@ def steer(
 
         async def append(child: str, message: Message) -> None:
             entry = await registry.get(child)
+            try:
+                steered.run_status = (await RunStore(store, tenant).index(child))[0].status
+            except NotFoundError:
+                steered.run_status = None  # cannot tell: append anyway
+            else:
+                refusal = _steer_refusal(child, steered.run_status)
+                if refusal is not None:
+                    fail(refusal)
             session = await manager.get(entry.child_session_id)
             outcome = await session.append(message, strict=False)
             steered.session_id = outcome.session_id
@@ -502,25 +536,19 @@ def steer(
 
         registry = SubagentRegistry(store, tenant, owner_id=CLI_OWNER, steer=append)
         await registry.steer(run_id, Message.user(text))
-        try:
-            steered.run_status = (await RunStore(store, tenant).index(run_id))[0].status
-        except NotFoundError:
-            steered.run_status = None
         return steered
 
     done = run(ctx, work)
     at = f" (entry {done.seq})" if done.seq is not None else ""
     out = console()
     out.print(Text(f"steered subagent run {run_id}: appended to session {done.session_id}{at}"))
-    if done.run_status in (None, "running"):
-        out.print(Text("a running run reads it as new input at its next step"))
+    if done.run_status is None:
+        note = "the run is not in the runs index; a run in progress reads it at its next step"
+    elif done.run_status in ("initializing", "running"):
+        note = "the run reads it as new input at its next step"
     else:
-        out.print(
-            Text(
-                f"run {run_id} is {done.run_status}, not running: the message stays in its "
-                "session's history for when it is resumed"
-            )
-        )
+        note = f"the run is {done.run_status}: it sees the message in its history when resumed"
+    out.print(Text(note))
 
 
 # -- lanes ----------------------------------------------------------------------------------

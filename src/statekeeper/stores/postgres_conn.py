@@ -1,23 +1,24 @@
-"""PostgreSQL plumbing: connection settings from a URL, connection sources, driver errors.
+"""PostgreSQL plumbing: connection settings, connection sources, driver errors, migrations.
 
-Kept apart from the store so that it holds only the rules (`PostgresStore` in
-``postgres.py``) and this module only the edges: where connections come from (a pool the
-store owns, a caller's pool, a caller's single connection) and how psycopg's errors
-become statekeeper's (STYLE 7). Passwords never appear in a URL, repr or message made
-here.
+The edges of the PostgreSQL store (``postgres.py`` holds its rules): where connections
+come from (a pool the store owns, a caller's pool, a caller's single connection), how a
+transaction is run and retried, and how psycopg's errors become statekeeper's (STYLE 7).
+Passwords never appear in a URL, repr or message made here.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import random
+import warnings
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any, Protocol
+from typing import Any, TypeVar
 
 try:
     import psycopg
-    from psycopg.conninfo import make_conninfo
-    from psycopg_pool import AsyncConnectionPool, PoolTimeout
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+    from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout, TooManyRequests
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     from statekeeper.errors import MissingExtraError
 
@@ -25,26 +26,39 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 from statekeeper.errors import (
     InvalidInputError,
+    SchemaVersionError,
     StatekeeperError,
     StoreError,
     StoreFullError,
     StoreReadOnlyError,
     StoreUnavailableError,
 )
+from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES
+from statekeeper.stores.postgres_schema import (
+    DEFAULT_SCHEMA,
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    Statements,
+)
 
 __all__ = [
+    "AsyncConnectionPool",
     "Connection",
     "ConnectionSource",
     "PoolSource",
+    "PostgresBase",
     "SingleConnectionSource",
-    "Source",
     "connection_lost",
+    "describe",
     "parse_location",
+    "psycopg",
     "retryable",
     "translate",
 ]
 
 Connection = psycopg.AsyncConnection[Any]
+T = TypeVar("T")
+ATTEMPTS = 5
 
 
 def parse_location(location: str, extra: dict[str, str]) -> tuple[str, str]:
@@ -83,16 +97,15 @@ def parse_location(location: str, extra: dict[str, str]) -> tuple[str, str]:
     return conninfo, f"postgresql://{shown_user}{hostport}/{dbname}"
 
 
-class Source(Protocol):
-    """Where a store gets a connection for one operation."""
-
-    def connection(self) -> Any:
-        """An async context manager lending a connection (autocommit or not)."""
-        ...
-
-    async def close(self) -> None:
-        """Release what the store owns (a caller's pool or connection stays open)."""
-        ...
+def describe(conninfo: str) -> str:
+    """A password-free URL naming the server and database of libpq settings."""
+    try:
+        params = conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError:
+        return "postgresql://"
+    user = f"{params['user']}@" if params.get("user") else ""
+    port = f":{params['port']}" if params.get("port") else ""
+    return f"postgresql://{user}{params.get('host') or ''}{port}/{params.get('dbname') or ''}"
 
 
 class PoolSource:
@@ -148,8 +161,8 @@ _RETRY_STATES = {"40001", "40P01"}  # serialization failure, deadlock: rolled ba
 
 def connection_lost(exc: BaseException) -> bool:
     """True when the connection broke (closed, refused, terminated by the server)."""
-    if isinstance(exc, PoolTimeout):
-        return False
+    if isinstance(exc, PoolClosed | PoolTimeout | TooManyRequests):
+        return False  # the pool's own errors: no connection was used
     if not isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
         return False
     state = exc.sqlstate
@@ -164,7 +177,9 @@ def retryable(exc: BaseException) -> bool:
 def translate(exc: BaseException, where: str) -> StatekeeperError:
     """The most specific statekeeper error for a psycopg or pool error."""
     reason = _first_line(exc)
-    if isinstance(exc, PoolTimeout):
+    if isinstance(exc, PoolClosed):
+        return StoreUnavailableError(f"{where} is closed; open a new store")
+    if isinstance(exc, PoolTimeout | TooManyRequests):
         return StoreUnavailableError(
             f"{where}: no connection became free or could be opened in time ({reason}); "
             "check that the server is up, or raise max_size / timeout"
@@ -193,3 +208,147 @@ def translate(exc: BaseException, where: str) -> StatekeeperError:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
+
+
+class Careful(Exception):
+    """Internal: a one-statement fast path cannot be used; take the locked one."""
+
+
+class PostgresBase:
+    """Connections, transactions, retries and migrations of a PostgreSQL store."""
+
+    def __init__(
+        self,
+        source: ConnectionSource,
+        *,
+        schema: str = DEFAULT_SCHEMA,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        url: str = "postgresql://",
+    ) -> None:
+        self._q = Statements(schema)
+        self.schema = schema
+        self.max_payload_bytes = max_payload_bytes
+        self.url = url
+        self._source: ConnectionSource | None = source
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({self.url!r}, schema={self.schema!r})"
+
+    def __del__(self) -> None:
+        source = getattr(self, "_source", None)
+        if source is not None and source.owned:
+            warnings.warn(
+                f"{self!r} was not closed; call await store.close()",
+                ResourceWarning,
+                stacklevel=1,
+            )
+
+    async def close(self) -> None:
+        """Close the pool or connection the store opened (a caller's stays open)."""
+        source, self._source = self._source, None
+        if source is not None:
+            await source.close()
+
+    async def migrate(self) -> None:
+        """Create or upgrade the schema; `SchemaVersionError` if it is newer than ours."""
+
+        async def read_version(conn: Connection) -> int:
+            cur = await conn.execute(self._q.has_versions, (self._q.versions_table,))
+            row = await cur.fetchone()
+            if not row or not row[0]:
+                return 0
+            cur = await conn.execute(self._q.max_version)
+            row = await cur.fetchone()
+            return int(row[0]) if row else 0
+
+        def refuse(version: int) -> SchemaVersionError:
+            return SchemaVersionError(
+                f"PostgreSQL schema {self.schema!r} has statekeeper schema version {version}, "
+                f"but this statekeeper knows versions up to {SCHEMA_VERSION}; upgrade "
+                "statekeeper to open it"
+            )
+
+        async def upgrade(conn: Connection) -> None:
+            # One migrator at a time per schema, whichever process gets there first.
+            await conn.execute(self._q.lock_schema, (f"statekeeper:{self.schema}",))
+            await conn.execute(self._q.create_schema)
+            await conn.execute(self._q.create_versions)
+            version = await read_version(conn)
+            if version > SCHEMA_VERSION:
+                raise refuse(version)
+            for number in range(version + 1, SCHEMA_VERSION + 1):
+                for statement in self._q.migration(number):
+                    await conn.execute(statement)
+                await conn.execute(self._q.record_version, (number, MIGRATIONS[number - 1][0]))
+
+        version = await self._run(read_version, idempotent=True)
+        if version > SCHEMA_VERSION:
+            raise refuse(version)
+        if version < SCHEMA_VERSION:
+            await self._run(upgrade, tx=True)
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    async def _run(
+        self,
+        op: Callable[[Connection], Awaitable[T]],
+        *,
+        tx: bool = False,
+        idempotent: bool = False,
+    ) -> T:
+        """Run ``op`` on a connection (in a transaction if ``tx``), translating errors.
+
+        Retried: serialization failures and deadlocks (the server rolled back), and a
+        lost connection when nothing can have been committed yet, or ``op`` is idempotent.
+        """
+        attempt = 0
+        while True:
+            attempt += 1
+            source = self._source
+            if source is None:
+                raise StoreUnavailableError(f"{self!r} is closed; open a new store")
+            committing = False
+            try:
+                async with source.connection() as conn:
+                    if tx or not conn.autocommit:
+                        async with conn.transaction():
+                            result = await op(conn)
+                            committing = True
+                        return result
+                    committing = True  # a lone autocommit statement commits as it runs
+                    return await op(conn)
+            except Careful:
+                raise
+            except Exception as exc:
+                if isinstance(exc, StatekeeperError):
+                    raise
+                if not isinstance(exc, psycopg.Error) and not _is_pool_error(exc):
+                    raise
+                if retryable(exc) and attempt < ATTEMPTS:
+                    await asyncio.sleep(0.002 * attempt * random.random())
+                    continue
+                if connection_lost(exc) and attempt < 3 and (idempotent or not committing):
+                    continue
+                raise translate(exc, f"PostgreSQL store {self.url}") from exc
+
+    async def _write(
+        self,
+        op: Callable[[Connection], Awaitable[T]],
+        *,
+        tx: bool = False,
+        idempotent: bool = False,
+    ) -> T:
+        """`_run` for a write: a cancelled caller waits until the write has ended."""
+        task = asyncio.ensure_future(self._run(op, tx=tx, idempotent=idempotent))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.done():
+                await asyncio.wait([task])
+            if not task.cancelled():
+                task.exception()  # retrieved, so asyncio does not log it as lost
+            raise
+
+
+def _is_pool_error(exc: BaseException) -> bool:
+    return type(exc).__module__.startswith("psycopg_pool")

@@ -57,6 +57,7 @@ from statekeeper.errors import (
     InvalidInputError,
     MissingExtraError,
     NotFoundError,
+    PayloadTooLargeError,
     StatekeeperError,
     StoreCorruptError,
     StoreError,
@@ -203,15 +204,19 @@ class RedisStore:
             store = cls(
                 client, prefix=prefix, max_payload_bytes=max_payload_bytes, owns_client=True
             )
+        except BaseException:
+            await client.aclose()
+            raise
+        try:
             with store._translated():
                 await client.ping()
         except BaseException:
-            await client.aclose()
+            await store.close()
             raise
         return store
 
     def __del__(self) -> None:
-        if self._owns_client and self._client is not None:
+        if getattr(self, "_owns_client", False) and getattr(self, "_client", None) is not None:
             warnings.warn(
                 f"RedisStore({self._where}) was not closed; call await store.close()",
                 ResourceWarning,
@@ -237,8 +242,6 @@ class RedisStore:
         """Translate redis-py and socket errors into statekeeper's (see `_translate`)."""
         try:
             yield
-        except StatekeeperError:
-            raise
         except (rx.RedisError, OSError) as exc:
             raise _translate(exc, self._where) from exc
 
@@ -297,7 +300,10 @@ class RedisStore:
         """
         doc = record.model_dump_json() if record is not None else ""
         if len(doc) > self.max_payload_bytes:
-            check_session_record(record, self.max_payload_bytes)  # type: ignore[arg-type]
+            raise PayloadTooLargeError(
+                f"session {session_id!r} record would be {len(doc)} bytes; "
+                f"the limit is {self.max_payload_bytes}"
+            )
         args: list[Any] = [
             base[0],
             base[1],
@@ -378,6 +384,7 @@ class RedisStore:
             return updated
 
         async with self._serial((tenant, session_id)):
+            state = None
             cached = self._heads.get((tenant, session_id))
             if cached is not None:
                 try:
@@ -386,13 +393,16 @@ class RedisStore:
                     pass  # perhaps only because the cached head is stale: check below
                 else:
                     base = (cached[0], cached[1].version)
-                    if await self._commit(tenant, session_id, base, updated) is None:
+                    state = await self._commit(tenant, session_id, base, updated)
+                    if state is None:
                         return updated
+            if state is None:
+                state = await self._state(tenant, session_id)
             while True:
-                generation, record, _ = await self._state(tenant, session_id)
+                generation, record, _ = state
                 updated = plan(record)
-                base = (generation, record.version)
-                if await self._commit(tenant, session_id, base, updated) is None:
+                state = await self._commit(tenant, session_id, (generation, record.version), updated)
+                if state is None:
                     return updated
 
     async def list_sessions(self, tenant: str, query: SessionQuery) -> Page:
@@ -417,7 +427,7 @@ class RedisStore:
             start += int(reply[0])
             with gc_paused():
                 for doc in reply[1:]:
-                    record = SessionRecord.model_validate_json(doc)
+                    record = self._head_doc("(listed)", doc)
                     if record.id in seen or not matches_query(record, query):
                         continue  # (seen: moved by a concurrent update between batches)
                     seen.add(record.id)

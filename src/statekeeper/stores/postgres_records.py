@@ -1,0 +1,224 @@
+"""Versioned records and event logs of the PostgreSQL store (each one statement).
+
+A record write is a single upsert or compare-and-set ``UPDATE`` whose ``WHERE`` holds the
+version check; an event append takes its numbers from the log's row in the same
+statement as the insert, so numbers have no gaps and concurrent appenders queue on that
+row only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from pydantic import JsonValue
+
+from statekeeper.core.messages import utcnow
+from statekeeper.errors import StoreCorruptError, StoreUnavailableError
+from statekeeper.ids import validate_id
+from statekeeper.jsoncodec import encode_json, loads
+from statekeeper.stores.base import Event, EventDraft, VersionedRecord
+from statekeeper.stores.common import (
+    check_expiry,
+    check_limit,
+    check_record_ids,
+    check_record_version,
+    record_not_found,
+)
+from statekeeper.stores.postgres_conn import ATTEMPTS, Connection, PostgresBase
+
+__all__ = ["PostgresRecordsAndEvents"]
+
+KEY_END = "\x7f"  # sorts after every character an id may contain
+
+
+class PostgresRecordsAndEvents(PostgresBase):
+    """The `RecordStore` and `EventLogStore` halves of `PostgresStore`."""
+
+    # -- records ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _record(namespace: str, row: Sequence[Any]) -> VersionedRecord:
+        key, version, updated_at, expires_at, text = row
+        try:
+            value = loads(text)
+        except ValueError as exc:
+            raise StoreCorruptError(f"record {namespace}/{key} cannot be decoded: {exc}") from exc
+        return VersionedRecord(
+            namespace=namespace,
+            key=key,
+            value=value,
+            version=version,
+            updated_at=updated_at,
+            expires_at=expires_at,
+        )
+
+    async def get_record(self, tenant: str, namespace: str, key: str) -> VersionedRecord:
+        check_record_ids(tenant, namespace, key)
+        params = {"t": tenant, "ns": namespace, "k": key, "now": utcnow()}
+
+        async def get(conn: Connection) -> VersionedRecord:
+            cur = await conn.execute(self._q.get_record, params)
+            row = await cur.fetchone()
+            if row is None:
+                raise record_not_found(namespace, key)
+            return self._record(namespace, row)
+
+        return await self._run(get, idempotent=True)
+
+    async def put_record(
+        self,
+        tenant: str,
+        namespace: str,
+        key: str,
+        value: JsonValue,
+        *,
+        expected_version: int | None = None,
+        expires_at: datetime | None = None,
+    ) -> VersionedRecord:
+        check_record_ids(tenant, namespace, key)
+        check_expiry(expires_at)
+        text = encode_json(value, what=f"record {namespace}/{key}", limit=self.max_payload_bytes)
+        if expected_version is None:
+            sql = self._q.put_record
+        elif expected_version == 0:
+            sql = self._q.create_record
+        else:
+            sql = self._q.replace_record
+
+        async def put(conn: Connection) -> VersionedRecord:
+            for _ in range(ATTEMPTS):
+                now = utcnow()
+                params = {
+                    "t": tenant,
+                    "ns": namespace,
+                    "k": key,
+                    "now": now,
+                    "exp": expires_at,
+                    "v": text,
+                    "ver": expected_version,
+                }
+                row = await (await conn.execute(sql, params)).fetchone()
+                if row is not None:
+                    return self._record(namespace, (key, row[0], now, expires_at, text))
+                found = await (await conn.execute(self._q.record_version, params)).fetchone()
+                check_record_version(namespace, key, found[0] if found else 0, expected_version)
+            raise StoreUnavailableError(f"record {namespace}/{key} keeps changing; retry later")
+
+        return await self._write(put)
+
+    async def list_records(
+        self,
+        tenant: str,
+        namespace: str,
+        *,
+        prefix: str = "",
+        after_key: str | None = None,
+        limit: int = 100,
+    ) -> list[VersionedRecord]:
+        check_record_ids(tenant, namespace)
+        check_limit(limit)
+        if prefix:
+            validate_id(prefix, "key prefix")
+        params = {
+            "t": tenant,
+            "ns": namespace,
+            "low": prefix,
+            "high": prefix + KEY_END,
+            "after": after_key or "",
+            "now": utcnow(),
+            "limit": limit,
+        }
+
+        async def run(conn: Connection) -> list[VersionedRecord]:
+            cur = await conn.execute(self._q.list_records, params)
+            return [self._record(namespace, row) for row in await cur.fetchall()]
+
+        return await self._run(run, idempotent=True)
+
+    async def delete_record(
+        self, tenant: str, namespace: str, key: str, *, expected_version: int | None = None
+    ) -> None:
+        check_record_ids(tenant, namespace, key)
+
+        async def delete(conn: Connection) -> None:
+            for _ in range(ATTEMPTS):
+                params = {"t": tenant, "ns": namespace, "k": key, "now": utcnow()}
+                params["ver"] = expected_version
+                cur = await conn.execute(self._q.delete_record, params)
+                if await cur.fetchone() is not None:
+                    return
+                found = await (await conn.execute(self._q.record_version, params)).fetchone()
+                if found is None:
+                    raise record_not_found(namespace, key)
+                check_record_version(namespace, key, found[0], expected_version)
+            raise StoreUnavailableError(f"record {namespace}/{key} keeps changing; retry later")
+
+        await self._write(delete)
+
+    # -- events ----------------------------------------------------------------------------
+
+    async def append_events(
+        self, tenant: str, log_id: str, events: Sequence[EventDraft]
+    ) -> list[Event]:
+        check_record_ids(tenant, log_id)
+        texts = [
+            encode_json(e.payload, what=f"event {e.stream}/{e.kind}", limit=self.max_payload_bytes)
+            for e in events
+        ]
+        if not events:
+            return []
+        count = len(events)
+        params = (
+            tenant,
+            log_id,
+            count,
+            tenant,
+            log_id,
+            count,
+            [e.stream for e in events],
+            [e.kind for e in events],
+            [e.ts for e in events],
+            texts,
+        )
+
+        async def append(conn: Connection) -> int:
+            cur = await conn.execute(self._q.append_events, params)
+            return min(int(seq) for (seq,) in await cur.fetchall())
+
+        first = await self._write(append)
+        return [
+            Event(log_id, first + i, e.stream, e.kind, e.ts, loads(text))
+            for i, (e, text) in enumerate(zip(events, texts, strict=True))
+        ]
+
+    async def read_events(
+        self, tenant: str, log_id: str, *, after_seq: int = 0, limit: int | None = None
+    ) -> list[Event]:
+        check_record_ids(tenant, log_id)
+        check_limit(limit)
+
+        async def read(conn: Connection) -> list[tuple[Any, ...]]:
+            cur = await conn.execute(self._q.read_events, (tenant, log_id, after_seq, limit))
+            return await cur.fetchall()
+
+        out: list[Event] = []
+        for seq, stream, kind, ts, text in await self._run(read, idempotent=True):
+            try:
+                payload = loads(text)
+            except ValueError as exc:
+                payload = {"error": f"corrupt event: {exc}", "raw": str(text)[:200]}
+                stream, kind = "error", "corrupt"
+            out.append(Event(log_id, seq, stream, kind, ts, payload))
+        return out
+
+    async def delete_event_log(self, tenant: str, log_id: str) -> None:
+        check_record_ids(tenant, log_id)
+
+        async def delete(conn: Connection) -> None:
+            # The log's row first: an append in flight holds it, and is then deleted too.
+            await conn.execute(self._q.delete_event_log, (tenant, log_id))
+            await conn.execute(self._q.delete_events, (tenant, log_id))
+
+        await self._write(delete, tx=True)

@@ -1,0 +1,276 @@
+"""Plumbing shared by the parts of the Redis store: the client, scripts, errors, encodings.
+
+Connections: redis-py's own retries are off. A write whose reply was lost may have been
+applied, and only the caller knows whether repeating it is safe (an append retried with
+the same entry ids replays; a counter added twice is not), so lost connections and
+timeouts raise `StoreUnavailableError` at once. The pool checks a connection before
+reusing it, so the first operation after a server comes back reconnects and succeeds.
+Passwords never appear in ``url`` or in error messages.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from statekeeper.errors import (
+    InvalidInputError,
+    MissingExtraError,
+    StoreCorruptError,
+    StoreError,
+    StoreFullError,
+    StoreReadOnlyError,
+    StoreUnavailableError,
+)
+from statekeeper.ids import validate_id
+from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES, encode_json, loads
+from statekeeper.stores.base import Entry, Event, corrupt_entry
+from statekeeper.stores.redis_scripts import Keys, Script
+
+try:
+    from redis import exceptions as rx
+    from redis.asyncio import Redis
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+except ImportError:  # pragma: no cover - depends on the environment
+    raise MissingExtraError("Redis store", "redis") from None
+
+__all__ = [
+    "RedisBase",
+    "connect",
+    "decode_entry",
+    "decode_event",
+    "dt",
+    "encode_entry",
+    "to_bytes",
+    "to_text",
+    "translate",
+    "us",
+]
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_UNAVAILABLE_REPLIES = ("LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS")
+
+
+def us(value: datetime) -> int:
+    """Microseconds since the epoch (exact; what scores and stored times use)."""
+    delta = value - EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def dt(micros: int) -> datetime:
+    """The UTC datetime of `us`."""
+    return EPOCH + timedelta(microseconds=micros)
+
+
+def to_bytes(value: bytes | str) -> bytes:
+    """A reply as bytes (clients made with ``decode_responses=True`` return str)."""
+    return value.encode() if isinstance(value, str) else value
+
+
+def to_text(value: bytes | str) -> str:
+    """A reply as str."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class RedisBase:
+    """A client, the store's key names, and running scripts with translated errors."""
+
+    def __init__(
+        self,
+        client: Redis,
+        *,
+        prefix: str = "statekeeper",
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        owns_client: bool = False,
+    ) -> None:
+        validate_id(prefix, "key prefix")
+        self.prefix = prefix
+        self.max_payload_bytes = max_payload_bytes
+        self.keys = Keys(prefix)
+        self._client: Redis | None = client
+        self._owns_client = owns_client
+        info = client.connection_pool.connection_kwargs
+        where = info.get("path") or f"{info.get('host', 'localhost')}:{info.get('port', 6379)}"
+        self._where = f"{where}/{info.get('db', 0)}"
+        self.url = f"redis://{self._where}?prefix={prefix}"
+
+    def __del__(self) -> None:
+        if getattr(self, "_owns_client", False) and getattr(self, "_client", None) is not None:
+            warnings.warn(
+                f"{type(self).__name__}({self._where}) was not closed; call await store.close()",
+                ResourceWarning,
+                stacklevel=1,
+            )
+
+    async def close(self) -> None:
+        """Close the connection pool if this store opened it. Idempotent."""
+        client, self._client = self._client, None
+        if client is not None and self._owns_client:
+            await client.aclose()
+
+    async def _check(self) -> None:
+        """PING the server; `StoreUnavailableError` (and the store closed) if it fails."""
+        try:
+            with self._translated():
+                await self._redis.ping()
+        except BaseException:
+            await self.close()
+            raise
+
+    @property
+    def _redis(self) -> Redis:
+        if self._client is None:
+            raise StoreUnavailableError("the store is closed; open a new one")
+        return self._client
+
+    @contextmanager
+    def _translated(self) -> Iterator[None]:
+        """Translate redis-py and socket errors into statekeeper's (see `translate`)."""
+        try:
+            yield
+        except (rx.RedisError, OSError) as exc:
+            raise translate(exc, self._where) from exc
+
+    async def _run(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """EVALSHA, loading the script first if the server does not know it (a restart)."""
+        client = self._redis
+        with self._translated():
+            try:
+                return await client.evalsha(script.sha, len(keys), *keys, *args)
+            except rx.NoScriptError:
+                await client.script_load(script.source)
+                return await client.evalsha(script.sha, len(keys), *keys, *args)
+
+
+def connect(location: str, *, socket_timeout: float) -> Redis:
+    """A client for the URL's unquoted netloc + path: ``[[user]:password@]host[:port][/db]``
+    or a unix socket path. Commands are never retried (see the module docstring)."""
+    return Redis(
+        **_address(location),
+        socket_timeout=socket_timeout,
+        socket_connect_timeout=socket_timeout,
+        retry=Retry(NoBackoff(), 0),
+        protocol=2,
+    )
+
+
+def _address(location: str) -> dict[str, Any]:
+    userinfo, at, address = location.rpartition("@")
+    settings: dict[str, Any] = {}
+    if at:
+        username, colon, password = userinfo.partition(":")
+        settings["username"] = username or None
+        settings["password"] = password if colon else None
+    if address.startswith("/"):
+        settings["unix_socket_path"] = address
+        return settings
+    hostport, _, db = address.partition("/")
+    if hostport.startswith("["):  # [IPv6]:port
+        host, _, rest = hostport[1:].partition("]")
+        port = rest.removeprefix(":")
+    else:
+        host, _, port = hostport.partition(":")
+    try:
+        settings["host"] = host or "localhost"
+        settings["port"] = int(port) if port else 6379
+        settings["db"] = int(db.strip("/") or 0)
+    except ValueError:
+        # The address, never the credentials, goes into the message.
+        raise InvalidInputError(
+            f"invalid Redis address {address!r}; use redis://host:port/db"
+        ) from None
+    return settings
+
+
+def translate(exc: Exception, where: str) -> StoreError:
+    """The most specific statekeeper error for a redis-py or socket error."""
+    text = str(exc)
+    if isinstance(exc, rx.ReadOnlyError) or text.startswith("READONLY"):
+        return StoreReadOnlyError(
+            f"Redis at {where} is a read-only replica and refuses writes ({text}); "
+            "connect to the primary"
+        )
+    if isinstance(exc, rx.OutOfMemoryError) or text.startswith("OOM"):
+        return StoreFullError(
+            f"Redis at {where} is out of memory ({text}); free memory or raise maxmemory"
+        )
+    if isinstance(exc, rx.AuthenticationError | rx.AuthenticationWrongNumberOfArgsError):
+        return StoreUnavailableError(
+            f"Redis at {where} refused the credentials ({text}); check the user and password"
+        )
+    if isinstance(exc, rx.NoPermissionError):
+        return StoreUnavailableError(
+            f"the Redis user may not run this command at {where} ({text}); check its ACL"
+        )
+    if isinstance(exc, rx.ConnectionError | rx.TimeoutError | OSError) or text.startswith(
+        _UNAVAILABLE_REPLIES
+    ):
+        return StoreUnavailableError(
+            f"cannot reach Redis at {where} ({text or type(exc).__name__}); retry when it is back"
+        )
+    if text.startswith("WRONGTYPE"):
+        return StoreCorruptError(
+            f"a key under this store's prefix at {where} holds another type ({text}); "
+            "is another application writing under the same prefix?"
+        )
+    return StoreError(f"Redis at {where}: {text}")
+
+
+# -- stored forms ------------------------------------------------------------------------
+# A transcript entry is one member of the session's entries sorted set, scored by its seq:
+# a JSON header [id, parent_seq, kind, created_us], a newline, then the payload's JSON
+# text. JSON escapes newlines inside strings, so the first newline ends the header.
+
+
+def encode_entry(entry: Entry, text: str) -> bytes:
+    """An entry as stored (``text`` is its payload's JSON)."""
+    header = encode_json(
+        [entry.id, entry.parent_seq, entry.kind, us(entry.created_at)],
+        what=f"entry {entry.id!r}",
+    )
+    return f"{header}\n{text}".encode()
+
+
+def decode_entry(member: bytes, seq: int, *, payload: bool = True) -> Entry:
+    """A stored entry; undecodable bytes become a "corrupt" entry, never a skip.
+
+    With ``payload=False`` only the header is decoded (the payload is left empty).
+    """
+    header, _, body = member.partition(b"\n")
+    try:
+        entry_id, parent, kind, created_us = loads(header)
+        created = dt(created_us)
+        if not isinstance(entry_id, str) or not isinstance(kind, str):
+            raise ValueError("entry header has the wrong types")
+    except (ValueError, TypeError) as exc:
+        raw = member.decode(errors="replace")
+        return corrupt_entry(seq, f"corrupt-{seq}", None, EPOCH, raw, f"bad header: {exc}")
+    if not payload:
+        return Entry(seq, entry_id, parent, kind, created, {})
+    try:
+        data = loads(body)
+        if not isinstance(data, dict):
+            raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+    except ValueError as exc:
+        return corrupt_entry(seq, entry_id, parent, created, body.decode(errors="replace"), str(exc))
+    return Entry(seq, entry_id, parent, kind, created, data)
+
+
+def decode_event(log_id: str, stream_id: bytes | str, fields: Any) -> Event:
+    """An event from its stream entry (id ``<seq>-0``; fields s, k, t, p).
+
+    Undecodable fields give an event of stream "error", kind "corrupt" (never a skip).
+    """
+    seq = int(to_text(stream_id).partition("-")[0])
+    get = {to_text(k): v for k, v in dict(fields or {}).items()}
+    try:
+        payload = loads(get["p"])
+        stream, kind, ts = to_text(get["s"]), to_text(get["k"]), dt(int(get["t"]))
+    except (KeyError, ValueError, UnicodeDecodeError) as exc:
+        raw = str(get.get("p", b""))[:200]
+        return Event(log_id, seq, "error", "corrupt", EPOCH, {"error": str(exc), "raw": raw})
+    return Event(log_id, seq, stream, kind, ts, payload)
