@@ -423,7 +423,6 @@ def list_subagents(
 
 @dataclass
 class _Killed:
-    entry: SubagentEntry
     before: str | None = None
     """The run's status before the cancel; None when the run is not in the runs index."""
     after: str | None = None
@@ -436,29 +435,29 @@ def kill(ctx: typer.Context, run_id: SubagentRunId) -> None:
     """Cancel a running child run and mark its entry killed.
 
     A stopped run is cancelled at once; a run another process is running stops before
-    its next step (its cancel flag is set in the runs index).
+    its next step (its cancel flag is set in the runs index). An entry whose run is not
+    in the runs index is only marked killed.
     """
-    seen: dict[str, Any] = {}
+    killed = _Killed()
 
-    async def work(store: Store, tenant: str) -> _Killed:
+    async def work(store: Store, tenant: str) -> SubagentEntry:
         runner = Runner(store, tenant, agents=[])
 
         async def cancel(child: str) -> None:
             try:
-                before = (await runner.load(child)).status
+                await runner.runs.index(child)
             except NotFoundError:
                 return  # not in the runs index: nothing to cancel, only the entry to mark
+            killed.before = str((await runner.load(child)).status)
             state = await runner.cancel(child, "killed with `statekeeper subagents kill`")
-            seen["before"], seen["after"] = str(before), str(state.status)
-            seen["owner"] = (await runner.runs.index(child))[0].owner
+            killed.after = str(state.status)
+            killed.owner = (await runner.runs.index(child))[0].owner
 
         registry = SubagentRegistry(store, tenant, owner_id=CLI_OWNER, kill=cancel)
-        entry = await registry.kill(run_id)
-        return _Killed(entry, seen.get("before"), seen.get("after"), seen.get("owner"))
+        return await registry.kill(run_id)
 
-    killed = run(ctx, work)
+    entry = run(ctx, work)
     out = console()
-    entry = killed.entry
     if entry.status != SubagentStatus.KILLED:
         out.print(Text(f"subagent run {run_id} finished ({entry.status}) before it was killed"))
         return

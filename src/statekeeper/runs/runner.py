@@ -53,6 +53,7 @@ from statekeeper.runtime.followups import FollowupQueue
 from statekeeper.runtime.lanes import CommandLanes
 from statekeeper.runtime.subagents import SubagentFinishedError, SubagentRegistry
 from statekeeper.sessions import SessionManager
+from statekeeper.sessions.view import message_of
 from statekeeper.stores.base import EventDraft, Store
 
 __all__ = ["EventSink", "RunResult", "Runner"]
@@ -436,11 +437,7 @@ class Runner:
         )
         live.seen_seq = record.last_seq
         own = live.writer.written
-        foreign = [
-            Message.model_validate(e.payload)
-            for e in entries
-            if e.kind == "message" and e.seq not in own
-        ]
+        foreign = [message_of(e) for e in entries if e.kind == "message" and e.seq not in own]
         live.writer.written = {seq for seq in own if seq > live.seen_seq}
         if foreign:
             live.messages.extend(foreign)

@@ -36,6 +36,7 @@ from statekeeper.errors import (
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import loads
 from statekeeper.runs.state import RunState
+from statekeeper.sessions.view import message_draft
 from statekeeper.stores.base import Entry, EntryDraft, SessionPatch, SessionRecord, Store
 
 __all__ = ["CHECKPOINT_KIND", "RUNS_NAMESPACE", "RunIndex", "RunStore", "Saved"]
@@ -179,9 +180,7 @@ class RunStore:
         with_tokens = [counted(m, self.counter) for m in messages]
         state.revision += 1
         state.updated_at = utcnow()
-        drafts = [
-            EntryDraft(id=m.id, payload=m.to_dict(), created_at=m.created_at) for m in with_tokens
-        ]
+        drafts = [message_draft(m) for m in with_tokens]
         drafts.append(
             EntryDraft(
                 id=checkpoint_id(state.run_id, state.revision),

@@ -30,7 +30,7 @@ from statekeeper.ids import new_id, validate_id
 from statekeeper.sessions.compaction import CompactionResult, Summarizer, compact_session
 from statekeeper.sessions.portable import export_session, import_session
 from statekeeper.sessions.state import ScopedState
-from statekeeper.sessions.view import TranscriptView, active_branch, build_view
+from statekeeper.sessions.view import TranscriptView, active_branch, build_view, message_draft
 from statekeeper.stores.base import (
     DeliveryContext,
     Entry,
@@ -265,10 +265,7 @@ class Session:
         result = await self._store.append_entries(
             self._tenant,
             self.id,
-            [
-                EntryDraft(id=m.id, payload=m.to_dict(), created_at=m.created_at)
-                for m in with_tokens
-            ],
+            [message_draft(m) for m in with_tokens],
             expected_version=self.version if strict else None,
             patch=SessionPatch(
                 add={
@@ -468,7 +465,7 @@ class Session:
         result = await self._store.append_entries(
             self._tenant,
             target,
-            [EntryDraft(id=m.id, payload=m.to_dict(), created_at=m.created_at) for m in carried],
+            [message_draft(m) for m in carried],
             expected_version=created.version,
             patch=SessionPatch(add={"fresh_tokens": tokens, "message_count": len(carried)}),
         )

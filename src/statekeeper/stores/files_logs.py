@@ -155,7 +155,12 @@ def parse_event(raw: bytes, log_id: str, seq: int) -> Event:
     except (ValueError, KeyError, TypeError) as exc:
         text = raw.decode("utf-8", errors="replace")
         return Event(
-            log_id, seq, "error", "corrupt", EPOCH, {"error": f"corrupt event: {exc}", "raw": text[:200]}
+            log_id,
+            seq,
+            "error",
+            "corrupt",
+            EPOCH,
+            {"error": f"corrupt event: {exc}", "raw": text[:200]},
         )
 
 

@@ -393,8 +393,9 @@ class PostgresStore(PostgresRecordsAndEvents):
             return sk, AppendResult(session=planned.session, entries=planned.entries)
 
         async def careful(conn: Connection) -> tuple[int, AppendResult]:
+            ids = [validate_id(d.id, "entry id") for d in drafts]
             sk, record = await self._head(conn, tenant, session_id, lock=True)
-            cur = await conn.execute(self._q.entries_by_id, (sk, [d.id for d in drafts]))
+            cur = await conn.execute(self._q.entries_by_id, (sk, ids))
             existing = {e.id: e for e in self._entries(await cur.fetchall())}
             planned = plan(record, existing)
             if planned.replayed:

@@ -279,7 +279,7 @@ class PostgresBase:
             for number in range(version + 1, SCHEMA_VERSION + 1):
                 for statement in self._q.migration(number):
                     await conn.execute(statement)
-                await conn.execute(self._q.record_version, (number, MIGRATIONS[number - 1][0]))
+                await conn.execute(self._q.record_migration, (number, MIGRATIONS[number - 1][0]))
 
         version = await self._run(read_version, idempotent=True)
         if version > SCHEMA_VERSION:

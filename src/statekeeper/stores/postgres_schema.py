@@ -129,7 +129,7 @@ class Statements:
             "summary text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())",
             q,
         )
-        self.record_version = _sql(
+        self.record_migration = _sql(
             "INSERT INTO {s}.schema_migrations (version, summary) VALUES (%s, %s)", q
         )
         # -- sessions

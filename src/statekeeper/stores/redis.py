@@ -4,7 +4,7 @@ Options (query string or keywords): ``prefix`` (key namespace, default ``stateke
 ``max_payload_bytes``, ``socket_timeout`` (seconds, default 5). Needs the ``redis``
 extra. Durability is the server's: with ``appendonly yes`` and ``appendfsync always`` an
 acknowledged write survives a power loss; with Redis' defaults it may lose the last
-second (or everything, without persistence).
+second, and without persistence everything on a restart.
 
 Keys (see `redis_scripts.Keys`; ``P`` is the prefix, ``{t}`` the tenant as a hash tag)::
 
@@ -17,73 +17,53 @@ Keys (see `redis_scripts.Keys`; ``P`` is the prefix, ``{t}`` the tenant as a has
     P/{t}/ev/<log>         stream  events, entry id "<seq>-0"; fields s, k, t, p
 
 Atomicity: every write is one Lua script (`redis_scripts`), never a read-modify-write
-over several round trips. Appends and head updates are planned in Python with the
-shared rules (`plan_append`, `apply_patch`) against the head this handle last saw, then
-committed by a script that compares the stored head's generation and version first
+spread over round trips. Appends and head updates are planned in Python with the shared
+rules (`plan_append`, `apply_patch`) against the head this handle last saw, then
+committed by a script that first compares the stored head's generation and version
 (compare-and-set) and checks that no draft id is stored yet. When another writer got
-there first, the script answers with the current head and any stored drafts instead of
-writing, and the append is planned again from that state; so the common case costs one
-round trip, and a replayed retry is detected under the same atomic check. The
-generation is a random token set at creation, so a session deleted and created again
-never matches a version seen before. Writers of one session in one handle queue on a
-lock instead of racing each other. Records (compare-and-set on their version) and events
-(the next seqs taken from the stream's last id) are single scripts too.
+there first, the script answers with the current head and the drafts already stored
+instead of writing, and the append is planned again from that state: the usual case
+costs one round trip, and a retried append is recognised as a replay under the same
+atomic check. The generation is a random token set at creation, so a session deleted
+and created again never matches a version seen before. Writers of one session through
+one handle queue on a lock instead of racing each other; other handles and processes
+race, and the compare-and-set decides. Listing is not one snapshot (batches are).
 
-A Redis key of a record with ``expires_at`` also expires in Redis a minute after it (so
-clock skew between client and server never hides a live record); until then the client
-clock decides, like every backend. Lost connections and timeouts raise
-`StoreUnavailableError` (redis-py's own retries are off: a write whose reply was lost may
-have been applied, and only the caller knows whether repeating it is safe; an append
-retried with the same entry ids replays). A read-only replica raises
-`StoreReadOnlyError`, ``maxmemory`` reached `StoreFullError`. Passwords never appear in
-``url`` or in error messages.
+The parts live in sibling modules: `redis_scripts` (keys and Lua), `redis_base`
+(client, errors, stored forms), `redis_records` (records and event logs).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import warnings
-from collections.abc import AsyncIterator, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
-from datetime import UTC, datetime, timedelta
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
-
-from pydantic import JsonValue
 
 from statekeeper.core.messages import utcnow
 from statekeeper.errors import (
     AlreadyExistsError,
-    InvalidInputError,
-    MissingExtraError,
     NotFoundError,
     PayloadTooLargeError,
     StatekeeperError,
     StoreCorruptError,
-    StoreError,
-    StoreFullError,
-    StoreReadOnlyError,
-    StoreUnavailableError,
 )
 from statekeeper.ids import validate_id
-from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES, encode_json, gc_paused, loads
+from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES, gc_paused
 from statekeeper.stores.base import (
     AppendPlan,
     AppendResult,
     Entry,
     EntryDraft,
-    Event,
-    EventDraft,
     Page,
     SessionPatch,
     SessionQuery,
     SessionRecord,
     Store,
-    VersionedRecord,
     apply_patch,
     check_tenant_and_id,
     check_version,
-    corrupt_entry,
     decode_cursor,
     encode_cursor,
     matches_query,
@@ -91,70 +71,48 @@ from statekeeper.stores.base import (
     prunable,
 )
 from statekeeper.stores.common import (
-    check_expiry,
     check_limit,
     check_prunable_kind,
-    check_record_ids,
-    check_record_version,
     check_session_record,
     new_session_record,
-    record_not_found,
     session_not_found,
 )
+from statekeeper.stores.redis_base import (
+    DEFAULT_SOCKET_TIMEOUT,
+    Redis,
+    connect,
+    decode_entry,
+    encode_entry,
+    to_bytes,
+    to_text,
+    us,
+)
+from statekeeper.stores.redis_records import RedisRecords
 from statekeeper.stores.redis_scripts import (
-    APPEND_EVENTS,
     COMMIT,
     CREATE_SESSION,
-    DELETE_RECORD,
     DELETE_SESSION,
     GET_ENTRY,
     LINKS,
-    LIST_RECORDS,
     LIST_SESSIONS,
     PRUNE,
-    PUT_RECORD,
     READ_ENTRIES,
-    Keys,
-    Script,
 )
-
-try:
-    from redis import exceptions as rx
-    from redis.asyncio import Redis
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-except ImportError:  # pragma: no cover - depends on the environment
-    raise MissingExtraError("Redis store", "redis") from None
 
 __all__ = ["RedisStore", "open_redis"]
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_EXPIRY_GRACE_MS = 60_000
 _MAX_CACHED_HEADS = 10_000
 _NO_PATCH = SessionPatch()
-_UNAVAILABLE_REPLIES = ("LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS")
+State = tuple[bytes, SessionRecord, dict[str, Entry]]
+"""What a session's writes are planned from: (generation, head, drafts already stored)."""
 
 
-def _us(value: datetime) -> int:
-    delta = value - _EPOCH
-    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+class RedisStore(RedisRecords):
+    """A store in a Redis server.
 
-
-def _dt(us: int) -> datetime:
-    return _EPOCH + timedelta(microseconds=us)
-
-
-def _bytes(value: bytes | str) -> bytes:
-    return value.encode() if isinstance(value, str) else value
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-class RedisStore:
-    """A store in a Redis server. ``RedisStore(client)`` uses a client you own;
-    `RedisStore.from_url` (or ``open_store("redis://...")``) opens and owns one."""
+    ``RedisStore(client, prefix=...)`` uses a redis-py asyncio client you own (and keep
+    open); `RedisStore.open` (or ``open_store("redis://...")``) connects and owns one.
+    """
 
     def __init__(
         self,
@@ -164,42 +122,25 @@ class RedisStore:
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         owns_client: bool = False,
     ) -> None:
-        validate_id(prefix, "key prefix")
-        self.prefix = prefix
-        self.max_payload_bytes = max_payload_bytes
-        self.keys = Keys(prefix)
-        self._client: Redis | None = client
-        self._owns_client = owns_client
-        info = client.connection_pool.connection_kwargs
-        where = info.get("path") or f"{info.get('host', 'localhost')}:{info.get('port', 6379)}"
-        self._where = f"{where}/{info.get('db', 0)}"
-        self.url = f"redis://{self._where}?prefix={prefix}"
-        self._shas: dict[str, str] = {}
+        super().__init__(
+            client, prefix=prefix, max_payload_bytes=max_payload_bytes, owns_client=owns_client
+        )
         # (tenant, id) -> (generation, head) as this handle last wrote or read it.
         self._heads: dict[tuple[str, str], tuple[bytes, SessionRecord]] = {}
         self._locks: dict[tuple[str, str], tuple[asyncio.Lock, list[int]]] = {}
 
     @classmethod
-    async def from_url(
+    async def open(
         cls,
-        url: str,
+        location: str = "localhost:6379/0",
         *,
         prefix: str = "statekeeper",
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
-        socket_timeout: float = 5.0,
+        socket_timeout: float = DEFAULT_SOCKET_TIMEOUT,
     ) -> RedisStore:
-        """Connect to ``url`` (checked with a PING) and own the connection pool."""
-        client = Redis.from_url(
-            url,
-            socket_timeout=socket_timeout,
-            socket_connect_timeout=socket_timeout,
-            retry=Retry(NoBackoff(), 0),
-            protocol=2,
-        )
-        return await cls._opened(client, prefix, max_payload_bytes)
-
-    @classmethod
-    async def _opened(cls, client: Redis, prefix: str, max_payload_bytes: int) -> RedisStore:
+        """Connect to ``[[user]:password@]host[:port][/db]`` (or a unix socket path),
+        check the server answers, and own the connection pool."""
+        client = connect(location, socket_timeout=socket_timeout)
         try:
             store = cls(
                 client, prefix=prefix, max_payload_bytes=max_payload_bytes, owns_client=True
@@ -207,53 +148,10 @@ class RedisStore:
         except BaseException:
             await client.aclose()
             raise
-        try:
-            with store._translated():
-                await client.ping()
-        except BaseException:
-            await store.close()
-            raise
+        await store._check()
         return store
 
-    def __del__(self) -> None:
-        if getattr(self, "_owns_client", False) and getattr(self, "_client", None) is not None:
-            warnings.warn(
-                f"RedisStore({self._where}) was not closed; call await store.close()",
-                ResourceWarning,
-                stacklevel=1,
-            )
-
-    async def close(self) -> None:
-        """Close the connection pool if this store opened it. Idempotent."""
-        client, self._client = self._client, None
-        if client is not None and self._owns_client:
-            await client.aclose()
-
     # -- plumbing ------------------------------------------------------------------------
-
-    @property
-    def _redis(self) -> Redis:
-        if self._client is None:
-            raise StoreUnavailableError("the store is closed; open a new one")
-        return self._client
-
-    @contextmanager
-    def _translated(self) -> Iterator[None]:
-        """Translate redis-py and socket errors into statekeeper's (see `_translate`)."""
-        try:
-            yield
-        except (rx.RedisError, OSError) as exc:
-            raise _translate(exc, self._where) from exc
-
-    async def _run(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """EVALSHA, loading the script first if the server does not know it (a restart)."""
-        client = self._redis
-        with self._translated():
-            try:
-                return await client.evalsha(script.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
-            except rx.NoScriptError:
-                await client.script_load(script.source)
-                return await client.evalsha(script.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
 
     @asynccontextmanager
     async def _serial(self, key: tuple[str, str]) -> AsyncIterator[None]:
@@ -309,7 +207,7 @@ class RedisStore:
             base[1],
             record.version if record is not None else 0,
             doc,
-            _us(record.last_active) if record is not None else 0,
+            us(record.last_active) if record is not None else 0,
             session_id,
             len(ids),
             *ids,
@@ -324,13 +222,13 @@ class RedisStore:
         if reply[0] == 0:
             self._heads.pop((tenant, session_id), None)
             raise session_not_found(session_id)
-        generation = _bytes(reply[1])
+        generation = to_bytes(reply[1])
         current = self._head_doc(session_id, reply[2])
         self._remember(tenant, generation, current)
         found = {}
         for i in range(3, len(reply), 3):
-            entry = _entry(_bytes(reply[i + 2]), int(reply[i + 1]))
-            found[_text(reply[i])] = entry
+            entry = decode_entry(to_bytes(reply[i + 2]), int(reply[i + 1]))
+            found[to_text(reply[i])] = entry
         return generation, current, found
 
     async def _state(
@@ -348,7 +246,7 @@ class RedisStore:
         created = await self._run(
             CREATE_SESSION,
             self.keys.session_keys(record.tenant, record.id),
-            [generation, record.model_dump_json(), _us(record.last_active), record.id],
+            [generation, record.model_dump_json(), us(record.last_active), record.id],
         )
         if not created:
             raise AlreadyExistsError(f"session {record.id!r} already exists")
@@ -363,7 +261,7 @@ class RedisStore:
         if generation is None or doc is None:
             raise session_not_found(session_id)
         record = self._head_doc(session_id, doc)
-        self._remember(tenant, _bytes(generation), record)
+        self._remember(tenant, to_bytes(generation), record)
         return record
 
     async def update_session(
@@ -401,18 +299,20 @@ class RedisStore:
             while True:
                 generation, record, _ = state
                 updated = plan(record)
-                state = await self._commit(tenant, session_id, (generation, record.version), updated)
+                state = await self._commit(
+                    tenant, session_id, (generation, record.version), updated
+                )
                 if state is None:
                     return updated
 
     async def list_sessions(self, tenant: str, query: SessionQuery) -> Page:
         validate_id(tenant, "tenant")
         position = decode_cursor(query.cursor) if query.cursor is not None else None
-        highs = [_us(position[0])] if position is not None else []
+        highs = [us(position[0])] if position is not None else []
         if query.active_before is not None:
-            highs.append(_us(query.active_before))
+            highs.append(us(query.active_before))
         high = str(min(highs)) if highs else "+inf"
-        low = str(_us(query.active_after)) if query.active_after is not None else "-inf"
+        low = str(us(query.active_after)) if query.active_after is not None else "-inf"
         batch = min(max(query.offset + query.limit + 1, 64), 1000)
         skip = query.offset
         found: list[SessionRecord] = []
@@ -485,7 +385,8 @@ class RedisStore:
 
         async def commit(generation: bytes, planned: AppendPlan) -> Any:
             members = [
-                (e.seq, _member(e, text)) for e, text in zip(planned.entries, planned.encoded)
+                (e.seq, encode_entry(e, text))
+                for e, text in zip(planned.entries, planned.encoded, strict=True)
             ]
             base = (generation, planned.session.version - 1)
             return await self._commit(tenant, session_id, base, planned.session, ids, members)
@@ -535,7 +436,9 @@ class RedisStore:
         if reply[0] == 0:
             raise session_not_found(session_id)
         with gc_paused():
-            return [_entry(_bytes(reply[i]), int(reply[i + 1])) for i in range(1, len(reply), 2)]
+            return [
+                decode_entry(to_bytes(reply[i]), int(reply[i + 1])) for i in range(1, len(reply), 2)
+            ]
 
     async def get_entry(self, tenant: str, session_id: str, entry_id: str) -> Entry:
         check_tenant_and_id(tenant, session_id)
@@ -547,7 +450,7 @@ class RedisStore:
             raise session_not_found(session_id)
         if reply[0] == 1:
             raise NotFoundError(f"entry {entry_id!r} not found in session {session_id!r}")
-        return _entry(_bytes(reply[1]), int(reply[2]))
+        return decode_entry(to_bytes(reply[1]), int(reply[2]))
 
     async def prune_entries(
         self, tenant: str, session_id: str, *, kind: str, before_seq: int, id_prefix: str = ""
@@ -562,7 +465,7 @@ class RedisStore:
                     raise session_not_found(session_id)
                 record = self._head_doc(session_id, reply[1])
                 links = [
-                    _entry(_bytes(reply[i + 1]), int(reply[i]), payload=False)
+                    decode_entry(to_bytes(reply[i + 1]), int(reply[i]), payload=False)
                     for i in range(2, len(reply), 2)
                 ]
                 doomed = set(prunable(links, record, kind, before_seq, id_prefix))
@@ -570,7 +473,7 @@ class RedisStore:
                     return 0
                 updated = apply_patch(record, _NO_PATCH, now=utcnow())
                 args: list[Any] = [reply[0], record.version, updated.version]
-                args += [updated.model_dump_json(), _us(updated.last_active), session_id]
+                args += [updated.model_dump_json(), us(updated.last_active), session_id]
                 for entry in links:
                     if entry.seq in doomed:
                         args += [entry.seq, entry.id]
@@ -578,235 +481,8 @@ class RedisStore:
                 if done[0] == 0:
                     raise session_not_found(session_id)
                 if done[0] == 1:
-                    self._remember(tenant, _bytes(reply[0]), updated)
+                    self._remember(tenant, to_bytes(reply[0]), updated)
                     return len(doomed)
-
-    # -- records -------------------------------------------------------------------------
-
-    def _record(self, namespace: str, key: str, row: Sequence[Any]) -> VersionedRecord:
-        version, updated_us, expires_us, text = row
-        try:
-            value = loads(text)
-        except ValueError as exc:
-            raise StoreCorruptError(f"record {namespace}/{key} cannot be decoded: {exc}") from exc
-        return VersionedRecord(
-            namespace=namespace,
-            key=key,
-            value=value,
-            version=int(version),
-            updated_at=_dt(int(updated_us)),
-            expires_at=_dt(int(expires_us)) if expires_us else None,
-        )
-
-    async def get_record(self, tenant: str, namespace: str, key: str) -> VersionedRecord:
-        check_record_ids(tenant, namespace, key)
-        client = self._redis
-        with self._translated():
-            row = await client.hmget(self.keys.record(tenant, namespace, key), "v", "u", "x", "d")
-        if row[0] is None or (row[2] and int(row[2]) <= _us(utcnow())):
-            raise record_not_found(namespace, key)
-        return self._record(namespace, key, row)
-
-    async def put_record(
-        self,
-        tenant: str,
-        namespace: str,
-        key: str,
-        value: JsonValue,
-        *,
-        expected_version: int | None = None,
-        expires_at: datetime | None = None,
-    ) -> VersionedRecord:
-        check_record_ids(tenant, namespace, key)
-        check_expiry(expires_at)
-        text = encode_json(value, what=f"record {namespace}/{key}", limit=self.max_payload_bytes)
-        now = _us(utcnow())
-        expires = "" if expires_at is None else _us(expires_at)
-        redis_expiry = "" if expires_at is None else _us(expires_at) // 1000 + _EXPIRY_GRACE_MS
-        reply = await self._run(
-            PUT_RECORD,
-            [self.keys.record(tenant, namespace, key), self.keys.record_index(tenant, namespace)],
-            [now, _optional(expected_version), text, now, expires, key, redis_expiry],
-        )
-        if reply[0] == 0:
-            check_record_version(namespace, key, int(reply[1]), expected_version)
-        return self._record(namespace, key, (reply[1], now, expires, text))
-
-    async def list_records(
-        self,
-        tenant: str,
-        namespace: str,
-        *,
-        prefix: str = "",
-        after_key: str | None = None,
-        limit: int = 100,
-    ) -> list[VersionedRecord]:
-        check_record_ids(tenant, namespace)
-        check_limit(limit)
-        if prefix:
-            validate_id(prefix, "key prefix")
-        low = f"({after_key}" if after_key is not None and after_key >= prefix else f"[{prefix}"
-        high = f"({prefix}\x7f" if prefix else "+"
-        out: list[VersionedRecord] = []
-        batch = min(max(limit, 16), 1000)
-        while len(out) < limit:
-            reply = await self._run(
-                LIST_RECORDS,
-                [self.keys.record_index(tenant, namespace)],
-                [self.keys.records(tenant, namespace), low, high, batch],
-            )
-            now = _us(utcnow())
-            for i in range(2, len(reply), 5):
-                row = reply[i + 1 : i + 5]
-                if (not row[2] or int(row[2]) > now) and len(out) < limit:
-                    out.append(self._record(namespace, _text(reply[i]), row))
-            if int(reply[0]) < batch:
-                break
-            low = f"({_text(reply[1])}"
-        return out
-
-    async def delete_record(
-        self, tenant: str, namespace: str, key: str, *, expected_version: int | None = None
-    ) -> None:
-        check_record_ids(tenant, namespace, key)
-        reply = await self._run(
-            DELETE_RECORD,
-            [self.keys.record(tenant, namespace, key), self.keys.record_index(tenant, namespace)],
-            [_us(utcnow()), _optional(expected_version), key],
-        )
-        if reply[0] == 0:
-            raise record_not_found(namespace, key)
-        if reply[0] == 1:
-            check_record_version(namespace, key, int(reply[1]), expected_version)
-
-    # -- events --------------------------------------------------------------------------
-
-    async def append_events(
-        self, tenant: str, log_id: str, events: Sequence[EventDraft]
-    ) -> list[Event]:
-        check_record_ids(tenant, log_id)
-        texts = [
-            encode_json(e.payload, what=f"event {e.stream}/{e.kind}", limit=self.max_payload_bytes)
-            for e in events
-        ]
-        if not events:
-            return []
-        args: list[Any] = []
-        for event, text in zip(events, texts, strict=True):
-            args += [event.stream, event.kind, _us(event.ts), text]
-        first = int(await self._run(APPEND_EVENTS, [self.keys.events(tenant, log_id)], args))
-        return [
-            Event(log_id, first + i, e.stream, e.kind, _dt(_us(e.ts)), loads(text))
-            for i, (e, text) in enumerate(zip(events, texts, strict=True))
-        ]
-
-    async def read_events(
-        self, tenant: str, log_id: str, *, after_seq: int = 0, limit: int | None = None
-    ) -> list[Event]:
-        check_record_ids(tenant, log_id)
-        if check_limit(limit) == 0:
-            return []
-        client = self._redis
-        with self._translated():
-            rows = await client.xrange(
-                self.keys.events(tenant, log_id), f"{max(after_seq, 0) + 1}-0", "+", count=limit
-            )
-        return [event_from_stream(log_id, entry_id, fields) for entry_id, fields in rows]
-
-    async def delete_event_log(self, tenant: str, log_id: str) -> None:
-        check_record_ids(tenant, log_id)
-        client = self._redis
-        with self._translated():
-            await client.unlink(self.keys.events(tenant, log_id))
-
-
-# -- encoding ------------------------------------------------------------------------------
-
-
-def _optional(value: int | None) -> int | str:
-    return "" if value is None else value
-
-
-def _member(entry: Entry, text: str) -> bytes:
-    """An entry as stored: its JSON header, a newline, its payload's JSON text."""
-    header = encode_json(
-        [entry.id, entry.parent_seq, entry.kind, _us(entry.created_at)],
-        what=f"entry {entry.id!r}",
-    )
-    return f"{header}\n{text}".encode()
-
-
-def _entry(member: bytes, seq: int, *, payload: bool = True) -> Entry:
-    """Decode a stored entry; undecodable bytes become a "corrupt" entry, never a skip."""
-    header, _, body = member.partition(b"\n")
-    try:
-        entry_id, parent, kind, created_us = loads(header)
-        created = _dt(created_us)
-        if not isinstance(entry_id, str) or not isinstance(kind, str):
-            raise ValueError("entry header has the wrong types")
-    except (ValueError, TypeError) as exc:
-        raw = member.decode(errors="replace")
-        return corrupt_entry(seq, f"corrupt-{seq}", None, _EPOCH, raw, f"bad header: {exc}")
-    if not payload:
-        return Entry(seq, entry_id, parent, kind, created, {})
-    try:
-        data = loads(body)
-        if not isinstance(data, dict):
-            raise ValueError(f"expected a JSON object, got {type(data).__name__}")
-    except ValueError as exc:
-        raw = body.decode(errors="replace")
-        return corrupt_entry(seq, entry_id, parent, created, raw, str(exc))
-    return Entry(seq, entry_id, parent, kind, created, data)
-
-
-def event_from_stream(log_id: str, entry_id: bytes | str, fields: dict[Any, Any]) -> Event:
-    """An event from its stream entry (also used by cross-process subscribers)."""
-    seq = int(_text(entry_id).partition("-")[0])
-    get = {_text(k): v for k, v in fields.items()}
-    try:
-        payload = loads(get["p"])
-        stream, kind, ts = _text(get["s"]), _text(get["k"]), _dt(int(get["t"]))
-    except (KeyError, ValueError, UnicodeDecodeError) as exc:
-        raw = str(get.get("p", b""))[:200]
-        return Event(log_id, seq, "error", "corrupt", _EPOCH, {"error": str(exc), "raw": raw})
-    return Event(log_id, seq, stream, kind, ts, payload)
-
-
-def _translate(exc: Exception, where: str) -> StoreError:
-    """The most specific statekeeper error for a redis-py or socket error."""
-    text = str(exc)
-    if isinstance(exc, rx.ReadOnlyError) or text.startswith("READONLY"):
-        return StoreReadOnlyError(
-            f"Redis at {where} is a read-only replica and refuses writes ({text}); "
-            "connect to the primary"
-        )
-    if isinstance(exc, rx.OutOfMemoryError) or text.startswith("OOM"):
-        return StoreFullError(
-            f"Redis at {where} is out of memory ({text}); free memory or raise maxmemory"
-        )
-    if isinstance(exc, rx.AuthenticationError | rx.AuthenticationWrongNumberOfArgsError):
-        return StoreUnavailableError(
-            f"Redis at {where} refused the credentials ({text}); check the user and password"
-        )
-    if isinstance(exc, rx.NoPermissionError):
-        return StoreUnavailableError(
-            f"the Redis user may not run this command at {where} ({text}); check its ACL"
-        )
-    if isinstance(exc, rx.ConnectionError | rx.TimeoutError | OSError) or text.startswith(
-        _UNAVAILABLE_REPLIES
-    ):
-        return StoreUnavailableError(
-            f"cannot reach Redis at {where} ({text or type(exc).__name__}); retry when it is back"
-        )
-    if text.startswith("WRONGTYPE"):
-        return StoreCorruptError(
-            f"a key under this store's prefix at {where} holds another type ({text}); "
-            "is another application writing under the same prefix?"
-        )
-    return StoreError(f"Redis at {where}: {text}")
-
-
-# -- opening from a URL --------------------------------------------------------------------
 
 
 async def open_redis(location: str, options: dict[str, str]) -> Store:
@@ -816,42 +492,11 @@ async def open_redis(location: str, options: dict[str, str]) -> Store:
     prefix = options.pop("prefix", "statekeeper")
     validate_id(prefix, "key prefix")
     limit = _take(options, "max_payload_bytes", int, DEFAULT_MAX_PAYLOAD_BYTES)
-    timeout = _take(options, "socket_timeout", float, 5.0)
+    timeout = _take(options, "socket_timeout", float, DEFAULT_SOCKET_TIMEOUT)
     _no_more(options, "redis")
-    client = Redis(
-        **_connection(location),
+    return await RedisStore.open(
+        location or "localhost:6379/0",
+        prefix=prefix,
+        max_payload_bytes=limit,
         socket_timeout=timeout,
-        socket_connect_timeout=timeout,
-        retry=Retry(NoBackoff(), 0),
-        protocol=2,
     )
-    return await RedisStore._opened(client, prefix, limit)
-
-
-def _connection(location: str) -> dict[str, Any]:
-    """Connection arguments from the URL's unquoted netloc + path (password included)."""
-    userinfo, at, address = location.rpartition("@")
-    settings: dict[str, Any] = {}
-    if at:
-        username, colon, password = userinfo.partition(":")
-        settings["username"] = username or None
-        settings["password"] = password if colon else None
-    if address.startswith("/"):
-        settings["unix_socket_path"] = address
-        return settings
-    hostport, _, db = address.partition("/")
-    if hostport.startswith("["):  # [IPv6]:port
-        host, _, rest = hostport[1:].partition("]")
-        port = rest.removeprefix(":")
-    else:
-        host, _, port = hostport.partition(":")
-    try:
-        settings["host"] = host or "localhost"
-        settings["port"] = int(port) if port else 6379
-        settings["db"] = int(db.strip("/")) if db.strip("/") else 0
-    except ValueError:
-        # The address, never the credentials, goes into the message.
-        raise InvalidInputError(
-            f"invalid Redis address {address!r}; use redis://host:port/db"
-        ) from None
-    return settings

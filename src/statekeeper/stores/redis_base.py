@@ -39,6 +39,8 @@ except ImportError:  # pragma: no cover - depends on the environment
     raise MissingExtraError("Redis store", "redis") from None
 
 __all__ = [
+    "DEFAULT_SOCKET_TIMEOUT",
+    "Redis",
     "RedisBase",
     "connect",
     "decode_entry",
@@ -52,6 +54,7 @@ __all__ = [
 ]
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+DEFAULT_SOCKET_TIMEOUT = 5.0
 _UNAVAILABLE_REPLIES = ("LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS")
 
 
@@ -256,7 +259,9 @@ def decode_entry(member: bytes, seq: int, *, payload: bool = True) -> Entry:
         if not isinstance(data, dict):
             raise ValueError(f"expected a JSON object, got {type(data).__name__}")
     except ValueError as exc:
-        return corrupt_entry(seq, entry_id, parent, created, body.decode(errors="replace"), str(exc))
+        return corrupt_entry(
+            seq, entry_id, parent, created, body.decode(errors="replace"), str(exc)
+        )
     return Entry(seq, entry_id, parent, kind, created, data)
 
 
