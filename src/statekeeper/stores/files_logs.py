@@ -185,6 +185,8 @@ class LogIndex:
     header_gen: str | None = None
     header_damaged: bool = False
     seqs: list[int] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+    """Entry ids (``corrupt-<seq>`` for a line whose id cannot be read)."""
     starts: list[int] = field(default_factory=list)
     stops: list[int] = field(default_factory=list)
     parents: list[int | None] = field(default_factory=list)
@@ -236,6 +238,7 @@ class LogIndex:
             self.ordered = False
         position = len(self.seqs)
         self.seqs.append(seq)
+        self.names.append(entry_id)
         self.starts.append(start)
         self.stops.append(stop)
         self.parents.append(parent)

@@ -356,20 +356,29 @@ class PostgresStore(PostgresRecordsAndEvents):
 
         async def write(conn: Connection, sk: int, old: int, planned: AppendPlan) -> bool:
             entries = planned.entries
-            cur = await conn.execute(
-                self._q.append,
-                (
-                    *self._head_params(planned.session, metadata_changed=metadata_changed),
-                    sk,
-                    old,
+            head = self._head_params(planned.session, metadata_changed=metadata_changed)
+            if len(entries) == 1:  # arrays cost more to send than plain parameters
+                [e] = entries
+                sql = self._q.append_one
+                rows: tuple[Any, ...] = (
+                    e.seq,
+                    e.id,
+                    e.parent_seq,
+                    e.kind,
+                    e.created_at,
+                    planned.encoded[0],
+                )
+            else:
+                sql = self._q.append
+                rows = (
                     [e.seq for e in entries],
                     [e.id for e in entries],
                     [e.parent_seq for e in entries],
                     [e.kind for e in entries],
                     [e.created_at for e in entries],
                     planned.encoded,
-                ),
-            )
+                )
+            cur = await conn.execute(sql, (*head, sk, old, *rows))
             return cur.rowcount == len(entries)
 
         async def fast(conn: Connection) -> tuple[int, AppendResult]:

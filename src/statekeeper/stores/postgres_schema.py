@@ -162,13 +162,20 @@ class Statements:
         # -- transcripts
         # One statement: the head moves (compare-and-set on its version) and the entries
         # go in, or neither happens. The UPDATE's row lock orders writers of one session.
-        self.append = _sql(
+        head = (
             "WITH head AS (UPDATE {s}.sessions SET agent_id = %s, last_active = %s,"
             " version = %s, meta = coalesce(%s, meta), doc = %s"
             " WHERE sk = %s AND version = %s RETURNING sk)"
             " INSERT INTO {s}.entries (session_sk, " + _ENTRY + ")"
-            " SELECT head.sk, e.* FROM head, unnest(%s::bigint[], %s::text[], %s::bigint[],"
-            " %s::text[], %s::timestamptz[], %s::text[]) AS e",
+        )
+        self.append_one = _sql(
+            head + " SELECT sk, %s::bigint, %s::text, %s::bigint, %s::text, %s::timestamptz,"
+            " %s::text FROM head",
+            q,
+        )
+        self.append = _sql(
+            head + " SELECT head.sk, e.* FROM head, unnest(%s::bigint[], %s::text[],"
+            " %s::bigint[], %s::text[], %s::timestamptz[], %s::text[]) AS e",
             q,
         )
         self.entries_by_id = _sql(

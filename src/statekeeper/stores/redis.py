@@ -35,24 +35,18 @@ The parts live in sibling modules: `redis_scripts` (keys and Lua), `redis_base`
 
 from __future__ import annotations
 
-import asyncio
 import os
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
 from typing import Any
 
 from statekeeper.core.messages import utcnow
 from statekeeper.errors import (
     AlreadyExistsError,
     NotFoundError,
-    PayloadTooLargeError,
-    StatekeeperError,
-    StoreCorruptError,
 )
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES, gc_paused
 from statekeeper.stores.base import (
-    AppendPlan,
     AppendResult,
     Entry,
     EntryDraft,
@@ -82,14 +76,12 @@ from statekeeper.stores.redis_base import (
     Redis,
     connect,
     decode_entry,
-    encode_entry,
     to_bytes,
-    to_text,
     us,
 )
+from statekeeper.stores.redis_heads import HeadWriter, Planned
 from statekeeper.stores.redis_records import RedisRecords
 from statekeeper.stores.redis_scripts import (
-    COMMIT,
     CREATE_SESSION,
     DELETE_SESSION,
     GET_ENTRY,
@@ -101,10 +93,7 @@ from statekeeper.stores.redis_scripts import (
 
 __all__ = ["RedisStore", "open_redis"]
 
-_MAX_CACHED_HEADS = 10_000
 _NO_PATCH = SessionPatch()
-State = tuple[bytes, SessionRecord, dict[str, Entry]]
-"""What a session's writes are planned from: (generation, head, drafts already stored)."""
 
 
 class RedisStore(RedisRecords):
@@ -125,9 +114,7 @@ class RedisStore(RedisRecords):
         super().__init__(
             client, prefix=prefix, max_payload_bytes=max_payload_bytes, owns_client=owns_client
         )
-        # (tenant, id) -> (generation, head) as this handle last wrote or read it.
-        self._heads: dict[tuple[str, str], tuple[bytes, SessionRecord]] = {}
-        self._locks: dict[tuple[str, str], tuple[asyncio.Lock, list[int]]] = {}
+        self._writer = HeadWriter(self)
 
     @classmethod
     async def open(
@@ -151,93 +138,6 @@ class RedisStore(RedisRecords):
         await store._check()
         return store
 
-    # -- plumbing ------------------------------------------------------------------------
-
-    @asynccontextmanager
-    async def _serial(self, key: tuple[str, str]) -> AsyncIterator[None]:
-        """Queue this handle's writers of one session (other handles still race: CAS)."""
-        slot = self._locks.get(key)
-        if slot is None:
-            slot = self._locks[key] = (asyncio.Lock(), [0])
-        slot[1][0] += 1
-        try:
-            async with slot[0]:
-                yield
-        finally:
-            slot[1][0] -= 1
-            if not slot[1][0]:
-                del self._locks[key]
-
-    def _remember(self, tenant: str, generation: bytes, record: SessionRecord) -> None:
-        if len(self._heads) >= _MAX_CACHED_HEADS:
-            del self._heads[next(iter(self._heads))]
-        self._heads[tenant, record.id] = (generation, record)
-
-    def _head_doc(self, session_id: str, doc: bytes | str) -> SessionRecord:
-        try:
-            return SessionRecord.model_validate_json(doc)
-        except ValueError as exc:
-            raise StoreCorruptError(
-                f"the record of session {session_id!r} in Redis {self._where} cannot be "
-                f"decoded: {exc}"
-            ) from exc
-
-    async def _commit(
-        self,
-        tenant: str,
-        session_id: str,
-        base: tuple[bytes, int],
-        record: SessionRecord | None,
-        ids: Sequence[str] = (),
-        entries: Sequence[tuple[int, bytes]] = (),
-    ) -> tuple[bytes, SessionRecord, dict[str, Entry]] | None:
-        """Write ``record`` (and entries) over head ``base``; None when written.
-
-        Otherwise the current (generation, head, stored drafts among ``ids``) to plan
-        again from. A ``record`` of None (with an impossible base) only reads.
-        """
-        doc = record.model_dump_json() if record is not None else ""
-        if len(doc) > self.max_payload_bytes:
-            raise PayloadTooLargeError(
-                f"session {session_id!r} record would be {len(doc)} bytes; "
-                f"the limit is {self.max_payload_bytes}"
-            )
-        args: list[Any] = [
-            base[0],
-            base[1],
-            record.version if record is not None else 0,
-            doc,
-            us(record.last_active) if record is not None else 0,
-            session_id,
-            len(ids),
-            *ids,
-        ]
-        for seq, member in entries:
-            args += [seq, member]
-        reply = await self._run(COMMIT, self.keys.session_keys(tenant, session_id), args)
-        if reply[0] == 1:
-            assert record is not None
-            self._remember(tenant, base[0], record)
-            return None
-        if reply[0] == 0:
-            self._heads.pop((tenant, session_id), None)
-            raise session_not_found(session_id)
-        generation = to_bytes(reply[1])
-        current = self._head_doc(session_id, reply[2])
-        self._remember(tenant, generation, current)
-        found = {}
-        for i in range(3, len(reply), 3):
-            entry = decode_entry(to_bytes(reply[i + 2]), int(reply[i + 1]))
-            found[to_text(reply[i])] = entry
-        return generation, current, found
-
-    async def _state(
-        self, tenant: str, session_id: str, ids: Sequence[str] = ()
-    ) -> tuple[bytes, SessionRecord, dict[str, Entry]]:
-        state = await self._commit(tenant, session_id, (b"", 0), None, ids)
-        assert state is not None
-        return state
-
     # -- sessions ------------------------------------------------------------------------
 
     async def create_session(self, record: SessionRecord) -> SessionRecord:
@@ -250,7 +150,7 @@ class RedisStore(RedisRecords):
         )
         if not created:
             raise AlreadyExistsError(f"session {record.id!r} already exists")
-        self._remember(record.tenant, generation, record)
+        self._writer.remember(record.tenant, generation, record)
         return record
 
     async def get_session(self, tenant: str, session_id: str) -> SessionRecord:
@@ -260,8 +160,8 @@ class RedisStore(RedisRecords):
             generation, doc = await client.hmget(self.keys.head(tenant, session_id), "g", "doc")
         if generation is None or doc is None:
             raise session_not_found(session_id)
-        record = self._head_doc(session_id, doc)
-        self._remember(tenant, to_bytes(generation), record)
+        record = self._writer.decode(session_id, doc)
+        self._writer.remember(tenant, to_bytes(generation), record)
         return record
 
     async def update_session(
@@ -274,36 +174,15 @@ class RedisStore(RedisRecords):
     ) -> SessionRecord:
         check_tenant_and_id(tenant, session_id)
 
-        def plan(record: SessionRecord) -> SessionRecord:
+        def plan(record: SessionRecord, existing: dict[str, Entry]) -> Planned:
             check_version(record, expected_version)
             updated = apply_patch(record, patch, now=utcnow())
             if patch.set:
                 check_session_record(updated, self.max_payload_bytes)
-            return updated
+            return Planned(updated, result=updated)
 
-        async with self._serial((tenant, session_id)):
-            state = None
-            cached = self._heads.get((tenant, session_id))
-            if cached is not None:
-                try:
-                    updated = plan(cached[1])
-                except StatekeeperError:
-                    pass  # perhaps only because the cached head is stale: check below
-                else:
-                    base = (cached[0], cached[1].version)
-                    state = await self._commit(tenant, session_id, base, updated)
-                    if state is None:
-                        return updated
-            if state is None:
-                state = await self._state(tenant, session_id)
-            while True:
-                generation, record, _ = state
-                updated = plan(record)
-                state = await self._commit(
-                    tenant, session_id, (generation, record.version), updated
-                )
-                if state is None:
-                    return updated
+        updated: SessionRecord = await self._writer.submit(tenant, session_id, plan, ())
+        return updated
 
     async def list_sessions(self, tenant: str, query: SessionQuery) -> Page:
         validate_id(tenant, "tenant")
@@ -327,7 +206,7 @@ class RedisStore(RedisRecords):
             start += int(reply[0])
             with gc_paused():
                 for doc in reply[1:]:
-                    record = self._head_doc("(listed)", doc)
+                    record = self._writer.decode(None, doc)
                     if record.id in seen or not matches_query(record, query):
                         continue  # (seen: moved by a concurrent update between batches)
                     seen.add(record.id)
@@ -349,7 +228,7 @@ class RedisStore(RedisRecords):
         deleted = await self._run(
             DELETE_SESSION, self.keys.session_keys(tenant, session_id), [session_id]
         )
-        self._heads.pop((tenant, session_id), None)
+        self._writer.forget(tenant, session_id)
         if not deleted:
             raise session_not_found(session_id)
 
@@ -368,7 +247,7 @@ class RedisStore(RedisRecords):
         check_tenant_and_id(tenant, session_id)
         ids = [d.id for d in drafts]
 
-        def plan(record: SessionRecord, existing: dict[str, Entry]) -> AppendPlan:
+        def plan(record: SessionRecord, existing: dict[str, Entry]) -> Planned:
             planned = plan_append(
                 record,
                 drafts,
@@ -379,40 +258,16 @@ class RedisStore(RedisRecords):
                 max_payload_bytes=self.max_payload_bytes,
                 now=utcnow(),
             )
-            if planned.entries and patch is not None and patch.set:
+            if planned.replayed:
+                result = AppendResult(session=record, entries=planned.replayed, replayed=True)
+                return Planned(record, result=result)
+            if patch is not None and patch.set:
                 check_session_record(planned.session, self.max_payload_bytes)
-            return planned
+            result = AppendResult(session=planned.session, entries=planned.entries)
+            return Planned(planned.session, planned.entries, planned.encoded, result)
 
-        async def commit(generation: bytes, planned: AppendPlan) -> Any:
-            members = [
-                (e.seq, encode_entry(e, text))
-                for e, text in zip(planned.entries, planned.encoded, strict=True)
-            ]
-            base = (generation, planned.session.version - 1)
-            return await self._commit(tenant, session_id, base, planned.session, ids, members)
-
-        async with self._serial((tenant, session_id)):
-            state = None
-            cached = self._heads.get((tenant, session_id))
-            if cached is not None:
-                try:
-                    planned = plan(cached[1], {})
-                except StatekeeperError:
-                    pass  # perhaps only because the cached head is stale, or a replay
-                else:
-                    state = await commit(cached[0], planned)
-                    if state is None:
-                        return AppendResult(session=planned.session, entries=planned.entries)
-            if state is None:
-                state = await self._state(tenant, session_id, ids)
-            while True:
-                generation, record, existing = state
-                planned = plan(record, existing)
-                if planned.replayed:
-                    return AppendResult(session=record, entries=planned.replayed, replayed=True)
-                state = await commit(generation, planned)
-                if state is None:
-                    return AppendResult(session=planned.session, entries=planned.entries)
+        appended: AppendResult = await self._writer.submit(tenant, session_id, plan, ids)
+        return appended
 
     async def read_entries(
         self,
@@ -458,12 +313,12 @@ class RedisStore(RedisRecords):
         check_tenant_and_id(tenant, session_id)
         check_prunable_kind(kind)
         keys = self.keys.session_keys(tenant, session_id)
-        async with self._serial((tenant, session_id)):
+        async with self._writer.serial(tenant, session_id):
             while True:
                 reply = await self._run(LINKS, keys[:2], [])
                 if reply == [0]:
                     raise session_not_found(session_id)
-                record = self._head_doc(session_id, reply[1])
+                record = self._writer.decode(session_id, reply[1])
                 links = [
                     decode_entry(to_bytes(reply[i + 1]), int(reply[i]), payload=False)
                     for i in range(2, len(reply), 2)
@@ -481,7 +336,7 @@ class RedisStore(RedisRecords):
                 if done[0] == 0:
                     raise session_not_found(session_id)
                 if done[0] == 1:
-                    self._remember(tenant, to_bytes(reply[0]), updated)
+                    self._writer.remember(tenant, to_bytes(reply[0]), updated)
                     return len(doomed)
 
 

@@ -149,19 +149,19 @@ COMMIT = Script(
     "commit",
     f"""
 -- KEYS: head, entries, entry ids, sessions index
--- ARGV: generation, base version, new version, new doc, score, session id, n, then
---       n entry ids, then n (seq, member) pairs of the entries to write
+-- ARGV: generation, base version, new version, new doc, score, session id, n, then n
+--       entry ids that must not be stored yet, then (seq, id, member) per entry to write
 -- Returns {{1}} written; {{0}} no such session; {{2, generation, doc, id, seq, member, ...}}
--- when the head is not (generation, base version) or a draft id is already stored
--- (with those entries): plan again from that state. A generation of '' only reads.
+-- when the head is not (generation, base version) or one of the n ids is stored (with
+-- those entries): plan again from that state. A generation of '' only reads.
 {_CHECK_HEAD}
 local n = tonumber(ARGV[7])
 local out = {{2, g, false}}
-for i = 1, n do
-  local seq = redis.call('HGET', KEYS[3], ARGV[7 + i])
+for i = 8, 7 + n do
+  local seq = redis.call('HGET', KEYS[3], ARGV[i])
   if seq then
     local rows = redis.call('ZRANGEBYSCORE', KEYS[2], seq, seq)
-    out[#out + 1] = ARGV[7 + i]
+    out[#out + 1] = ARGV[i]
     out[#out + 1] = seq
     out[#out + 1] = rows[1] or ''
   end
@@ -170,10 +170,9 @@ if #out > 3 or g ~= ARGV[1] or redis.call('HGET', KEYS[1], 'v') ~= ARGV[2] then
   out[3] = redis.call('HGET', KEYS[1], 'doc')
   return out
 end
-for i = 1, n do
-  local seq = ARGV[6 + n + 2 * i]
-  redis.call('ZADD', KEYS[2], seq, ARGV[7 + n + 2 * i])
-  redis.call('HSET', KEYS[3], ARGV[7 + i], seq)
+for i = 8 + n, #ARGV, 3 do
+  redis.call('ZADD', KEYS[2], ARGV[i], ARGV[i + 2])
+  redis.call('HSET', KEYS[3], ARGV[i + 1], ARGV[i])
 end
 {_SAVE_HEAD}
 return {{1}}

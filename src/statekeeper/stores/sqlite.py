@@ -12,6 +12,7 @@ survives a power loss; ``process`` (``synchronous=NORMAL``) survives a process c
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import sqlite3
 import threading
@@ -84,7 +85,8 @@ class _Careful(Exception):
 T = TypeVar("T")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _BUSY = {5, 6}  # SQLITE_BUSY, SQLITE_LOCKED
-_CHECKPOINT_EVERY = 500  # inline commits between WAL checkpoints
+_CHECKPOINT_BYTES = 4 * 1024 * 1024  # WAL growth between checkpoints (SQLite's default)
+_PAGES_PER_COMMIT = 4 * 4096  # a commit also rewrites a few index and head pages
 _KEY_END = "\x7f"  # sorts after every character an id may contain
 
 
@@ -124,8 +126,8 @@ class SQLiteStore:
         self.inline_writes = inline_writes
         self._worker = Worker("statekeeper-sqlite")
         self._lock = threading.Lock()  # one user of the connection at a time
-        self._commits_since_checkpoint = 0
-        self._checkpoint: asyncio.Future[None] | None = None
+        self._wal_bytes = 0
+        self._checkpoint: concurrent.futures.Future[None] | None = None
         self._conn: sqlite3.Connection | None = None
         # (tenant, id) -> (sk, record): skips re-parsing an unchanged head on every append.
         self._heads: dict[tuple[str, str], tuple[int, SessionRecord]] = {}
@@ -154,7 +156,7 @@ class SQLiteStore:
         if self._conn is None:
             return
         if self._checkpoint is not None:
-            await self._checkpoint
+            await asyncio.wrap_future(self._checkpoint)
         conn, self._conn = self._conn, None
         self._worker.run_blocking(conn.close)
         self._worker.shutdown()
@@ -191,7 +193,7 @@ class SQLiteStore:
         conn.execute(f"PRAGMA synchronous={sync}")
         if not self.read_only:
             conn.execute("PRAGMA journal_mode=WAL").fetchall()
-            conn.execute("PRAGMA wal_autocheckpoint=0")  # see _after_inline_commit
+            conn.execute("PRAGMA wal_autocheckpoint=0")  # see _note_write
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
             raise SchemaVersionError(
@@ -254,28 +256,27 @@ class SQLiteStore:
                 if not _is_busy(exc):
                     raise _translate(exc, str(self.path)) from exc
             else:
-                self._after_inline_commit()
                 return result
             finally:
                 self._lock.release()
         return await self._worker.run(lambda: self._retry(call))
 
-    def _after_inline_commit(self) -> None:
+    def _note_write(self, size: int, *, commits: int = 1) -> None:
         # Checkpoints copy the WAL into the database file (and fsync it): slow work that
-        # belongs on the worker, not inside an inline commit.
-        self._commits_since_checkpoint += 1
-        if self._commits_since_checkpoint >= _CHECKPOINT_EVERY and self._checkpoint is None:
-            self._commits_since_checkpoint = 0
-            self._checkpoint = asyncio.ensure_future(self._run_checkpoint())
+        # belongs on the worker, not inside an inline commit. SQLite's own automatic
+        # checkpoint would run inside whichever commit crosses the threshold, so it is
+        # off, and this one starts in the background after about as much WAL growth.
+        self._wal_bytes += size + commits * _PAGES_PER_COMMIT
+        if self._wal_bytes >= _CHECKPOINT_BYTES and self._checkpoint is None:
+            self._wal_bytes = 0
+            # Submitted to the worker at once: a loop that never yields (appends that all
+            # complete inline) would never start a task.
+            self._checkpoint = self._worker.submit(self._checkpoint_now)
 
-    async def _run_checkpoint(self) -> None:
+    def _checkpoint_now(self) -> None:
         try:
             # fetchall: an unfinished PRAGMA statement would hold a read transaction open.
-            await self._worker.run(
-                lambda: self._retry(
-                    lambda: self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-                )
-            )
+            self._retry(lambda: self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall())
         except StoreError:
             pass  # a later checkpoint will catch up; the WAL stays valid meanwhile
         finally:
@@ -309,7 +310,9 @@ class SQLiteStore:
                 raise
             return result
 
-        return await self._run(call, inline=True)
+        result = await self._run(call, inline=True)
+        self._note_write(0)
+        return result
 
     def _head(
         self, db: sqlite3.Connection, tenant: str, session_id: str
@@ -496,7 +499,10 @@ class SQLiteStore:
                 check_session_record(planned.session, self.max_payload_bytes)
             return planned
 
+        written = [0]  # payload bytes of this append, for checkpoint pacing
+
         def write(db: sqlite3.Connection, sk: int, planned: AppendPlan) -> AppendResult:
+            written[0] = sum(len(text) for text in planned.encoded)
             db.executemany(
                 "INSERT INTO entries (session_sk, seq, id, parent_seq, kind, created_us, payload)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -545,9 +551,11 @@ class SQLiteStore:
             return write(db, sk, planned)
 
         try:
-            return await self._write(fast)
+            result = await self._write(fast)
         except _Careful:
-            return await self._write(careful)
+            result = await self._write(careful)
+        self._note_write(written[0], commits=0)
+        return result
 
     def _entries(self, db: sqlite3.Connection, sql: str, params: Sequence[Any]) -> list[Entry]:
         out: list[Entry] = []

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
 from statekeeper.errors import StoreUnavailableError
@@ -59,6 +59,17 @@ class Worker:
             if not future.cancelled():
                 future.exception()  # retrieved, so asyncio does not log it as lost
             raise
+
+    def submit(self, fn: Callable[[], T]) -> Future[T]:
+        """Start ``fn`` on the worker thread now, without waiting (fire and track)."""
+        if self._closed:
+            raise StoreUnavailableError("the store is closed; open a new one")
+
+        def call() -> T:
+            self._mark()
+            return fn()
+
+        return self._executor.submit(call)
 
     def run_blocking(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the worker thread and wait for it (for use outside an event loop)."""
