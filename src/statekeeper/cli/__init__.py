@@ -34,7 +34,7 @@ __all__ = ["app", "main"]
 
 app = typer.Typer(
     name="statekeeper",
-    help="Inspect and manage statekeeper sessions and runs.",
+    help="Inspect and manage statekeeper sessions, runs, events, subagents and profiles.",
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
 )
