@@ -12,15 +12,14 @@ import json
 import os
 import socket
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol, overload
+from typing import Any
 
 from pydantic import JsonValue
 
 from statekeeper.codec import StateCodec
 from statekeeper.core.lifecycle import DEFAULT_TRANSITIONS, AgentStatus, TransitionTable
 from statekeeper.core.limits import Limits
-from statekeeper.core.messages import Message, Role, ToolCallBlock, utcnow
+from statekeeper.core.messages import Message, Role, utcnow
 from statekeeper.core.metrics import DelegationInfo
 from statekeeper.core.tokens import TokenCounter
 from statekeeper.errors import (
@@ -42,11 +41,18 @@ from statekeeper.runs.agent import (
     Respond,
     StepInput,
     Tool,
-    ToolContext,
 )
-from statekeeper.runs.approvals import record_decision, settle
-from statekeeper.runs.state import ErrorDetails, GuardrailResult, Interruption, RunState
+from statekeeper.runs.approvals import record_decision
+from statekeeper.runs.results import (
+    EventSink,
+    ReadOnlyMessages,
+    RunResult,
+    as_messages,
+)
+from statekeeper.runs.state import ErrorDetails, GuardrailResult, RunState
 from statekeeper.runs.store import RunStore
+from statekeeper.runs.tooling import Live as _Live
+from statekeeper.runs.tooling import ToolSteps
 from statekeeper.runs.writer import CheckpointWriter, WriteMode
 from statekeeper.runtime.events import EventBus
 from statekeeper.runtime.followups import FollowupQueue
@@ -54,74 +60,14 @@ from statekeeper.runtime.lanes import CommandLanes
 from statekeeper.runtime.subagents import SubagentFinishedError, SubagentRegistry
 from statekeeper.sessions import SessionManager
 from statekeeper.sessions.view import message_of
-from statekeeper.stores.base import EventDraft, Store
+from statekeeper.stores.base import Store
 
 __all__ = ["EventSink", "RunResult", "Runner"]
 
 _FINISHED = (AgentStatus.COMPLETED, AgentStatus.CANCELLED, AgentStatus.ERROR)
 
 
-class EventSink(Protocol):
-    """Where the runner publishes run events (the event bus, or the store's event log)."""
-
-    async def publish(
-        self, run_id: str, stream: str, kind: str, payload: dict[str, Any]
-    ) -> object: ...
-
-
-class StoreEvents:
-    """The default sink: append to the run's event log in the store."""
-
-    def __init__(self, store: Store, tenant: str) -> None:
-        self.store, self.tenant = store, tenant
-
-    async def publish(self, run_id: str, stream: str, kind: str, payload: dict[str, Any]) -> object:
-        draft = EventDraft(stream=stream, kind=kind, payload=payload)
-        return await self.store.append_events(self.tenant, run_id, [draft])
-
-
-@dataclass
-class RunResult:
-    """Where a run stopped: its state and the messages this call added."""
-
-    state: RunState
-    new_messages: list[Message] = field(default_factory=list)
-
-    @property
-    def run_id(self) -> str:
-        """The run's id (pass it to `Runner.resume`)."""
-        return self.state.run_id
-
-    @property
-    def status(self) -> str:
-        """The status the run stopped in."""
-        return self.state.status
-
-    @property
-    def output(self) -> JsonValue:
-        """The final output of a completed run."""
-        return self.state.output
-
-    @property
-    def interruptions(self) -> list[Interruption]:
-        """Tool calls waiting for a decision."""
-        return list(self.state.interruptions)
-
-
-@dataclass
-class _Live:
-    """What a driving runner holds besides the state: never persisted as is."""
-
-    state: RunState
-    writer: CheckpointWriter
-    messages: list[Message]
-    context: Any
-    new_input: list[Message] = field(default_factory=list)
-    added: list[Message] = field(default_factory=list)
-    seen_seq: int = 0
-
-
-class Runner:
+class Runner(ToolSteps):
     """Runs agents over sessions of one tenant, with checkpoints after every step."""
 
     def __init__(
@@ -205,7 +151,7 @@ class Runner:
         index_version = await self.runs.create(state)
         index_version = await self.runs.claim(state.run_id, self.owner, ttl=self.lease_ttl)
         live = await self._open(state, index_version, context)
-        live.new_input = _as_messages(input)
+        live.new_input = as_messages(input)
         await self._publish(state, "lifecycle", "start", {"agent": agent, "headless": headless})
         return await self._in_lane(live)
 
@@ -224,7 +170,7 @@ class Runner:
         """
         state, _, _ = await self.runs.load(run_id)
         state.validate_for_resume(has_deserializer=self.deserialize is not None)
-        new_input = _as_messages(input)
+        new_input = as_messages(input)
         if state.status == AgentStatus.WAITING_FOR_INPUT and not new_input:
             raise InvalidInputError(f"run {run_id} is waiting for input; pass input= to resume")
         index_version = await self.runs.claim(
@@ -327,7 +273,7 @@ class Runner:
             title = f"delegated by {parent.run_id}"
             session_id = (await self.sessions.create(title=title, agent_id=agent)).id
         if self.subagents is not None:
-            messages = _as_messages(input)
+            messages = as_messages(input)
             await self.subagents.register(
                 run_id,
                 child_session_id=session_id,
@@ -460,7 +406,7 @@ class Runner:
         agent = self._agent(state.agent)
         step_input = StepInput(
             state=state.copy_state(),
-            messages=_ReadOnly(live.messages),
+            messages=ReadOnlyMessages(live.messages),
             new_input=tuple(Message.model_validate(m) for m in state.pending_input),
             context=live.context,
             tools=self.tools,
@@ -518,150 +464,6 @@ class Runner:
         except LimitReachedError as exc:
             await self._limit(live, exc)
 
-    async def _respond(self, live: _Live, action: Respond) -> list[Message]:
-        state = live.state
-        messages = list(action.messages)
-        with_calls = [i for i, m in enumerate(messages) if m.tool_calls]
-        if not with_calls:
-            return messages
-        if with_calls != [len(messages) - 1]:
-            raise InvalidPayloadError("put tool calls only in the last message of a Respond action")
-        call_message = messages[-1]
-        calls = call_message.tool_calls
-        waiting = [c for c in calls if self._needs_approval(state, c)]
-        if not waiting:
-            return [*messages, *await self._run_tools(live, calls)]
-        # Hold the call message until every decision is in: it is written together with
-        # the results, so the transcript never has a call without its result.
-        state.interruptions = [
-            Interruption(
-                call_id=c.id,
-                tool=c.name,
-                arguments=c.arguments,
-                agent=state.agent,
-                message=call_message.to_dict(),
-                prompt=self.tools[c.name].approval_prompt if c.name in self.tools else None,
-            )
-            for c in calls
-        ]
-        for call in calls:
-            if call not in waiting:
-                record_decision(state, call.id, approved=True, decided_by="policy")
-        self._move(state, AgentStatus.WAITING_FOR_APPROVAL)
-        for call in waiting:
-            await self._publish(
-                state,
-                "tool",
-                "call_start",
-                {"tool": call.name, "call_id": call.id, "awaiting_approval": True},
-            )
-        return messages[:-1]
-
-    async def _settle_approvals(self, live: _Live) -> bool:
-        """Apply decisions; False if some call still waits for one."""
-        state = live.state
-        settled = settle(state)
-        if settled.pending:
-            return False
-        message = Message.model_validate(state.interruptions[0].message)
-        approved = {c.call_id for c in settled.approved}
-        calls = [c for c in message.tool_calls if c.id in approved]
-        results = {r.tool_results[0].tool_call_id: r for r in await self._run_tools(live, calls)}
-        for call, reason in settled.rejected:
-            state.tool_use[call.tool] = state.tool_use.get(call.tool, 0)
-            results[call.call_id] = Message.tool_result(
-                call.call_id, f"Tool call rejected: {reason}", is_error=True
-            )
-            await self._publish(
-                state,
-                "tool",
-                "error",
-                {"tool": call.tool, "call_id": call.call_id, "rejected": reason},
-            )
-        ordered = [results[c.id] for c in message.tool_calls]
-        handled = {i.call_id for i in state.interruptions}
-        state.interruptions = []
-        state.decisions = [d for d in state.decisions if d.call_id not in handled]
-        self._move(state, AgentStatus.RUNNING)
-        await self._commit(live, [message, *ordered])
-        return True
-
-    async def _run_tools(self, live: _Live, calls: Sequence[ToolCallBlock]) -> list[Message]:
-        state = live.state
-        out: list[Message] = []
-        for call in calls:
-            state.tool_use[call.name] = state.tool_use.get(call.name, 0) + 1
-            text, is_error = await self._call_tool(live, call)
-            out.append(Message.tool_result(call.id, text, is_error=is_error))
-        return out
-
-    async def _call_tool(self, live: _Live, call: ToolCallBlock) -> tuple[str, bool]:
-        state = live.state
-        tool = self.tools.get(call.name)
-        info = {"call_id": call.id, "tool": call.name, "span": state.trace.current_span}
-        await self._publish(state, "tool", "call_start", info)
-        if tool is None:
-            await self._publish(state, "tool", "error", {**info, "error": "unknown tool"})
-            return f"error: no tool named {call.name!r}", True
-        try:
-            arguments = json.loads(call.arguments or "{}")
-            if not isinstance(arguments, dict):
-                raise ValueError("arguments must be a JSON object")
-        except ValueError as exc:
-            await self._publish(state, "tool", "error", {**info, "error": str(exc)})
-            return f"error: invalid arguments: {exc}", True
-        for check, value, kind in ((tool.input_guardrail, arguments, "tool_input"),):
-            blocked = self._guard(state, check, value, kind)
-            if blocked:
-                return blocked, True
-        try:
-            result = await tool.fn(arguments, ToolContext(state, call.id, live.context))
-        except Exception as exc:
-            await self._publish(state, "tool", "error", {**info, "error": repr(exc)})
-            return f"error: {type(exc).__name__}: {exc}", True
-        blocked = self._guard(state, tool.output_guardrail, result, "tool_output")
-        if blocked:
-            return blocked, True
-        text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False)
-        await self._publish(state, "tool", "result", {**info, "output": text[:2000]})
-        return text, False
-
-    def _guard(self, state: RunState, check: Any, value: Any, kind: str) -> str | None:
-        if check is None:
-            return None
-        result: GuardrailResult | None = check(value)
-        if result is None:
-            return None
-        result = result.model_copy(update={"kind": kind, "turn": state.turn})
-        state.guardrails = [*state.guardrails, result]
-        return f"blocked by guardrail {result.name}" if result.triggered else None
-
-    async def _check_input(self, live: _Live) -> None:
-        state = live.state
-        for check in self.input_guardrails:
-            result = check(live.new_input)
-            if result is not None:
-                result = result.model_copy(update={"kind": "input", "turn": state.turn})
-                state.guardrails = [*state.guardrails, result]
-                if result.triggered:
-                    raise _GuardrailTripped(f"input guardrail {result.name} triggered")
-        # Kept in the state until a step has seen it, so a pause in between loses nothing.
-        live.state.pending_input = [
-            *live.state.pending_input,
-            *(m.to_dict() for m in live.new_input),
-        ]
-        await self._commit(live, list(live.new_input))
-        live.new_input = []
-
-    def _check_output(self, state: RunState, output: JsonValue) -> None:
-        for check in self.output_guardrails:
-            result = check(output)
-            if result is not None:
-                result = result.model_copy(update={"kind": "output", "turn": state.turn})
-                state.guardrails = [*state.guardrails, result]
-                if result.triggered:
-                    raise _GuardrailTripped(f"output guardrail {result.name} triggered")
-
     # -- helpers -------------------------------------------------------------------------
 
     async def _commit(self, live: _Live, messages: list[Message]) -> None:
@@ -692,16 +494,6 @@ class Runner:
                 *state.guardrails,
                 *(g.model_copy(update={"turn": state.turn}) for g in action.guardrails),
             ]
-
-    def _needs_approval(self, state: RunState, call: ToolCallBlock) -> bool:
-        tool = self.tools.get(call.name)
-        if tool is None or state.always.get(call.name) is True:
-            return False
-        try:
-            arguments = json.loads(call.arguments or "{}")
-        except ValueError:
-            return False  # the call fails on its bad arguments without running
-        return tool.needs_approval(arguments if isinstance(arguments, dict) else {})
 
     async def _limit(self, live: _Live, exc: LimitReachedError) -> None:
         state = live.state
@@ -827,34 +619,3 @@ class Runner:
             return self.deserialize(data)
         except Exception as exc:
             raise InvalidPayloadError(f"the run's context cannot be deserialized: {exc}") from exc
-
-
-class _GuardrailTripped(StatekeeperError):
-    """An input or output guardrail stopped the run."""
-
-
-class _ReadOnly(Sequence[Message]):
-    """A read-only view of the run's message list: O(1) to hand to an agent each step."""
-
-    __slots__ = ("_items",)
-
-    def __init__(self, items: list[Message]) -> None:
-        self._items = items
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    @overload
-    def __getitem__(self, index: int) -> Message: ...
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[Message]: ...
-    def __getitem__(self, index: int | slice) -> Message | Sequence[Message]:
-        return self._items[index]
-
-
-def _as_messages(value: str | Message | Sequence[Message]) -> list[Message]:
-    if isinstance(value, str):
-        return [Message.user(value)]
-    if isinstance(value, Message):
-        return [value]
-    return list(value)
