@@ -24,6 +24,7 @@ from statekeeper.core.tokens import (
     CallableCounter,
     EstimateCounter,
     TokenCounter,
+    counted,
     message_tokens,
 )
 from statekeeper.errors import InvalidInputError
@@ -33,8 +34,23 @@ EST = EstimateCounter()
 
 def test_public_names() -> None:
     assert sorted(tokens_module.__all__) == sorted(
-        ["DEFAULT_COUNTER", "CallableCounter", "EstimateCounter", "TokenCounter", "message_tokens"]
+        [
+            "DEFAULT_COUNTER",
+            "CallableCounter",
+            "EstimateCounter",
+            "TokenCounter",
+            "counted",
+            "message_tokens",
+        ]
     )
+
+
+def test_counted_fills_in_the_count_once() -> None:
+    message = Message.user("hello world")
+    filled = counted(message)
+    assert filled.tokens == message_tokens(message)
+    assert counted(filled) is filled
+    assert filled.model_dump(exclude={"tokens"}) == message.model_dump(exclude={"tokens"})
 
 
 @pytest.mark.parametrize(

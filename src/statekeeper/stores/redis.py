@@ -15,6 +15,9 @@ Keys (see `redis_scripts.Keys`; ``P`` is the prefix, ``{t}`` the tenant as a has
     P/{t}/r/<ns>/<key>     hash    v, u (updated_us), x (expires_us), d (value JSON)
     P/{t}/rk/<ns>          zset    record keys of a namespace (score 0: byte order)
     P/{t}/ev/<log>         stream  events, entry id "<seq>-0"; fields s, k, t, p
+    P/{t}/evnotices        stream  capped: (log, first seq, last seq) per event batch
+    P/{t}/lease/<session>  string  lease holder and fence (runtime.redis_coordination)
+    P/{t}/fence/<session>  string  the session's fencing-token counter (ditto)
 
 Atomicity: every write is one Lua script (`redis_scripts`), never a read-modify-write
 spread over round trips. Appends and head updates are planned in Python with the shared
@@ -26,11 +29,18 @@ instead of writing, and the append is planned again from that state: the usual c
 costs one round trip, and a retried append is recognised as a replay under the same
 atomic check. The generation is a random token set at creation, so a session deleted
 and created again never matches a version seen before. Writers of one session through
-one handle queue on a lock instead of racing each other; other handles and processes
-race, and the compare-and-set decides. Listing is not one snapshot (batches are).
+one handle queue on a lock and are committed together, several changes per script call
+(group commit, see `redis_heads`); other handles and processes race, and the
+compare-and-set decides. Listing is not one snapshot (each batch of it is).
+
+Why scripts rather than WATCH/MULTI: a WATCH transaction needs a read round trip before
+every write and retries under contention; a script checks and writes in one round trip,
+and `plan_append` still decides everything in Python. Why a generation: versions
+restart at 1 when a session is deleted and created again.
 
 The parts live in sibling modules: `redis_scripts` (keys and Lua), `redis_base`
-(client, errors, stored forms), `redis_records` (records and event logs).
+(client, errors, stored forms), `redis_heads` (head writes, group commit),
+`redis_records` (records and event logs).
 """
 
 from __future__ import annotations

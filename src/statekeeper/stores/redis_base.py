@@ -31,7 +31,7 @@ from statekeeper.stores.base import Entry, Event, corrupt_entry
 from statekeeper.stores.redis_scripts import Keys, Script
 
 try:
-    from redis import exceptions as rx
+    import redis.exceptions as rx
     from redis.asyncio import Redis
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
@@ -47,6 +47,7 @@ __all__ = [
     "decode_event",
     "dt",
     "encode_entry",
+    "run_script",
     "to_bytes",
     "to_text",
     "translate",
@@ -125,6 +126,16 @@ class RedisBase:
             raise
 
     @property
+    def client(self) -> Redis:
+        """The redis-py client (coordination features share its connection pool)."""
+        return self._redis
+
+    @property
+    def where(self) -> str:
+        """The server, for messages: ``host:port/db`` (never the credentials)."""
+        return self._where
+
+    @property
     def _redis(self) -> Redis:
         if self._client is None:
             raise StoreUnavailableError("the store is closed; open a new one")
@@ -139,14 +150,22 @@ class RedisBase:
             raise translate(exc, self._where) from exc
 
     async def _run(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """EVALSHA, loading the script first if the server does not know it (a restart)."""
-        client = self._redis
-        with self._translated():
-            try:
-                return await client.evalsha(script.sha, len(keys), *keys, *args)
-            except rx.NoScriptError:
-                await client.script_load(script.source)
-                return await client.evalsha(script.sha, len(keys), *keys, *args)
+        return await run_script(self._redis, script, keys, args, self._where)
+
+
+async def run_script(
+    client: Redis, script: Script, keys: Sequence[str], args: Sequence[Any], where: str
+) -> Any:
+    """EVALSHA, loading the script first if the server does not know it (after a restart),
+    with errors translated (see `translate`)."""
+    try:
+        try:
+            return await client.evalsha(script.sha, len(keys), *keys, *args)
+        except rx.NoScriptError:
+            await client.script_load(script.source)
+            return await client.evalsha(script.sha, len(keys), *keys, *args)
+    except (rx.RedisError, OSError) as exc:
+        raise translate(exc, where) from exc
 
 
 def connect(location: str, *, socket_timeout: float) -> Redis:

@@ -9,7 +9,9 @@ backend. Index members of records Redis expired are removed when a listing meets
 
 An event log is a Redis stream whose entry ids are ``<seq>-0``: a script takes the next
 seqs from the last id, so they are gap-free and start at 1 (again after a delete), and
-other processes can follow a log with XREAD from any seq.
+other processes can follow a log with XREAD from any seq. The same script adds a notice
+(log id, first and last seq) to the tenant's capped notice stream, so a process can
+follow every log of a tenant (see `statekeeper.runtime.redis_coordination`).
 """
 
 from __future__ import annotations
@@ -40,9 +42,11 @@ from statekeeper.stores.redis_scripts import (
     PUT_RECORD,
 )
 
-__all__ = ["RedisRecords"]
+__all__ = ["EVENT_NOTICES_KEPT", "RedisRecords"]
 
 _EXPIRY_GRACE_MS = 60_000
+EVENT_NOTICES_KEPT = 10_000
+"""About how many notices (log id, first seq, last seq) each tenant's notice stream keeps."""
 
 
 class RedisRecords(RedisBase):
@@ -158,10 +162,11 @@ class RedisRecords(RedisBase):
         ]
         if not events:
             return []
-        args: list[Any] = []
+        args: list[Any] = [log_id, EVENT_NOTICES_KEPT]
         for event, text in zip(events, texts, strict=True):
             args += [event.stream, event.kind, us(event.ts), text]
-        first = int(await self._run(APPEND_EVENTS, [self.keys.events(tenant, log_id)], args))
+        keys = [self.keys.events(tenant, log_id), self.keys.event_notices(tenant)]
+        first = int(await self._run(APPEND_EVENTS, keys, args))
         return [
             Event(log_id, first + i, e.stream, e.kind, dt(us(e.ts)), loads(text))
             for i, (e, text) in enumerate(zip(events, texts, strict=True))

@@ -86,6 +86,16 @@ class Keys:
     def events(self, tenant: str, log_id: str) -> str:
         return f"{self.prefix}/{{{tenant}}}/ev/{log_id}"
 
+    def event_notices(self, tenant: str) -> str:
+        """A capped stream of (log id, first seq, last seq): which logs grew, tenant-wide."""
+        return f"{self.prefix}/{{{tenant}}}/evnotices"
+
+    def lease(self, tenant: str, session_id: str) -> str:
+        return f"{self.prefix}/{{{tenant}}}/lease/{session_id}"
+
+    def fence(self, tenant: str, session_id: str) -> str:
+        return f"{self.prefix}/{{{tenant}}}/fence/{session_id}"
+
 
 @dataclass(frozen=True, slots=True)
 class Script:
@@ -99,9 +109,8 @@ class Script:
         return hashlib.sha1(self.source.encode(), usedforsecurity=False).hexdigest()
 
 
-# A transcript entry is one member of the session's entries sorted set, scored by its seq:
-# a JSON header [id, parent_seq, kind, created_us], a newline, then the payload's JSON
-# text. JSON escapes newlines inside strings, so the first newline ends the header.
+# A transcript entry is one member of the session's entries sorted set, scored by its seq
+# (see redis_base.encode_entry): a JSON header, a newline, the payload's JSON text.
 
 _CHECK_HEAD = """
 local g = redis.call('HGET', KEYS[1], 'g')
@@ -344,18 +353,22 @@ return out
 APPEND_EVENTS = Script(
     "append_events",
     """
--- KEYS: event stream;  ARGV: (stream, kind, ts_us, payload) per event
--- Events are stream entries with the id '<seq>-0'. Returns the first new seq.
+-- KEYS: event stream, tenant's notice stream;  ARGV: log id, notices kept, then
+--       (stream, kind, ts_us, payload) per event
+-- Events are stream entries with the id '<seq>-0'; a notice (log, first, last) tells
+-- followers of the whole tenant which log grew. Returns the first new seq.
 local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
 local seq = 0
 if last[1] then seq = tonumber(string.match(last[1][1], '^(%d+)')) end
 local first = seq + 1
-for i = 1, #ARGV, 4 do
+for i = 3, #ARGV, 4 do
   seq = seq + 1
   redis.call('XADD', KEYS[1], seq .. '-0', 's', ARGV[i], 'k', ARGV[i + 1],
              't', ARGV[i + 2], 'p', ARGV[i + 3])
 end
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'log', ARGV[1],
+           'first', first, 'last', seq)
 return first
 """,
 )
-"""Append events with the next gap-free sequence numbers."""
+"""Append events with the next gap-free sequence numbers, and note it tenant-wide."""
