@@ -31,10 +31,9 @@ import os
 import stat
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 
 from statekeeper.core.messages import utcnow
 from statekeeper.errors import (
@@ -55,6 +54,7 @@ __all__ = [
     "Lock",
     "Recovery",
     "UnsafePathError",
+    "child",
     "translate_os_error",
 ]
 
@@ -72,6 +72,7 @@ they live one level below the tenant, where only these names are created)."""
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # never wait on a FIFO planted in the root
 
 
 class UnsafePathError(StoreError):
@@ -150,6 +151,25 @@ def translate_os_error(exc: OSError, where: str) -> StoreError:
     return StoreError(f"{where}: {exc}")
 
 
+def child(folder: str, name: str, *, internal: bool = False) -> str:
+    """The path of ``name`` directly inside ``folder`` (a folder from `Layout.directory`).
+
+    Every file path the store uses is built here: ``name`` is a validated id plus a
+    suffix, so it has no separator, NUL or leading dot; ``internal`` names (temp files,
+    the root's marker) may start with a dot.
+    """
+    if (
+        not name
+        or (name[0] == "." and not internal)
+        or name in (".", "..")
+        or "/" in name
+        or "\x00" in name
+        or len(name) > 250
+    ):
+        raise UnsafePathError(f"refusing file name {name!r}")
+    return f"{folder}/{name}"
+
+
 def _check_part(part: str) -> str:
     if part in FIXED_NAMES:
         return part
@@ -159,7 +179,7 @@ def _check_part(part: str) -> str:
 class Lock:
     """A held ``flock`` on a lock file; `remove` deletes the file while still holding it."""
 
-    def __init__(self, fd: int, path: Path) -> None:
+    def __init__(self, fd: int, path: str) -> None:
         self.fd = fd
         self.path = path
         self.removed = False
@@ -168,25 +188,24 @@ class Lock:
         """Delete the lock file (its object is gone). Waiters notice and lock the new file."""
         if not self.removed:
             self.removed = True
-            try:
+            with suppress(FileNotFoundError):
                 os.unlink(self.path)
-            except FileNotFoundError:
-                pass
 
 
 class Layout:
     """Safe file operations under one root directory."""
 
-    def __init__(self, root: Path, durability: Durability, lock_timeout: float) -> None:
+    def __init__(self, root: str, durability: Durability, lock_timeout: float) -> None:
         self.root = root
         self.durability = durability
         self.lock_timeout = lock_timeout
         self.sync = durability is Durability.POWER
         self.recoveries: list[Recovery] = []
+        self._reported: set[tuple[object, ...]] = set()
 
     # -- paths ---------------------------------------------------------------------------
 
-    def directory(self, *parts: str, create: bool = False) -> Path | None:
+    def directory(self, *parts: str, create: bool = False) -> str | None:
         """The directory ``root/parts...`` (None if missing and not ``create``).
 
         Every part must be a valid id or a fixed name, and every component on the way
@@ -195,7 +214,7 @@ class Layout:
         path = self.root
         for part in parts:
             _check_part(part)
-            parent, path = path, path / part
+            parent, path = path, child(path, part)
             try:
                 info = os.lstat(path)
             except FileNotFoundError:
@@ -220,38 +239,50 @@ class Layout:
                     "write it. Move it out of the store's root."
                 )
         # Defence in depth: the lexical path must still be under the root.
-        if os.path.commonpath([self.root, os.path.normpath(path)]) != str(self.root):
+        if os.path.commonpath([self.root, os.path.normpath(path)]) != self.root:
             raise UnsafePathError(f"{path} is outside the store's root {self.root}")
         return path
 
-    def file(self, directory: Path, name: str) -> Path:
+    def file(self, directory: str, name: str) -> str:
         """A file directly inside ``directory`` (a checked directory from `directory`)."""
-        if not name or name.startswith(".") or "/" in name or "\x00" in name or len(name) > 250:
-            raise UnsafePathError(f"refusing file name {name!r}")
-        return directory / name
+        return child(directory, name)
 
-    def relative(self, path: Path) -> str:
+    def relative(self, path: str) -> str:
         """``path`` relative to the root, for messages and reports."""
-        try:
-            return str(path.relative_to(self.root))
-        except ValueError:
-            return str(path)
+        prefix = self.root + "/"
+        return path[len(prefix) :] if path.startswith(prefix) else path
 
     # -- reading and writing ---------------------------------------------------------------
 
-    def open(self, path: Path, flags: int, mode: int = 0o644) -> int:
-        """``os.open`` that never follows a symbolic link at ``path``."""
+    def open(self, path: str, flags: int, mode: int = 0o644) -> int:
+        """``os.open`` of a regular file that never follows a symbolic link at ``path``.
+
+        Anything else planted there (a link, a folder, a FIFO that would block) is
+        refused with `UnsafePathError`.
+        """
         try:
-            return os.open(path, flags | _O_NOFOLLOW | _O_CLOEXEC, mode)
+            fd = os.open(path, flags | _O_NOFOLLOW | _O_CLOEXEC | _O_NONBLOCK, mode)
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 raise UnsafePathError(
                     f"{self.relative(path)} is a symbolic link inside the store's root; "
                     "refusing to follow it"
                 ) from exc
+            if exc.errno in (errno.EISDIR, errno.ENXIO):
+                raise UnsafePathError(
+                    f"{self.relative(path)} is not a regular file; the files store did not "
+                    "write it. Move it out of the store's root."
+                ) from exc
             raise
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise UnsafePathError(
+                f"{self.relative(path)} is not a regular file; the files store did not write "
+                "it. Move it out of the store's root."
+            )
+        return fd
 
-    def read_bytes(self, path: Path) -> bytes | None:
+    def read_bytes(self, path: str) -> bytes | None:
         """The whole file, or None if it does not exist."""
         try:
             fd = self.open(path, os.O_RDONLY)
@@ -265,7 +296,7 @@ class Layout:
         finally:
             os.close(fd)
 
-    def exists(self, path: Path) -> bool:
+    def exists(self, path: str) -> bool:
         """Whether ``path`` exists (a symlink counts, so it is refused when opened)."""
         try:
             os.lstat(path)
@@ -273,12 +304,13 @@ class Layout:
             return False
         return True
 
-    def write_atomic(self, path: Path, data: bytes, *, backup: bool = True) -> None:
+    def write_atomic(self, path: str, data: bytes, *, backup: bool = True) -> None:
         """Replace ``path`` with ``data``: temp file, fsync, backup link, rename, dir fsync.
 
         With ``backup`` the current file (if any) is kept as ``<name>.bak``.
         """
-        temp = path.with_name(f".{path.name}.{os.urandom(4).hex()}.tmp")
+        folder, name = os.path.split(path)
+        temp = child(folder, f".{name}.{os.urandom(4).hex()}.tmp", internal=True)
         fd = self.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         try:
             try:
@@ -291,27 +323,21 @@ class Layout:
                 self.link_backup(path)
             os.replace(temp, path)
         except BaseException:
-            try:
+            with suppress(OSError):
                 os.unlink(temp)
-            except OSError:
-                pass
             raise
         if self.sync:
-            self.fsync_dir(path.parent)
+            self.fsync_dir(folder)
 
-    def link_backup(self, path: Path) -> None:
+    def link_backup(self, path: str) -> None:
         """Make ``<name>.bak`` another name of the current ``path`` (if it exists)."""
-        backup = path.with_name(path.name + ".bak")
-        try:
+        backup = path + ".bak"
+        with suppress(FileNotFoundError):
             os.unlink(backup)
-        except FileNotFoundError:
-            pass
-        try:
+        with suppress(FileNotFoundError):
             os.link(path, backup, follow_symlinks=False)
-        except FileNotFoundError:
-            pass
 
-    def fsync_dir(self, path: Path) -> None:
+    def fsync_dir(self, path: str) -> None:
         """Make a directory's entries (new, renamed or removed files) durable."""
         fd = os.open(path, os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC)
         try:
@@ -319,7 +345,7 @@ class Layout:
         finally:
             os.close(fd)
 
-    def unlink(self, path: Path) -> bool:
+    def unlink(self, path: str) -> bool:
         """Remove a file; False if it was not there."""
         try:
             os.unlink(path)
@@ -381,19 +407,25 @@ class Layout:
 
     # -- quarantine and reports ---------------------------------------------------------
 
-    def quarantine(self, tenant: str, path: Path) -> str | None:
+    def quarantine(self, tenant: str, path: str) -> str | None:
         """Move a damaged file to ``<tenant>/quarantine``; its new relative path."""
         if not self.exists(path):
             return None
         folder = self.directory(tenant, "quarantine", create=True)
         assert folder is not None
         stamp = utcnow().strftime("%Y%m%dT%H%M%S%fZ")
-        target = folder / f"{stamp}-{os.urandom(2).hex()}-{path.name}"
+        target = child(folder, f"{stamp}-{os.urandom(2).hex()}-{os.path.basename(path)}")
         os.replace(path, target)
         if self.sync:
             self.fsync_dir(folder)
-            self.fsync_dir(path.parent)
+            self.fsync_dir(os.path.dirname(path))
         return self.relative(target)
+
+    def report_once(self, token: tuple[object, ...], recovery: Recovery) -> None:
+        """`report`, unless a report with the same ``token`` was made by this handle."""
+        if token not in self._reported:
+            self._reported.add(token)
+            self.report(recovery)
 
     def report(self, recovery: Recovery) -> Recovery:
         """Record a recovery: on the store, in the log, and in ``recoveries.jsonl``."""

@@ -27,9 +27,10 @@ from __future__ import annotations
 import bisect
 import os
 import re
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from statekeeper.jsoncodec import encode_json, loads
 from statekeeper.stores.base import Entry, Event, corrupt_entry
@@ -45,7 +46,23 @@ __all__ = [
     "parse_entry",
     "parse_event",
     "parse_header",
+    "remember",
 ]
+
+K = TypeVar("K")
+V = TypeVar("V")
+INDEXES_KEPT = 256
+"""Transcripts (and event logs) whose line index a store keeps in memory."""
+
+
+def remember(cache: OrderedDict[K, V], key: K, value: V, limit: int = INDEXES_KEPT) -> V:
+    """Put ``value`` in an LRU ``cache`` holding at most ``limit`` items."""
+    cache[key] = value
+    cache.move_to_end(key)
+    while len(cache) > limit:
+        cache.popitem(last=False)
+    return value
+
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 """The created_at of a corrupt entry whose own timestamp cannot be read."""

@@ -1,0 +1,352 @@
+"""Versioned records and event logs of the ``files://`` store (blocking; worker thread).
+
+Records: ``<tenant>/records/<namespace>/<key>.json`` rewritten atomically with a backup;
+writes hold the namespace's lock; reads need none (a file is replaced whole). A damaged
+record falls back to its backup; without one it is quarantined and reported.
+
+Event logs: ``<tenant>/events/<log>.jsonl``; appends hold the log's lock; reads need none,
+because only finished batches count and a finished batch never changes (see
+``files_logs``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Sequence
+from contextlib import suppress
+from datetime import datetime
+
+from statekeeper.core.messages import utcnow
+from statekeeper.errors import InvalidIdError, StoreCorruptError
+from statekeeper.ids import validate_id
+from statekeeper.jsoncodec import gc_paused, loads
+from statekeeper.stores.base import Event, EventDraft, VersionedRecord
+from statekeeper.stores.common import check_record_version, record_not_found
+from statekeeper.stores.files_layout import (
+    Layout,
+    Recovery,
+    UnsafePathError,
+    child,
+    read_at,
+    write_all,
+)
+from statekeeper.stores.files_logs import (
+    EventIndex,
+    event_line,
+    header_line,
+    new_gen,
+    parse_event,
+    remember,
+)
+from statekeeper.stores.files_recovery import BadFileError, decode_record, encode_record
+
+__all__ = ["EventFiles", "RecordFiles"]
+
+
+def _live(record: VersionedRecord, now: datetime) -> bool:
+    return record.expires_at is None or record.expires_at > now
+
+
+class RecordFiles:
+    """Versioned records, one JSON file each."""
+
+    def __init__(self, files: Layout) -> None:
+        self.files = files
+
+    def _path(self, tenant: str, namespace: str, key: str, *, create: bool) -> str | None:
+        folder = self.files.directory(tenant, "records", namespace, create=create)
+        return None if folder is None else self.files.file(folder, f"{key}.json")
+
+    def _read(
+        self, tenant: str, namespace: str, key: str, path: str, *, locked: bool
+    ) -> tuple[VersionedRecord | None, bool]:
+        """(the record or None, whether it was lost to damage just now)."""
+        raw = self.files.read_bytes(path)
+        if raw is None:
+            return None, False
+        try:
+            return decode_record(raw, namespace, key), False
+        except BadFileError as exc:
+            if locked:
+                return self._repair(tenant, namespace, key, path, str(exc))
+            with self.files.locked(tenant, "records", namespace):
+                return self._read(tenant, namespace, key, path, locked=True)
+
+    def _repair(
+        self, tenant: str, namespace: str, key: str, path: str, reason: str
+    ) -> tuple[VersionedRecord | None, bool]:
+        files = self.files
+        backup_path = path + ".bak"
+        backup_raw = files.read_bytes(backup_path)
+        subject, where = f"record {namespace}/{key}", files.relative(path)
+        if backup_raw is not None:
+            try:
+                restored = decode_record(backup_raw, namespace, key)
+            except BadFileError as exc:
+                reason = f"{reason}; the backup is unreadable too ({exc})"
+            else:
+                moved = files.quarantine(tenant, path)
+                files.write_atomic(path, backup_raw, backup=False)
+                files.report(
+                    Recovery(
+                        "record-from-backup",
+                        tenant,
+                        subject,
+                        f"{reason}; restored version {restored.version} from the backup",
+                        where,
+                        quarantined=(moved,) if moved else (),
+                    )
+                )
+                return restored, False
+        moved_all = tuple(
+            m for m in (files.quarantine(tenant, p) for p in (path, backup_path)) if m
+        )
+        files.report(
+            Recovery(
+                "record-lost",
+                tenant,
+                subject,
+                f"{reason}; no usable backup, the damaged files were quarantined",
+                where,
+                quarantined=moved_all,
+            )
+        )
+        return None, True
+
+    def get(self, tenant: str, namespace: str, key: str) -> VersionedRecord:
+        path = self._path(tenant, namespace, key, create=False)
+        found, lost = (
+            (None, False)
+            if path is None
+            else self._read(tenant, namespace, key, path, locked=False)
+        )
+        if lost:
+            raise StoreCorruptError(
+                f"record {namespace}/{key} is damaged and has no usable backup; the file "
+                f"was moved to {tenant}/quarantine"
+            )
+        if found is None or not _live(found, utcnow()):
+            raise record_not_found(namespace, key)
+        return found
+
+    def put(
+        self,
+        tenant: str,
+        namespace: str,
+        key: str,
+        text: str,
+        expected_version: int | None,
+        expires_at: datetime | None,
+    ) -> VersionedRecord:
+        path = self._path(tenant, namespace, key, create=True)
+        assert path is not None
+        with self.files.locked(tenant, "records", namespace):
+            found, _ = self._read(tenant, namespace, key, path, locked=True)
+            now = utcnow()
+            version = found.version if found is not None and _live(found, now) else 0
+            check_record_version(namespace, key, version, expected_version)
+            raw = encode_record(namespace, key, version + 1, now, expires_at, text)
+            self.files.write_atomic(path, raw, backup=True)
+        return VersionedRecord(
+            namespace=namespace,
+            key=key,
+            value=loads(text),
+            version=version + 1,
+            updated_at=now,
+            expires_at=expires_at,
+        )
+
+    def list(
+        self, tenant: str, namespace: str, prefix: str, after_key: str | None, limit: int
+    ) -> list[VersionedRecord]:
+        folder = self.files.directory(tenant, "records", namespace)
+        if folder is None:
+            return []
+        keys = sorted(
+            name[:-5]
+            for name in os.listdir(folder)
+            if name.endswith(".json") and not name.startswith(".")
+        )
+        out: list[VersionedRecord] = []
+        now = utcnow()
+        for key in keys:
+            if len(out) >= limit:
+                break
+            if not key.startswith(prefix) or (after_key is not None and key <= after_key):
+                continue
+            try:
+                validate_id(key)
+                found, _ = self._read(
+                    tenant, namespace, key, child(folder, f"{key}.json"), locked=False
+                )
+            except (InvalidIdError, UnsafePathError):
+                continue  # not a file this store wrote
+            if found is not None and _live(found, now):
+                out.append(found)
+        return out
+
+    def delete(self, tenant: str, namespace: str, key: str, expected_version: int | None) -> None:
+        path = self._path(tenant, namespace, key, create=False)
+        if path is None or not self.files.exists(path):
+            raise record_not_found(namespace, key)
+        with self.files.locked(tenant, "records", namespace):
+            found, lost = self._read(tenant, namespace, key, path, locked=True)
+            if lost:
+                return  # already moved out of the way, as a delete would have
+            if found is None or not _live(found, utcnow()):
+                raise record_not_found(namespace, key)
+            check_record_version(namespace, key, found.version, expected_version)
+            self.files.unlink(path)
+            self.files.unlink(path + ".bak")
+            if self.files.sync:
+                self.files.fsync_dir(os.path.dirname(path))
+
+
+class EventFiles:
+    """Event logs, one JSONL file each, with an index of committed lines per log."""
+
+    def __init__(self, files: Layout) -> None:
+        self.files = files
+        self.indexes: OrderedDict[tuple[str, str], EventIndex] = OrderedDict()
+
+    def _index(self, tenant: str, log_id: str, fd: int, info: os.stat_result) -> EventIndex:
+        key = (tenant, log_id)
+        file_id = (info.st_dev, info.st_ino)
+        index = self.indexes.get(key)
+        header = read_at(fd, 0, 512).split(b"\n", 1)[0]
+        if (
+            index is None
+            or index.gen is None
+            or index.file_id != file_id
+            or index.end > info.st_size
+            or f'"gen":"{index.gen}"'.encode() not in header
+        ):
+            index = EventIndex(None, file_id)
+            index.scan(read_at(fd, 0, info.st_size), 0)
+            if index.header_damaged:
+                self.files.report_once(
+                    ("corrupt-header", key, file_id),
+                    Recovery(
+                        "corrupt-header",
+                        tenant,
+                        f"events {log_id}",
+                        "the first line of the event log is damaged; its events are served",
+                        f"{tenant}/events/{log_id}.jsonl",
+                    ),
+                )
+        elif index.end < info.st_size:
+            index.scan(read_at(fd, index.end, info.st_size - index.end), index.end)
+        return remember(self.indexes, key, index)
+
+    def append(
+        self, tenant: str, log_id: str, events: Sequence[EventDraft], texts: list[str]
+    ) -> list[Event]:
+        folder = self.files.directory(tenant, "events", create=True)
+        assert folder is not None
+        path = self.files.file(folder, f"{log_id}.jsonl")
+        with self.files.locked(tenant, "events", log_id):
+            fd = self.files.open(path, os.O_RDWR | os.O_CREAT)
+            try:
+                first = self._write(tenant, log_id, events, texts, fd, path)
+            except BaseException:
+                self.indexes.pop((tenant, log_id), None)
+                raise
+            finally:
+                os.close(fd)
+        return [
+            Event(log_id, first + i, e.stream, e.kind, e.ts, loads(text))
+            for i, (e, text) in enumerate(zip(events, texts, strict=True))
+        ]
+
+    def _write(
+        self,
+        tenant: str,
+        log_id: str,
+        events: Sequence[EventDraft],
+        texts: list[str],
+        fd: int,
+        path: str,
+    ) -> int:
+        """Write one batch after the last committed line; its first seq."""
+        info = os.fstat(fd)
+        index = self._index(tenant, log_id, fd, info)
+        committed = index.end
+        if info.st_size > committed:
+            self.files.report(
+                Recovery(
+                    "uncommitted-tail",
+                    tenant,
+                    f"events {log_id}",
+                    f"cut {info.st_size - committed} bytes after the last committed event "
+                    "(an append that crashed before it was acknowledged)",
+                    self.files.relative(path),
+                )
+            )
+            os.ftruncate(fd, committed)
+        prefix = b""
+        if committed == 0:
+            gen = new_gen()
+            index = EventIndex(gen, (info.st_dev, info.st_ino))
+            prefix = header_line("events", "log", log_id, gen)
+        first = index.last_seq() + 1
+        last = len(events) - 1
+        lines = "".join(
+            event_line(first + i, e.stream, e.kind, e.ts, text, more=i < last)
+            for i, (e, text) in enumerate(zip(events, texts, strict=True))
+        )
+        payload = prefix + lines.encode()
+        try:
+            write_all(fd, payload, committed)
+            if self.files.sync:
+                os.fdatasync(fd)
+        except BaseException:
+            with suppress(OSError):
+                os.ftruncate(fd, committed)
+            raise
+        if committed == 0 and self.files.sync:
+            self.files.fsync_dir(os.path.dirname(path))
+        index.scan(payload, committed)
+        remember(self.indexes, (tenant, log_id), index)
+        return first
+
+    def read(self, tenant: str, log_id: str, after_seq: int, limit: int | None) -> list[Event]:
+        folder = self.files.directory(tenant, "events")
+        if folder is None:
+            return []
+        try:
+            fd = self.files.open(self.files.file(folder, f"{log_id}.jsonl"), os.O_RDONLY)
+        except FileNotFoundError:
+            return []
+        try:
+            index = self._index(tenant, log_id, fd, os.fstat(fd))
+            positions = index.positions(after_seq, limit)
+            if not positions:
+                return []
+            base = index.starts[positions[0]]
+            data = read_at(fd, base, index.stops[positions[-1]] - base)
+        finally:
+            os.close(fd)
+        with gc_paused():
+            return [
+                parse_event(
+                    data[index.starts[i] - base : index.stops[i] - base - 1],
+                    log_id,
+                    index.seqs[i],
+                )
+                for i in positions
+            ]
+
+    def delete(self, tenant: str, log_id: str) -> None:
+        folder = self.files.directory(tenant, "events")
+        if folder is None:
+            return
+        path = self.files.file(folder, f"{log_id}.jsonl")
+        if not self.files.exists(path):
+            return
+        with self.files.locked(tenant, "events", log_id) as lock:
+            self.files.unlink(path)
+            if self.files.sync:
+                self.files.fsync_dir(folder)
+            self.indexes.pop((tenant, log_id), None)
+            lock.remove()
