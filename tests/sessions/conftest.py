@@ -1,24 +1,11 @@
-"""Fixtures for the sessions tests: every test runs on each embedded backend."""
+"""Fixtures for the sessions tests (``store`` comes from tests/conftest.py)."""
 
 from __future__ import annotations
-
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
 from statekeeper.sessions import SessionManager
-from statekeeper.stores import Store, open_store
-
-
-@pytest.fixture(params=["memory", "sqlite"])
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    url = "memory://" if request.param == "memory" else f"sqlite:///{tmp_path / 'state.db'}"
-    opened = await open_store(url)
-    try:
-        yield opened
-    finally:
-        await opened.close()
+from statekeeper.stores import Store
 
 
 @pytest.fixture
