@@ -153,3 +153,53 @@ async def test_delegated_runs_are_registered_and_settled(store: Store) -> None:
     killed = await registry.kill(waiting.run_id)
     assert killed.status == "killed"
     assert (await runner.load(waiting.run_id)).status == "cancelled"
+
+
+async def test_a_cross_process_session_lock_serialises_runners() -> None:
+    import os
+    import socket
+    import uuid
+
+    from statekeeper.runtime.redis_coordination import RedisLeases
+    from statekeeper.stores import open_store
+
+    try:
+        socket.create_connection(("127.0.0.1", 6379), timeout=1.0).close()
+    except OSError:
+        if os.environ.get("CI") == "true":
+            raise
+        import pytest
+
+        pytest.skip("no Redis server at 127.0.0.1:6379")
+    prefix = f"sk-lock-{uuid.uuid4().hex[:10]}"
+    url = f"redis://127.0.0.1:6379/0?prefix={prefix}"
+    first_store, second_store = await open_store(url), await open_store(url)
+    active = most = 0
+
+    class Counting:
+        name = "a"
+
+        async def step(self, run: StepInput) -> Any:
+            nonlocal active, most
+            active += 1
+            most = max(most, active)
+            for _ in range(3):
+                await asyncio.sleep(0)  # give the other runner every chance to overlap
+            active -= 1
+            return Finish("ok")
+
+    try:
+        runners = [
+            Runner(s, "alice", [Counting()], session_locks=RedisLeases(s))  # type: ignore[arg-type]
+            for s in (first_store, second_store)
+        ]
+        seed = await runners[0].start("a", "hi")
+        session_id = seed.state.session_id
+        results = await asyncio.gather(
+            *(runners[i % 2].start("a", f"m{i}", session_id=session_id) for i in range(6))
+        )
+        assert all(r.status == "completed" for r in results)
+        assert most == 1
+    finally:
+        await first_store.close()
+        await second_store.close()

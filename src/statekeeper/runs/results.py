@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, overload
@@ -12,7 +13,14 @@ from statekeeper.core.messages import Message
 from statekeeper.runs.state import Interruption, RunState
 from statekeeper.stores.base import EventDraft, Store
 
-__all__ = ["EventSink", "ReadOnlyMessages", "RunResult", "StoreEvents", "as_messages"]
+__all__ = [
+    "EventSink",
+    "ReadOnlyMessages",
+    "RunResult",
+    "SessionLocks",
+    "StoreEvents",
+    "as_messages",
+]
 
 
 class EventSink(Protocol):
@@ -21,6 +29,15 @@ class EventSink(Protocol):
     async def publish(
         self, run_id: str, stream: str, kind: str, payload: dict[str, Any]
     ) -> object: ...
+
+
+class SessionLocks(Protocol):
+    """Per-session mutual exclusion across processes and machines (e.g. `RedisLeases`,
+    or PostgreSQL advisory locks): a worker that dies releases its lock."""
+
+    def hold(
+        self, tenant: str, session_id: str
+    ) -> contextlib.AbstractAsyncContextManager[object]: ...
 
 
 class StoreEvents:

@@ -47,6 +47,7 @@ from statekeeper.runs.results import (
     EventSink,
     ReadOnlyMessages,
     RunResult,
+    SessionLocks,
     as_messages,
 )
 from statekeeper.runs.state import ErrorDetails, GuardrailResult, RunState
@@ -91,6 +92,7 @@ class Runner(ToolSteps):
         followups: FollowupQueue | None = None,
         codec: StateCodec | None = None,
         subagents: SubagentRegistry | None = None,
+        session_locks: SessionLocks | None = None,
     ) -> None:
         self.store, self.tenant = store, tenant
         items = agents.values() if isinstance(agents, Mapping) else agents
@@ -110,6 +112,7 @@ class Runner(ToolSteps):
         self.lanes = lanes
         self.followups = followups
         self.subagents = subagents
+        self.session_locks = session_locks
         self._cancel: dict[str, asyncio.Event] = {}
         self._pending_status: list[tuple[str, str, str]] = []
 
@@ -311,11 +314,18 @@ class Runner(ToolSteps):
         return live
 
     async def _in_lane(self, live: _Live) -> RunResult:
-        """Drive the run in its session's lane (one run per session at a time)."""
+        """Drive the run in its session's lane (one run per session at a time): the
+        in-process lane first, then the cross-process session lock, if configured."""
         if self.lanes is None:
-            return await self._drive(live)
+            return await self._locked(live)
         lane = f"session:{live.state.session_id}"
-        return await self.lanes.run(lane, lambda: self._drive(live))
+        return await self.lanes.run(lane, lambda: self._locked(live))
+
+    async def _locked(self, live: _Live) -> RunResult:
+        if self.session_locks is None:
+            return await self._drive(live)
+        async with self.session_locks.hold(self.tenant, live.state.session_id):
+            return await self._drive(live)
 
     async def _drive(self, live: _Live) -> RunResult:
         if self.followups is None:
