@@ -218,3 +218,11 @@ def test_message_tokens_counts_when_not_measured() -> None:
     assert message_tokens(message) == DEFAULT_COUNTER.count_message(message) == 7
     assert message_tokens(message, CallableCounter(len, per_message=0)) == len("hello world")
     assert isinstance(DEFAULT_COUNTER, EstimateCounter)
+
+
+@given(st.text(max_size=300))
+def test_the_fast_piece_count_is_the_full_count(text: str) -> None:
+    from statekeeper.core import tokens as t
+
+    if t._HAS_DENSE.search(text) is None:
+        assert t._SIMPLE_PIECES.subn("", text)[1] == sum(1 for _ in t._PIECE.finditer(text))

@@ -65,6 +65,8 @@ _DENSE = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
 # A piece is a dense-script character, a run of other word characters, or a run of
 # punctuation/symbols. Whitespace separates pieces and is never a piece.
 _PIECE = re.compile(rf"[{_DENSE}]|(?:(?![{_DENSE}])\w)+|[^\w\s]+")
+_HAS_DENSE = re.compile(rf"[{_DENSE}]")
+_SIMPLE_PIECES = re.compile(r"\w+|[^\w\s]+")
 
 
 def _count_message(
@@ -131,7 +133,12 @@ class EstimateCounter:
         if not text:
             return 0
         by_bytes = math.ceil(len(text.encode("utf-8")) / self.bytes_per_token)
-        pieces = sum(1 for _ in _PIECE.finditer(text))
+        if _HAS_DENSE.search(text) is None:
+            # Without kana / CJK / hangul the lookahead of _PIECE never applies: the same
+            # count from a pattern about twice as fast (this runs on every append).
+            pieces = _SIMPLE_PIECES.subn("", text)[1]
+        else:
+            pieces = sum(1 for _ in _PIECE.finditer(text))
         return max(by_bytes, pieces)
 
     def count_message(self, message: Message) -> int:

@@ -8,12 +8,12 @@ from statekeeper.errors import InvalidInputError
 from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES
 from statekeeper.stores.base import Durability, Store
 
-__all__ = ["open_memory", "open_sqlite"]
+__all__ = ["no_more_options", "open_memory", "open_sqlite", "take_option"]
 
 T = TypeVar("T")
 
 
-def _take(options: dict[str, str], name: str, kind: type[T], default: T) -> T:
+def take_option(options: dict[str, str], name: str, kind: type[T], default: T) -> T:
     raw = options.pop(name, None)
     if raw is None:
         return default
@@ -29,7 +29,7 @@ def _take(options: dict[str, str], name: str, kind: type[T], default: T) -> T:
         ) from None
 
 
-def _no_more(options: dict[str, str], scheme: str) -> None:
+def no_more_options(options: dict[str, str], scheme: str) -> None:
     if options:
         raise InvalidInputError(f"unknown {scheme} store option(s): {', '.join(sorted(options))}")
 
@@ -38,8 +38,8 @@ async def open_memory(location: str, options: dict[str, str]) -> Store:
     """``memory://``"""
     from statekeeper.stores.memory import MemoryStore
 
-    limit = _take(options, "max_payload_bytes", int, DEFAULT_MAX_PAYLOAD_BYTES)
-    _no_more(options, "memory")
+    limit = take_option(options, "max_payload_bytes", int, DEFAULT_MAX_PAYLOAD_BYTES)
+    no_more_options(options, "memory")
     return MemoryStore(max_payload_bytes=limit)
 
 
@@ -58,10 +58,10 @@ async def open_sqlite(location: str, options: dict[str, str]) -> Store:
     mode = options.pop("mode", "rw")
     if mode not in ("rw", "ro"):
         raise InvalidInputError(f"mode={mode!r} must be 'rw' or 'ro'")
-    busy_timeout = _take(options, "busy_timeout", float, 30.0)
-    limit = _take(options, "max_payload_bytes", int, DEFAULT_MAX_PAYLOAD_BYTES)
-    inline = _take(options, "inline_writes", bool, True)
-    _no_more(options, "sqlite")
+    busy_timeout = take_option(options, "busy_timeout", float, 30.0)
+    limit = take_option(options, "max_payload_bytes", int, DEFAULT_MAX_PAYLOAD_BYTES)
+    inline = take_option(options, "inline_writes", bool, True)
+    no_more_options(options, "sqlite")
     return await SQLiteStore.open(
         path,
         durability=Durability(durability),

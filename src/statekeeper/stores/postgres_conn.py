@@ -11,8 +11,7 @@ from __future__ import annotations
 import asyncio
 import random
 import warnings
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 try:
@@ -48,6 +47,7 @@ __all__ = [
     "PoolSource",
     "PostgresBase",
     "SingleConnectionSource",
+    "closed_by_server",
     "connection_lost",
     "describe",
     "parse_location",
@@ -116,10 +116,12 @@ class PoolSource:
         self.owned = owned
         self.timeout = timeout
 
-    @asynccontextmanager
-    async def connection(self) -> AsyncIterator[Connection]:
-        async with self.pool.connection(timeout=self.timeout) as conn:
-            yield conn
+    async def acquire(self) -> Connection:
+        conn: Connection = await self.pool.getconn(timeout=self.timeout)
+        return conn
+
+    async def release(self, conn: Connection) -> None:
+        await self.pool.putconn(conn)  # the pool drops a broken one
 
     async def close(self) -> None:
         if self.owned:
@@ -138,15 +140,18 @@ class SingleConnectionSource:
         self.owned = owned
         self._lock = asyncio.Lock()
 
-    @asynccontextmanager
-    async def connection(self) -> AsyncIterator[Connection]:
-        async with self._lock:
-            if self.conn.closed:
-                raise StoreUnavailableError(
-                    "the PostgreSQL connection given to the store is closed; "
-                    "open the store again with a live connection or a pool"
-                )
-            yield self.conn
+    async def acquire(self) -> Connection:
+        await self._lock.acquire()
+        if self.conn.closed:
+            self._lock.release()
+            raise StoreUnavailableError(
+                "the PostgreSQL connection given to the store is closed; "
+                "open the store again with a live connection or a pool"
+            )
+        return self.conn
+
+    async def release(self, conn: Connection) -> None:
+        self._lock.release()
 
     async def close(self) -> None:
         if self.owned:
@@ -167,6 +172,26 @@ def connection_lost(exc: BaseException) -> bool:
         return False
     state = exc.sqlstate
     return state is None or state.startswith("08") or state in _LOST_STATES
+
+
+def closed_by_server(conn: Connection) -> bool:
+    """True if the server closed this idle connection (restart, pg_terminate_backend).
+
+    A non-blocking read: it sees the goodbye a server sends before it drops a connection,
+    so such a connection is never used for a write whose outcome would be unknown.
+    """
+    pgconn = conn.pgconn
+    # Twice: the first read takes the server's goodbye message, the second finds the
+    # connection closed (a live idle connection has nothing to read either time).
+    for _ in range(2):
+        if pgconn.status != psycopg.pq.ConnStatus.OK:
+            return True
+        try:
+            pgconn.consume_input()
+        except psycopg.OperationalError:
+            return True
+        pgconn.is_busy()  # parses what arrived
+    return bool(pgconn.status != psycopg.pq.ConnStatus.OK)
 
 
 def retryable(exc: BaseException) -> bool:
@@ -230,6 +255,10 @@ class PostgresBase:
         self.max_payload_bytes = max_payload_bytes
         self.url = url
         self._source: ConnectionSource | None = source
+        self.notify_channel: str | None = None
+        """When set, each event append also sends a NOTIFY on this channel (at commit)."""
+        # Writes under way: `close` lets them end before it closes the connections.
+        self._tasks: set[asyncio.Task[Any]] = set()
 
     def __repr__(self) -> str:
         return f"PostgresStore({self.url!r}, schema={self.schema!r})"
@@ -244,7 +273,9 @@ class PostgresBase:
             )
 
     async def close(self) -> None:
-        """Close the pool or connection the store opened (a caller's stays open)."""
+        """Let writes under way end, then close what the store opened (not a caller's)."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
         source, self._source = self._source, None
         if source is not None:
             await source.close()
@@ -301,7 +332,7 @@ class PostgresBase:
         Retried: serialization failures and deadlocks (the server rolled back), and a
         lost connection when nothing can have been committed yet, or ``op`` is idempotent.
         """
-        attempt = 0
+        attempt = stale = 0
         while True:
             attempt += 1
             source = self._source
@@ -309,7 +340,13 @@ class PostgresBase:
                 raise StoreUnavailableError(f"{self!r} is closed; open a new store")
             committing = False
             try:
-                async with source.connection() as conn:
+                conn = await source.acquire()
+                try:
+                    if closed_by_server(conn):
+                        # Nothing was sent on it: safe to try another connection. Closed,
+                        # so that a pool drops it instead of lending it out again.
+                        await conn.close()
+                        raise _Stale
                     if tx or not conn.autocommit:
                         async with conn.transaction():
                             result = await op(conn)
@@ -317,13 +354,20 @@ class PostgresBase:
                         return result
                     committing = True  # a lone autocommit statement commits as it runs
                     return await op(conn)
-            except Careful:
+                finally:
+                    await source.release(conn)
+            except (Careful, StatekeeperError):
                 raise
-            except Exception as exc:
-                if isinstance(exc, StatekeeperError):
-                    raise
-                if not isinstance(exc, psycopg.Error) and not _is_pool_error(exc):
-                    raise
+            except _Stale:
+                stale += 1
+                attempt -= 1
+                if stale > 50 or isinstance(source, SingleConnectionSource):
+                    raise StoreUnavailableError(
+                        f"PostgreSQL store {self.url}: the server closed the connection; "
+                        "retry when the server is reachable"
+                    ) from None
+                continue
+            except psycopg.Error as exc:
                 if retryable(exc) and attempt < ATTEMPTS:
                     await asyncio.sleep(0.002 * attempt * random.random())
                     continue
@@ -340,6 +384,8 @@ class PostgresBase:
     ) -> T:
         """`_run` for a write: a cancelled caller waits until the write has ended."""
         task = asyncio.ensure_future(self._run(op, tx=tx, idempotent=idempotent))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -350,5 +396,5 @@ class PostgresBase:
             raise
 
 
-def _is_pool_error(exc: BaseException) -> bool:
-    return type(exc).__module__.startswith("psycopg_pool")
+class _Stale(Exception):
+    """Internal: the server had closed a connection before it was used."""

@@ -27,10 +27,9 @@ from statekeeper.stores.common import (
     record_not_found,
 )
 from statekeeper.stores.postgres_conn import ATTEMPTS, Connection, PostgresBase
+from statekeeper.stores.postgres_transcripts import KEY_END
 
 __all__ = ["PostgresRecordsAndEvents"]
-
-KEY_END = "\x7f"  # sorts after every character an id may contain
 
 
 class PostgresRecordsAndEvents(PostgresBase):
@@ -183,9 +182,17 @@ class PostgresRecordsAndEvents(PostgresBase):
             texts,
         )
 
+        channel = self.notify_channel
+
         async def append(conn: Connection) -> int:
-            cur = await conn.execute(self._q.append_events, params)
-            return min(int(seq) for (seq,) in await cur.fetchall())
+            if channel is None:
+                cur = await conn.execute(self._q.append_events, params)
+                return min(int(seq) for (seq,) in await cur.fetchall())
+            notify = (channel, self.schema, tenant, log_id)
+            cur = await conn.execute(self._q.append_events_notify, (*params, *notify))
+            row = await cur.fetchone()
+            assert row is not None
+            return int(row[0])
 
         first = await self._write(append)
         return [

@@ -27,6 +27,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "Statements",
     "metadata_tokens",
+    "validate_channel",
     "validate_schema_name",
 ]
 
@@ -37,16 +38,19 @@ MIGRATIONS: list[tuple[str, str]] = [
         "sessions, transcript entries, versioned records, event logs",
         """
         CREATE TABLE {s}.sessions (
-            sk bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,  -- never reused: heads
-            tenant text COLLATE "C" NOT NULL,                    -- cached by sk stay valid
+            tenant text COLLATE "C" NOT NULL,
             id text COLLATE "C" NOT NULL,
+            -- Never reused, so a head cached by sk stays valid. Not indexed: every
+            -- statement finds a session by (tenant, id), and one index fewer to update
+            -- makes each append cheaper.
+            sk bigint GENERATED ALWAYS AS IDENTITY,
             agent_id text COLLATE "C",
             last_active timestamptz NOT NULL,
             created_at timestamptz NOT NULL,
             version bigint NOT NULL,
             meta text[] NOT NULL,  -- metadata filter tokens (see metadata_tokens)
             doc text NOT NULL,     -- the SessionRecord as JSON text, exactly as encoded
-            UNIQUE (tenant, id)
+            PRIMARY KEY (tenant, id)
         );
         CREATE INDEX sessions_by_activity ON {s}.sessions (tenant, last_active DESC, id DESC);
         CREATE INDEX sessions_by_metadata ON {s}.sessions USING gin (meta);
@@ -95,6 +99,16 @@ MIGRATIONS: list[tuple[str, str]] = [
 SCHEMA_VERSION = len(MIGRATIONS)
 
 _SCHEMA_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+
+def validate_channel(name: str) -> str:
+    """A LISTEN / NOTIFY channel name statekeeper accepts (the same rules as a schema)."""
+    if not _SCHEMA_RE.fullmatch(name):
+        raise InvalidInputError(
+            f"notify channel {name[:70]!r} is not usable: use 1-63 lower-case letters, "
+            "digits and _, starting with a letter or _"
+        )
+    return name
 
 
 def validate_schema_name(name: str) -> str:
@@ -152,7 +166,8 @@ class Statements:
         )
         self.save_head = _sql(
             "UPDATE {s}.sessions SET agent_id = %s, last_active = %s, version = %s,"
-            " meta = coalesce(%s, meta), doc = %s WHERE sk = %s AND version = %s",
+            " meta = coalesce(%s, meta), doc = %s"
+            " WHERE tenant = %s AND id = %s AND sk = %s AND version = %s",
             q,
         )
         self.delete_session = _sql(
@@ -165,7 +180,7 @@ class Statements:
         head = (
             "WITH head AS (UPDATE {s}.sessions SET agent_id = %s, last_active = %s,"
             " version = %s, meta = coalesce(%s, meta), doc = %s"
-            " WHERE sk = %s AND version = %s RETURNING sk)"
+            " WHERE tenant = %s AND id = %s AND sk = %s AND version = %s RETURNING sk)"
             " INSERT INTO {s}.entries (session_sk, " + _ENTRY + ")"
         )
         self.append_one = _sql(
@@ -238,14 +253,24 @@ class Statements:
             q,
         )
         # -- events: the log's row hands out the numbers, so they have no gaps
-        self.append_events = _sql(
+        log = (
             "WITH log AS (INSERT INTO {s}.event_logs AS l (tenant, log_id, last_seq)"
             " VALUES (%s, %s, %s) ON CONFLICT (tenant, log_id) DO UPDATE"
             " SET last_seq = l.last_seq + excluded.last_seq RETURNING last_seq)"
+        )
+        insert = (
             " INSERT INTO {s}.events (tenant, log_id, seq, stream, kind, ts, payload)"
             " SELECT %s, %s, log.last_seq - %s + e.n, e.stream, e.kind, e.ts, e.payload"
             " FROM log, unnest(%s::text[], %s::text[], %s::timestamptz[], %s::text[])"
-            " WITH ORDINALITY AS e(stream, kind, ts, payload, n) RETURNING seq",
+            " WITH ORDINALITY AS e(stream, kind, ts, payload, n) RETURNING seq"
+        )
+        self.append_events = _sql(log + insert, q)
+        # The same, and a NOTIFY (sent at commit) naming the log and its last seq, for
+        # listeners in other processes (runtime.pg_coordination.PgEventListener).
+        self.append_events_notify = _sql(
+            log + ", added AS (" + insert + ") SELECT min(seq), pg_notify(%s,"
+            " json_build_object('schema', %s::text, 'tenant', %s::text, 'log_id', %s::text,"
+            " 'seq', max(seq))::text) FROM added",
             q,
         )
         self.read_events = _sql(

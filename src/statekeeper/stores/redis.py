@@ -352,13 +352,13 @@ class RedisStore(RedisRecords):
 
 async def open_redis(location: str, options: dict[str, str]) -> Store:
     """``redis://[[user]:password@]host[:port][/db]`` or ``redis:///path/to/redis.sock``."""
-    from statekeeper.stores.opening import _no_more, _take
+    from statekeeper.stores.opening import no_more_options, take_option
 
     prefix = options.pop("prefix", "statekeeper")
     validate_id(prefix, "key prefix")
-    limit = _take(options, "max_payload_bytes", int, DEFAULT_MAX_PAYLOAD_BYTES)
-    timeout = _take(options, "socket_timeout", float, DEFAULT_SOCKET_TIMEOUT)
-    _no_more(options, "redis")
+    limit = take_option(options, "max_payload_bytes", int, DEFAULT_MAX_PAYLOAD_BYTES)
+    timeout = take_option(options, "socket_timeout", float, DEFAULT_SOCKET_TIMEOUT)
+    no_more_options(options, "redis")
     return await RedisStore.open(
         location or "localhost:6379/0",
         prefix=prefix,

@@ -1,0 +1,306 @@
+"""Cross-process session locks (advisory locks) and event wake-ups (LISTEN / NOTIFY),
+with real subprocesses against the PostgreSQL test server (skipped without one, failed
+instead under ``CI=true``)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from statekeeper.runtime import EventBus
+from statekeeper.runtime.pg_coordination import (
+    EventNotice,
+    PgEventListener,
+    PgSessionLocks,
+    SessionLockTimeoutError,
+    refresh_bus,
+)
+from statekeeper.stores import open_store
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from conformance.backend_postgres import (
+    POSTGRES_URL,
+    drop_schema,
+    skip_unless_reachable,
+)
+
+pytest.importorskip("psycopg")
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+
+
+@pytest.fixture
+async def locks() -> AsyncIterator[PgSessionLocks]:
+    await skip_unless_reachable()
+    async with PgSessionLocks.from_url(POSTGRES_URL, namespace=f"t{uuid.uuid4().hex}") as made:
+        yield made
+
+
+@pytest.fixture
+async def schema() -> AsyncIterator[str]:
+    await skip_unless_reachable()
+    name = f"sktest_{uuid.uuid4().hex[:12]}"
+    try:
+        yield name
+    finally:
+        await drop_schema(name)
+
+
+def spawn(code: str, *args: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+async def finish(proc: subprocess.Popen[bytes]) -> str:
+    """Wait for the process; its output (fails the test if it failed)."""
+    try:
+        out, err = await asyncio.to_thread(proc.communicate, timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    return out.decode()
+
+
+# -- locks ---------------------------------------------------------------------------------
+
+COUNTER = """
+    import asyncio, sys, time
+    from pathlib import Path
+    from statekeeper.runtime.pg_coordination import PgSessionLocks
+
+    async def main(url, namespace, folder, rounds):
+        counter, log = Path(folder, "counter"), Path(folder, "log")
+        async with PgSessionLocks.from_url(url, namespace=namespace) as locks:
+            for _ in range(rounds):
+                async with locks.hold("t", "s1", timeout=60):
+                    start = time.time()
+                    value = int(counter.read_text())  # read, pause, write: racy unless
+                    await asyncio.sleep(0.003)        # the lock keeps others out
+                    counter.write_text(str(value + 1))
+                    with log.open("a") as f:
+                        f.write(f"{start} {time.time()}\\n")
+
+    url, namespace, folder, rounds = sys.argv[1:]
+    asyncio.run(main(url, namespace, folder, int(rounds)))
+"""
+
+
+@pytest.mark.slow
+async def test_processes_holding_one_session_lock_never_overlap(
+    locks: PgSessionLocks, tmp_path: Path
+) -> None:
+    (tmp_path / "counter").write_text("0")
+    workers, rounds = 4, 10
+    procs = [
+        spawn(COUNTER, POSTGRES_URL, locks.namespace, str(tmp_path), str(rounds))
+        for _ in range(workers)
+    ]
+    for proc in procs:
+        await finish(proc)
+    assert int((tmp_path / "counter").read_text()) == workers * rounds
+    spans = sorted(
+        tuple(map(float, line.split())) for line in (tmp_path / "log").read_text().splitlines()
+    )
+    assert len(spans) == workers * rounds
+    for (_, end), (start, _) in itertools.pairwise(spans):
+        assert end <= start + 0.001  # one holder at a time (clock jitter aside)
+
+
+HOLDER = """
+    import asyncio, sys
+    from statekeeper.runtime.pg_coordination import PgSessionLocks
+
+    async def main(url, namespace):
+        locks = PgSessionLocks.from_url(url, namespace=namespace)
+        async with locks.hold("t", "s1"):
+            print("held", flush=True)
+            await asyncio.sleep(120)
+
+    asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+async def test_a_lock_held_by_a_process_that_dies_is_released(locks: PgSessionLocks) -> None:
+    proc = spawn(HOLDER, POSTGRES_URL, locks.namespace)
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.to_thread(proc.stdout.readline)
+        assert line.strip() == b"held", proc.stderr.read() if proc.stderr else b""
+        with pytest.raises(SessionLockTimeoutError):
+            async with locks.hold("t", "s1", timeout=0):
+                pass
+        with pytest.raises(SessionLockTimeoutError):
+            async with locks.hold("t", "s1", timeout=0.3):
+                pass
+        async with locks.hold("t", "s2", timeout=0):  # other sessions are free
+            pass
+        proc.kill()  # no clean-up code runs: the server sees the connection drop
+        started = time.monotonic()
+        async with locks.hold("t", "s1", timeout=20) as held:
+            await held.check()
+        assert time.monotonic() - started < 20
+    finally:
+        proc.kill()
+        await asyncio.to_thread(proc.wait)
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+async def test_locks_of_one_process_exclude_each_other_and_are_released(
+    locks: PgSessionLocks,
+) -> None:
+    async with locks.hold("t", "s1"):
+        with pytest.raises(SessionLockTimeoutError):
+            async with locks.hold("t", "s1", timeout=0.2):
+                pass
+        async with locks.hold("t", "s2", timeout=0):
+            pass
+    async with locks.hold("t", "s1", timeout=0):  # released by the block's end
+        pass
+
+    # A waiter cancelled while it waits leaves nothing locked.
+    async with locks.hold("t", "s1"):
+        waiter = asyncio.ensure_future(locks.hold("t", "s1").__aenter__())
+        await asyncio.sleep(0.2)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+    async with locks.hold("t", "s1", timeout=1):
+        pass
+
+
+async def test_many_tasks_take_turns_on_one_lock(locks: PgSessionLocks) -> None:
+    inside = 0
+    most = 0
+
+    async def worker() -> None:
+        nonlocal inside, most
+        for _ in range(3):
+            async with locks.hold("t", "busy", timeout=30):
+                inside += 1
+                most = max(most, inside)
+                await asyncio.sleep(0.005)
+                inside -= 1
+
+    await asyncio.gather(*(worker() for _ in range(5)))
+    assert most == 1
+
+
+def test_lock_keys_are_stable_and_ids_are_checked() -> None:
+    locks = PgSessionLocks("", namespace="ns")
+    assert locks.key("t", "s1") == PgSessionLocks("", namespace="ns").key("t", "s1")
+    assert locks.key("t", "s1") != locks.key("t", "s2")
+    assert locks.key("t", "s1") != PgSessionLocks("", namespace="other").key("t", "s1")
+    assert -(2**63) <= locks.key("t", "s1") < 2**63
+    from statekeeper.errors import InvalidIdError
+
+    with pytest.raises(InvalidIdError):
+        locks.key("t", "../x")
+
+
+# -- event wake-ups ------------------------------------------------------------------------
+
+APPENDER = """
+    import asyncio, sys
+    from statekeeper.stores import open_store
+    from statekeeper.stores.base import EventDraft
+
+    async def main(url, schema, channel, batches):
+        store = await open_store(url, schema=schema, notify_channel=channel)
+        try:
+            for spec in batches.split(","):
+                log_id, count = spec.split(":")
+                events = [EventDraft(stream="tool", kind="result", payload={"i": i})
+                          for i in range(int(count))]
+                await store.append_events("t", log_id, events)
+        finally:
+            await store.close()
+
+    asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+async def wait_until(condition: object, seconds: float = 15.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+async def test_event_appends_in_another_process_are_notified(schema: str) -> None:
+    channel = f"sk_{uuid.uuid4().hex[:16]}"
+    # The schema exists before the writer starts (a notice names it).
+    await (await open_store(POSTGRES_URL, schema=schema)).close()
+    notices: list[EventNotice] = []
+    async with PgEventListener.from_url(POSTGRES_URL, notices.append, channel=channel):
+        await finish(spawn(APPENDER, POSTGRES_URL, schema, channel, "run-1:3,run-2:1,run-1:1"))
+        await wait_until(lambda: len(notices) >= 3)
+    assert [(n.schema, n.tenant, n.log_id, n.seq) for n in notices] == [
+        (schema, "t", "run-1", 3),
+        (schema, "t", "run-2", 1),
+        (schema, "t", "run-1", 4),
+    ]
+
+
+async def test_a_bus_subscriber_wakes_for_another_process_events(schema: str) -> None:
+    channel = f"sk_{uuid.uuid4().hex[:16]}"
+    store = await open_store(POSTGRES_URL, schema=schema)
+    try:
+        bus = EventBus(store, "t")
+        async with (
+            PgEventListener.from_url(POSTGRES_URL, refresh_bus(bus), channel=channel),
+            bus.subscribe("run-1", from_seq=0) as sub,
+        ):
+            writer = spawn(APPENDER, POSTGRES_URL, schema, channel, "run-1:2")
+            try:
+                got = [await asyncio.wait_for(anext(sub), 15) for _ in range(2)]
+            finally:
+                await finish(writer)
+        assert [(e.run_id, e.seq, e.payload) for e in got] == [
+            ("run-1", 1, {"i": 0}),
+            ("run-1", 2, {"i": 1}),
+        ]
+    finally:
+        await store.close()
+
+
+async def test_a_listener_reconnects_and_says_it_may_have_missed_some(schema: str) -> None:
+    import psycopg
+
+    channel = f"sk_{uuid.uuid4().hex[:16]}"
+    await (await open_store(POSTGRES_URL, schema=schema)).close()
+    notices: list[EventNotice] = []
+
+    async def collect(notice: EventNotice) -> None:  # a coroutine callback works too
+        notices.append(notice)
+
+    listener = PgEventListener.from_url(POSTGRES_URL, collect, channel=channel, retry_every=0.1)
+    async with listener:
+        async with await psycopg.AsyncConnection.connect(POSTGRES_URL, autocommit=True) as conn:
+            await conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = %s",
+                (f'LISTEN "{channel}"',),
+            )
+        await wait_until(lambda: any(n.log_id is None for n in notices))
+        await finish(spawn(APPENDER, POSTGRES_URL, schema, channel, "run-9:2"))
+        await wait_until(lambda: any(n.log_id == "run-9" for n in notices))
+    assert [n.seq for n in notices if n.log_id == "run-9"] == [2]
