@@ -15,7 +15,10 @@ import pytest
 from statekeeper.stores import Store, open_store
 
 REDIS_URL = os.environ.get("STATEKEEPER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-FEATURE_BACKENDS = ["memory", "sqlite", "files", "redis"]
+POSTGRES_URL = os.environ.get(
+    "STATEKEEPER_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
+)
+FEATURE_BACKENDS = ["memory", "sqlite", "files", "redis", "postgres"]
 
 
 def _reachable(host: str, port: int) -> bool:
@@ -45,9 +48,13 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
         url = f"sqlite:///{tmp_path / 'state.db'}"
     elif name == "files":
         url = f"files:///{tmp_path / 'files'}"
-    else:
+    elif name == "redis":
         _need("Redis", "127.0.0.1", 6379)
         url = f"{REDIS_URL}?prefix={prefix}"
+    else:
+        _need("PostgreSQL", "127.0.0.1", 5432)
+        schema = prefix.replace("-", "_")
+        url = f"{POSTGRES_URL}?schema={schema}"
     opened = await open_store(url)
     try:
         yield opened
@@ -55,6 +62,8 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
         await opened.close()
         if name == "redis":
             await _drop_redis_prefix(prefix)
+        elif name == "postgres":
+            await _drop_postgres_schema(prefix.replace("-", "_"))
 
 
 async def _drop_redis_prefix(prefix: str) -> None:
@@ -67,3 +76,13 @@ async def _drop_redis_prefix(prefix: str) -> None:
             await client.unlink(*keys)
     finally:
         await client.aclose()
+
+
+async def _drop_postgres_schema(schema: str) -> None:
+    import psycopg
+    from psycopg import sql
+
+    async with await psycopg.AsyncConnection.connect(POSTGRES_URL, autocommit=True) as conn:
+        await conn.execute(
+            sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema))
+        )
