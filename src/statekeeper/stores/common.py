@@ -14,10 +14,12 @@ __all__ = [
     "check_limit",
     "check_prunable_kind",
     "check_record_ids",
+    "check_record_listing",
     "check_record_version",
     "check_session_record",
     "new_session_record",
     "record_not_found",
+    "record_text",
     "session_not_found",
 ]
 
@@ -48,6 +50,28 @@ def check_record_ids(tenant: str, namespace: str, key: str | None = None) -> Non
     validate_id(namespace, "namespace")
     if key is not None:
         validate_id(key, "record key")
+
+
+def check_record_listing(tenant: str, namespace: str, prefix: str, limit: int) -> None:
+    """Validate the arguments of ``list_records``."""
+    check_record_ids(tenant, namespace)
+    check_limit(limit)
+    if prefix:
+        validate_id(prefix, "key prefix")
+
+
+def record_text(
+    tenant: str,
+    namespace: str,
+    key: str,
+    value: object,
+    expires_at: datetime | None,
+    limit: int,
+) -> str:
+    """Validate the arguments of ``put_record`` and encode the value (JSON text)."""
+    check_record_ids(tenant, namespace, key)
+    check_expiry(expires_at)
+    return encode_json(value, what=f"record {namespace}/{key}", limit=limit)
 
 
 def check_expiry(expires_at: datetime | None) -> None:

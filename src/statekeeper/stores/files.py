@@ -99,12 +99,13 @@ from statekeeper.stores.base import (
     prunable,
 )
 from statekeeper.stores.common import (
-    check_expiry,
     check_limit,
     check_prunable_kind,
     check_record_ids,
+    check_record_listing,
     check_session_record,
     new_session_record,
+    record_text,
 )
 from statekeeper.stores.files_layout import (
     FORMAT_VERSION,
@@ -432,9 +433,7 @@ class FileStore:
         expected_version: int | None = None,
         expires_at: datetime | None = None,
     ) -> VersionedRecord:
-        check_record_ids(tenant, namespace, key)
-        check_expiry(expires_at)
-        text = encode_json(value, what=f"record {namespace}/{key}", limit=self.max_payload_bytes)
+        text = record_text(tenant, namespace, key, value, expires_at, self.max_payload_bytes)
         return await self._call(
             lambda: self._records.put(tenant, namespace, key, text, expected_version, expires_at)
         )
@@ -448,10 +447,7 @@ class FileStore:
         after_key: str | None = None,
         limit: int = 100,
     ) -> list[VersionedRecord]:
-        check_record_ids(tenant, namespace)
-        check_limit(limit)
-        if prefix:
-            validate_id(prefix, "key prefix")
+        check_record_listing(tenant, namespace, prefix, limit)
         return await self._call(
             lambda: self._records.list(tenant, namespace, prefix, after_key, limit)
         )

@@ -38,14 +38,15 @@ from statekeeper.stores.base import (
     prunable,
 )
 from statekeeper.stores.common import (
-    check_expiry,
     check_limit,
     check_prunable_kind,
     check_record_ids,
+    check_record_listing,
     check_record_version,
     check_session_record,
     new_session_record,
     record_not_found,
+    record_text,
     session_not_found,
 )
 
@@ -253,11 +254,10 @@ class MemoryStore:
         expected_version: int | None = None,
         expires_at: datetime | None = None,
     ) -> VersionedRecord:
-        check_expiry(expires_at)
+        text = record_text(tenant, namespace, key, value, expires_at, self.max_payload_bytes)
         found = self._live(tenant, namespace, key)
         version = found.version if found else 0
         check_record_version(namespace, key, version, expected_version)
-        text = encode_json(value, what=f"record {namespace}/{key}", limit=self.max_payload_bytes)
         stored = _Record(text, version + 1, utcnow(), expires_at)
         self._records[tenant, namespace, key] = stored
         return _versioned(namespace, key, stored)
@@ -271,10 +271,7 @@ class MemoryStore:
         after_key: str | None = None,
         limit: int = 100,
     ) -> list[VersionedRecord]:
-        check_record_ids(tenant, namespace)
-        check_limit(limit)
-        if prefix:
-            validate_id(prefix, "key prefix")
+        check_record_listing(tenant, namespace, prefix, limit)
         now = utcnow()
         keys = sorted(
             k

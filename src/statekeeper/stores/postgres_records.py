@@ -16,15 +16,15 @@ from pydantic import JsonValue
 
 from statekeeper.core.messages import utcnow
 from statekeeper.errors import StoreCorruptError, StoreUnavailableError
-from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import encode_json, loads
 from statekeeper.stores.base import Event, EventDraft, VersionedRecord
 from statekeeper.stores.common import (
-    check_expiry,
     check_limit,
     check_record_ids,
+    check_record_listing,
     check_record_version,
     record_not_found,
+    record_text,
 )
 from statekeeper.stores.postgres_conn import ATTEMPTS, Connection, PostgresBase
 from statekeeper.stores.postgres_transcripts import KEY_END
@@ -76,9 +76,7 @@ class PostgresRecordsAndEvents(PostgresBase):
         expected_version: int | None = None,
         expires_at: datetime | None = None,
     ) -> VersionedRecord:
-        check_record_ids(tenant, namespace, key)
-        check_expiry(expires_at)
-        text = encode_json(value, what=f"record {namespace}/{key}", limit=self.max_payload_bytes)
+        text = record_text(tenant, namespace, key, value, expires_at, self.max_payload_bytes)
         if expected_version is None:
             sql = self._q.put_record
         elif expected_version == 0:
@@ -116,10 +114,7 @@ class PostgresRecordsAndEvents(PostgresBase):
         after_key: str | None = None,
         limit: int = 100,
     ) -> list[VersionedRecord]:
-        check_record_ids(tenant, namespace)
-        check_limit(limit)
-        if prefix:
-            validate_id(prefix, "key prefix")
+        check_record_listing(tenant, namespace, prefix, limit)
         params = {
             "t": tenant,
             "ns": namespace,

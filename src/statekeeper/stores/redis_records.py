@@ -24,15 +24,15 @@ from pydantic import JsonValue
 
 from statekeeper.core.messages import utcnow
 from statekeeper.errors import StoreCorruptError
-from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import encode_json, loads
 from statekeeper.stores.base import Event, EventDraft, VersionedRecord
 from statekeeper.stores.common import (
-    check_expiry,
     check_limit,
     check_record_ids,
+    check_record_listing,
     check_record_version,
     record_not_found,
+    record_text,
 )
 from statekeeper.stores.redis_base import RedisBase, decode_event, dt, to_text, us
 from statekeeper.stores.redis_scripts import (
@@ -88,9 +88,7 @@ class RedisRecords(RedisBase):
         expected_version: int | None = None,
         expires_at: datetime | None = None,
     ) -> VersionedRecord:
-        check_record_ids(tenant, namespace, key)
-        check_expiry(expires_at)
-        text = encode_json(value, what=f"record {namespace}/{key}", limit=self.max_payload_bytes)
+        text = record_text(tenant, namespace, key, value, expires_at, self.max_payload_bytes)
         now = us(utcnow())
         expires = "" if expires_at is None else us(expires_at)
         redis_expiry = "" if expires_at is None else us(expires_at) // 1000 + _EXPIRY_GRACE_MS
@@ -112,10 +110,7 @@ class RedisRecords(RedisBase):
         after_key: str | None = None,
         limit: int = 100,
     ) -> list[VersionedRecord]:
-        check_record_ids(tenant, namespace)
-        check_limit(limit)
-        if prefix:
-            validate_id(prefix, "key prefix")
+        check_record_listing(tenant, namespace, prefix, limit)
         low = f"({after_key}" if after_key is not None and after_key >= prefix else f"[{prefix}"
         high = f"({prefix}\x7f" if prefix else "+"
         out: list[VersionedRecord] = []

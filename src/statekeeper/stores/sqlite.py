@@ -62,14 +62,15 @@ from statekeeper.stores.base import (
     plan_append,
 )
 from statekeeper.stores.common import (
-    check_expiry,
     check_limit,
     check_prunable_kind,
     check_record_ids,
+    check_record_listing,
     check_record_version,
     check_session_record,
     new_session_record,
     record_not_found,
+    record_text,
     session_not_found,
 )
 from statekeeper.stores.sqlite_schema import MIGRATIONS, SCHEMA_VERSION
@@ -272,6 +273,21 @@ class SQLiteStore:
             # Submitted to the worker at once: a loop that never yields (appends that all
             # complete inline) would never start a task.
             self._checkpoint = self._worker.submit(self._checkpoint_now)
+
+    async def checkpoint(self, *, truncate: bool = False) -> None:
+        """Copy the WAL into the database file now (and empty the WAL if ``truncate``).
+
+        Normally not needed: checkpoints run in the background as the WAL grows.
+        """
+        if self._checkpoint is not None:
+            await asyncio.wrap_future(self._checkpoint)
+        mode = "TRUNCATE" if truncate else "PASSIVE"
+        await self._worker.run(
+            lambda: self._retry(
+                lambda: self._db.execute(f"PRAGMA wal_checkpoint({mode})").fetchall()
+            )
+        )
+        self._wal_bytes = 0
 
     def _checkpoint_now(self) -> None:
         try:
@@ -683,9 +699,7 @@ class SQLiteStore:
         expected_version: int | None = None,
         expires_at: datetime | None = None,
     ) -> VersionedRecord:
-        check_record_ids(tenant, namespace, key)
-        check_expiry(expires_at)
-        text = encode_json(value, what=f"record {namespace}/{key}", limit=self.max_payload_bytes)
+        text = record_text(tenant, namespace, key, value, expires_at, self.max_payload_bytes)
         expires_us = None if expires_at is None else _us(expires_at)
 
         def put(db: sqlite3.Connection) -> VersionedRecord:
@@ -715,10 +729,7 @@ class SQLiteStore:
         after_key: str | None = None,
         limit: int = 100,
     ) -> list[VersionedRecord]:
-        check_record_ids(tenant, namespace)
-        check_limit(limit)
-        if prefix:
-            validate_id(prefix, "key prefix")
+        check_record_listing(tenant, namespace, prefix, limit)
         low = max(prefix, after_key or "")
 
         def run(db: sqlite3.Connection) -> list[VersionedRecord]:
