@@ -1,0 +1,234 @@
+"""Versioned records and event logs of the SQLite store (a mixin of `SQLiteStore`),
+and the small conversions both halves use."""
+
+from __future__ import annotations
+
+import sqlite3
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+from pydantic import JsonValue
+
+from statekeeper.core.messages import utcnow
+from statekeeper.errors import StoreCorruptError
+from statekeeper.jsoncodec import encode_json, loads
+from statekeeper.stores.base import Event, EventDraft, VersionedRecord
+from statekeeper.stores.common import (
+    check_limit,
+    check_record_ids,
+    check_record_listing,
+    check_record_version,
+    record_not_found,
+    record_text,
+)
+
+__all__ = ["SQLiteRecordsAndEvents"]
+
+T = TypeVar("T")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_KEY_END = "\x7f"  # sorts after every character an id may contain
+
+
+def _us(value: datetime) -> int:
+    delta = value - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def _dt(us: int) -> datetime:
+    # The float is within 0.13 us of the exact value for any date before year 2200, and
+    # fromtimestamp rounds to the nearest microsecond: exact, and 2.5x faster than
+    # adding a timedelta (it runs once per entry read).
+    if -(2**52) < us < 2**52:
+        return datetime.fromtimestamp(us / 1e6, UTC)
+    return _EPOCH + timedelta(microseconds=us)
+
+
+def _limit(limit: int | None) -> int:
+    """A SQL LIMIT (-1: none)."""
+    checked = check_limit(limit)
+    return -1 if checked is None else checked
+
+
+class SQLiteRecordsAndEvents(ABC):
+    """Records and event logs on the store's connection (see `SQLiteStore`)."""
+
+    max_payload_bytes: int
+
+    @abstractmethod
+    async def _read(self, fn: Callable[[sqlite3.Connection], T], *, inline: bool = False) -> T: ...
+
+    @abstractmethod
+    async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
+
+    # -- records -------------------------------------------------------------------------
+
+    @staticmethod
+    def _record(namespace: str, row: tuple[Any, ...]) -> VersionedRecord:
+        key, version, updated_us, expires_us, text = row
+        try:
+            value = loads(text)
+        except ValueError as exc:
+            raise StoreCorruptError(f"record {namespace}/{key} cannot be decoded: {exc}") from exc
+        return VersionedRecord(
+            namespace=namespace,
+            key=key,
+            value=value,
+            version=version,
+            updated_at=_dt(updated_us),
+            expires_at=None if expires_us is None else _dt(expires_us),
+        )
+
+    _LIVE = "(expires_us IS NULL OR expires_us > ?)"
+
+    async def get_record(self, tenant: str, namespace: str, key: str) -> VersionedRecord:
+        check_record_ids(tenant, namespace, key)
+
+        def get(db: sqlite3.Connection) -> VersionedRecord:
+            row = db.execute(
+                "SELECT key, version, updated_us, expires_us, value FROM records "
+                f"WHERE tenant=? AND namespace=? AND key=? AND {self._LIVE}",
+                (tenant, namespace, key, _us(utcnow())),
+            ).fetchone()
+            if row is None:
+                raise record_not_found(namespace, key)
+            return self._record(namespace, row)
+
+        return await self._read(get, inline=True)
+
+    async def put_record(
+        self,
+        tenant: str,
+        namespace: str,
+        key: str,
+        value: JsonValue,
+        *,
+        expected_version: int | None = None,
+        expires_at: datetime | None = None,
+    ) -> VersionedRecord:
+        text = record_text(tenant, namespace, key, value, expires_at, self.max_payload_bytes)
+        expires_us = None if expires_at is None else _us(expires_at)
+
+        def put(db: sqlite3.Connection) -> VersionedRecord:
+            now = utcnow()
+            row = db.execute(
+                f"SELECT version FROM records WHERE tenant=? AND namespace=? AND key=? "
+                f"AND {self._LIVE}",
+                (tenant, namespace, key, _us(now)),
+            ).fetchone()
+            version = row[0] if row else 0
+            check_record_version(namespace, key, version, expected_version)
+            db.execute(
+                "INSERT OR REPLACE INTO records (tenant, namespace, key, version, updated_us,"
+                " expires_us, value) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (tenant, namespace, key, version + 1, _us(now), expires_us, text),
+            )
+            return self._record(namespace, (key, version + 1, _us(now), expires_us, text))
+
+        return await self._write(put)
+
+    async def list_records(
+        self,
+        tenant: str,
+        namespace: str,
+        *,
+        prefix: str = "",
+        after_key: str | None = None,
+        limit: int = 100,
+    ) -> list[VersionedRecord]:
+        check_record_listing(tenant, namespace, prefix, limit)
+        low = max(prefix, after_key or "")
+
+        def run(db: sqlite3.Connection) -> list[VersionedRecord]:
+            rows = db.execute(
+                "SELECT key, version, updated_us, expires_us, value FROM records "
+                f"WHERE tenant=? AND namespace=? AND key>=? AND key<? AND key>? AND {self._LIVE}"
+                " ORDER BY key LIMIT ?",
+                (tenant, namespace, low, prefix + _KEY_END, after_key or "", _us(utcnow()), limit),
+            ).fetchall()
+            return [self._record(namespace, row) for row in rows]
+
+        return await self._read(run)
+
+    async def delete_record(
+        self, tenant: str, namespace: str, key: str, *, expected_version: int | None = None
+    ) -> None:
+        check_record_ids(tenant, namespace, key)
+
+        def delete(db: sqlite3.Connection) -> None:
+            row = db.execute(
+                f"SELECT version FROM records WHERE tenant=? AND namespace=? AND key=? "
+                f"AND {self._LIVE}",
+                (tenant, namespace, key, _us(utcnow())),
+            ).fetchone()
+            if row is None:
+                raise record_not_found(namespace, key)
+            check_record_version(namespace, key, row[0], expected_version)
+            db.execute(
+                "DELETE FROM records WHERE tenant=? AND namespace=? AND key=?",
+                (tenant, namespace, key),
+            )
+
+        await self._write(delete)
+
+    # -- events --------------------------------------------------------------------------
+
+    async def append_events(
+        self, tenant: str, log_id: str, events: Sequence[EventDraft]
+    ) -> list[Event]:
+        check_record_ids(tenant, log_id)
+        texts = [
+            encode_json(e.payload, what=f"event {e.stream}/{e.kind}", limit=self.max_payload_bytes)
+            for e in events
+        ]
+
+        def append(db: sqlite3.Connection) -> list[Event]:
+            (last,) = db.execute(
+                "SELECT coalesce(max(seq), 0) FROM events WHERE tenant=? AND log_id=?",
+                (tenant, log_id),
+            ).fetchone()
+            db.executemany(
+                "INSERT INTO events (tenant, log_id, seq, stream, kind, ts_us, payload)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (tenant, log_id, last + i, e.stream, e.kind, _us(e.ts), text)
+                    for i, (e, text) in enumerate(zip(events, texts, strict=True), start=1)
+                ],
+            )
+            return [
+                Event(log_id, last + i, e.stream, e.kind, _dt(_us(e.ts)), loads(text))
+                for i, (e, text) in enumerate(zip(events, texts, strict=True), start=1)
+            ]
+
+        return await self._write(append)
+
+    async def read_events(
+        self, tenant: str, log_id: str, *, after_seq: int = 0, limit: int | None = None
+    ) -> list[Event]:
+        check_record_ids(tenant, log_id)
+
+        def read(db: sqlite3.Connection) -> list[Event]:
+            out: list[Event] = []
+            for seq, stream, kind, ts_us, text in db.execute(
+                "SELECT seq, stream, kind, ts_us, payload FROM events "
+                "WHERE tenant=? AND log_id=? AND seq>? ORDER BY seq LIMIT ?",
+                (tenant, log_id, after_seq, _limit(limit)),
+            ):
+                try:
+                    payload = loads(text)
+                except ValueError as exc:
+                    payload = {"error": f"corrupt event: {exc}", "raw": str(text)[:200]}
+                    stream, kind = "error", "corrupt"
+                out.append(Event(log_id, seq, stream, kind, _dt(ts_us), payload))
+            return out
+
+        return await self._read(read)
+
+    async def delete_event_log(self, tenant: str, log_id: str) -> None:
+        check_record_ids(tenant, log_id)
+        await self._write(
+            lambda db: db.execute(
+                "DELETE FROM events WHERE tenant=? AND log_id=?", (tenant, log_id)
+            ).close()
+        )
