@@ -303,3 +303,44 @@ async def test_a_follower_waits_for_the_first_event_of_a_new_log(store: RedisSto
         "t", "run-1", [EventDraft(stream="s", kind="k", payload={"n": n}) for n in range(2)]
     )
     assert await asyncio.wait_for(waiting, 10) == [1, 2]
+
+
+async def test_a_bus_is_fed_live_with_another_process_events() -> None:
+    """Two stores on one Redis stand for two processes: events one publishes reach a
+    subscriber of the other's bus as they are appended, in order, without polling."""
+    import asyncio as aio
+    import uuid
+
+    from statekeeper.runtime import EventBus
+    from statekeeper.runtime.redis_coordination import RedisEventFeed, feed_bus
+    from statekeeper.stores import open_store
+
+    url = f"{REDIS_URL}?prefix=sk-bridge-{uuid.uuid4().hex[:8]}"
+    here, there = await open_store(url), await open_store(url)
+    try:
+        publisher, reader = EventBus(here, "t"), EventBus(there, "t")
+        bridge = aio.create_task(feed_bus(RedisEventFeed(there, block=0.2), reader, "t"))  # type: ignore[arg-type]
+        await aio.sleep(0)
+        sub = reader.subscribe("run-x", from_seq=0)
+        got: list[int] = []
+
+        async def collect() -> None:
+            async for event in sub:
+                got.append(event.seq)
+                if len(got) == 5:
+                    return
+
+        collecting = aio.create_task(collect())
+        while sub._waiter is None:  # the log is read: the subscriber now waits for news
+            await aio.sleep(0)
+        for i in range(5):
+            await publisher.publish("run-x", "assistant", "partial", {"text": str(i)})
+        await aio.wait_for(collecting, timeout=10)
+        assert got == [1, 2, 3, 4, 5]
+        bridge.cancel()
+        with contextlib.suppress(aio.CancelledError):
+            await bridge
+        sub.close()
+    finally:
+        await here.close()
+        await there.close()

@@ -61,6 +61,7 @@ __all__ = [
     "LeaseLostError",
     "RedisEventFeed",
     "RedisLeases",
+    "feed_bus",
 ]
 
 
@@ -313,3 +314,11 @@ async def _call(store: RedisStore, pending: Awaitable[Any]) -> Any:
         return await pending
     except (rx.RedisError, OSError) as exc:
         raise translate(exc, store.where) from exc
+
+
+async def feed_bus(feed: RedisEventFeed, bus: Any, tenant: str, *, after: str = "$") -> None:
+    """Keep ``bus`` (an `EventBus` of ``tenant``) up to date with events other processes
+    append: each notice makes the bus's subscribers of that run read the new events
+    from the log, in order, with no gap or repeat. Runs until cancelled."""
+    async for notice in feed.notices(tenant, after=after):
+        bus.refresh(notice.log_id)
