@@ -331,7 +331,7 @@ async def test_a_bus_is_fed_live_with_another_process_events() -> None:
                     return
 
         collecting = aio.create_task(collect())
-        while sub._waiter is None:  # the log is read: the subscriber now waits for news
+        while sub._waiter is None:  # noqa: ASYNC110  (yield until the subscriber waits)
             await aio.sleep(0)
         for i in range(5):
             await publisher.publish("run-x", "assistant", "partial", {"text": str(i)})
