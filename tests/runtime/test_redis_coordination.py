@@ -305,22 +305,23 @@ async def test_a_follower_waits_for_the_first_event_of_a_new_log(store: RedisSto
     assert await asyncio.wait_for(waiting, 10) == [1, 2]
 
 
-async def test_a_bus_is_fed_live_with_another_process_events() -> None:
-    """Two stores on one Redis stand for two processes: events one publishes reach a
+async def test_a_bus_is_fed_live_with_another_process_events(prefix: str) -> None:
+    """Stores on one Redis stand for two processes: events one publishes reach a
     subscriber of the other's bus as they are appended, in order, without polling."""
-    import asyncio as aio
-    import uuid
-
     from statekeeper.runtime import EventBus
     from statekeeper.runtime.redis_coordination import RedisEventFeed, feed_bus
-    from statekeeper.stores import open_store
 
-    url = f"{REDIS_URL}?prefix=sk-bridge-{uuid.uuid4().hex[:8]}"
-    here, there = await open_store(url), await open_store(url)
+    here = await open_store(REDIS_URL, prefix=prefix)
+    there = await open_store(REDIS_URL, prefix=prefix)
+    feed_store = await open_store(REDIS_URL, prefix=prefix)  # the feed's blocking reads
+    bridge: asyncio.Task[None] | None = None
+    stop = asyncio.Event()
     try:
         publisher, reader = EventBus(here, "t"), EventBus(there, "t")
-        bridge = aio.create_task(feed_bus(RedisEventFeed(there, block=0.2), reader, "t"))  # type: ignore[arg-type]
-        await aio.sleep(0)
+        feed = RedisEventFeed(feed_store, block=0.2)  # type: ignore[arg-type]
+        # after="0": every notice of this (fresh) prefix, so the feed cannot miss a
+        # notice appended before its first read ("$" would start from whenever it runs).
+        bridge = asyncio.create_task(feed_bus(feed, reader, "t", after="0", stop=stop))
         sub = reader.subscribe("run-x", from_seq=0)
         got: list[int] = []
 
@@ -330,17 +331,19 @@ async def test_a_bus_is_fed_live_with_another_process_events() -> None:
                 if len(got) == 5:
                     return
 
-        collecting = aio.create_task(collect())
+        collecting = asyncio.create_task(collect())
         while sub._waiter is None:  # noqa: ASYNC110  (yield until the subscriber waits)
-            await aio.sleep(0)
+            await asyncio.sleep(0)
         for i in range(5):
             await publisher.publish("run-x", "assistant", "partial", {"text": str(i)})
-        await aio.wait_for(collecting, timeout=10)
+        async with asyncio.timeout(10):
+            await collecting
         assert got == [1, 2, 3, 4, 5]
-        bridge.cancel()
-        with contextlib.suppress(aio.CancelledError):
-            await bridge
         sub.close()
     finally:
-        await here.close()
-        await there.close()
+        if bridge is not None:
+            stop.set()
+            async with asyncio.timeout(10):
+                await bridge  # ends after its current read (block=0.2 s)
+        for opened in (here, there, feed_store):
+            await opened.close()

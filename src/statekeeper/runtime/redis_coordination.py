@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable
@@ -41,6 +42,7 @@ from statekeeper.errors import (
     StatekeeperError,
     StoreCorruptError,
     StoreError,
+    StoreUnavailableError,
 )
 from statekeeper.ids import validate_id
 from statekeeper.stores.base import Event, check_tenant_and_id
@@ -63,6 +65,8 @@ __all__ = [
     "RedisLeases",
     "feed_bus",
 ]
+
+logger = logging.getLogger("statekeeper.runtime.redis")
 
 
 class LeaseBusyError(StatekeeperError, TimeoutError):
@@ -285,15 +289,17 @@ class RedisEventFeed:
                     last = event.seq
                     yield event
 
-    async def notices(self, tenant: str, *, after: str = "$") -> AsyncIterator[EventNotice]:
+    async def notices(
+        self, tenant: str, *, after: str = "$", stop: asyncio.Event | None = None
+    ) -> AsyncIterator[EventNotice]:
         """Notices of batches appended to any log of the tenant after position ``after``
-        (``"$"``: from now on, ``"0"``: every notice still kept)."""
+        (``"$"``: from now on, ``"0"``: every notice still kept), until ``stop`` is set."""
         validate_id(tenant, "tenant")
         key = self._store.keys.event_notices(tenant)
         if after == "$":  # pin "now" to an id, so nothing between two reads is missed
             newest = await _call(self._store, self._store.client.xrevrange(key, "+", "-", count=1))
             after = to_text(newest[0][0]) if newest else "0-0"
-        while True:
+        while stop is None or not stop.is_set():
             for _, entries in await self._read(key, after):
                 for stream_id, fields in entries:
                     after = to_text(stream_id)
@@ -316,9 +322,32 @@ async def _call(store: RedisStore, pending: Awaitable[Any]) -> Any:
         raise translate(exc, store.where) from exc
 
 
-async def feed_bus(feed: RedisEventFeed, bus: Any, tenant: str, *, after: str = "$") -> None:
+async def feed_bus(
+    feed: RedisEventFeed,
+    bus: Any,
+    tenant: str,
+    *,
+    after: str = "$",
+    stop: asyncio.Event | None = None,
+    retry_every: float = 0.5,
+) -> None:
     """Keep ``bus`` (an `EventBus` of ``tenant``) up to date with events other processes
     append: each notice makes the bus's subscribers of that run read the new events
-    from the log, in order, with no gap or repeat. Runs until cancelled."""
-    async for notice in feed.notices(tenant, after=after):
-        bus.refresh(notice.log_id)
+    from the log, in order, with no gap or repeat. A lost connection is reopened and the
+    feed resumes after the last notice it saw.
+
+    Runs until ``stop`` is set (checked after every read, so within the feed's ``block``
+    time). Prefer it to cancelling the task: redis-py may not end a blocking read that
+    is cancelled promptly.
+    """
+    position = after
+    while stop is None or not stop.is_set():
+        try:
+            async for notice in feed.notices(tenant, after=position, stop=stop):
+                position = notice.position
+                bus.refresh(notice.log_id)
+        except StoreUnavailableError:
+            if stop is not None and stop.is_set():
+                return
+            logger.warning("event feed of %s lost Redis; reconnecting", tenant)
+            await asyncio.sleep(retry_every)
