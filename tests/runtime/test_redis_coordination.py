@@ -272,9 +272,10 @@ async def test_events_from_another_process_arrive_in_order_and_resume_without_ga
 ) -> None:
     feed = RedisEventFeed(store, block=0.2)
     total = 150
-    notices = feed.notices("t")
+    # after="0": every notice of this test's fresh prefix, so the follower cannot miss
+    # the first batches however late it starts (a pinned "$" would race the child).
+    notices = feed.notices("t", after="0")
     first_notice = asyncio.ensure_future(anext(notices))
-    await asyncio.sleep(0.3)  # the notice follower starts before anything is written
     proc = await spawn(prefix, "events", total)
     live = asyncio.create_task(collect(feed, 0, total))
     await release(prefix, 1)
