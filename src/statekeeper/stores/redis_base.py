@@ -13,7 +13,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from statekeeper.errors import (
@@ -28,6 +28,7 @@ from statekeeper.errors import (
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES, encode_json, loads
 from statekeeper.stores.base import Entry, Event, corrupt_entry
+from statekeeper.stores.common import from_micros, to_micros
 from statekeeper.stores.redis_scripts import Keys, Script
 
 try:
@@ -59,15 +60,10 @@ DEFAULT_SOCKET_TIMEOUT = 5.0
 _UNAVAILABLE_REPLIES = ("LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS")
 
 
-def us(value: datetime) -> int:
-    """Microseconds since the epoch (exact; what scores and stored times use)."""
-    delta = value - EPOCH
-    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
-
-
-def dt(micros: int) -> datetime:
-    """The UTC datetime of `us`."""
-    return EPOCH + timedelta(microseconds=micros)
+us = to_micros
+"""Microseconds since the epoch (exact; what scores and stored times use)."""
+dt = from_micros
+"""The UTC time of a microsecond count."""
 
 
 def to_bytes(value: bytes | str) -> bytes:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sqlite3
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any, TypeVar
 
 from pydantic import JsonValue
@@ -20,29 +20,20 @@ from statekeeper.stores.common import (
     check_record_ids,
     check_record_listing,
     check_record_version,
+    from_micros,
     record_not_found,
     record_text,
+    to_micros,
 )
 
 __all__ = ["SQLiteRecordsAndEvents"]
 
 T = TypeVar("T")
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _KEY_END = "\x7f"  # sorts after every character an id may contain
 
 
-def _us(value: datetime) -> int:
-    delta = value - _EPOCH
-    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
-
-
-def _dt(us: int) -> datetime:
-    # The float is within 0.13 us of the exact value for any date before year 2200, and
-    # fromtimestamp rounds to the nearest microsecond: exact, and 2.5x faster than
-    # adding a timedelta (it runs once per entry read).
-    if -(2**52) < us < 2**52:
-        return datetime.fromtimestamp(us / 1e6, UTC)
-    return _EPOCH + timedelta(microseconds=us)
+_us = to_micros
+_dt = from_micros
 
 
 def _limit(limit: int | None) -> int:
