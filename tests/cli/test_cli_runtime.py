@@ -20,7 +20,7 @@ from pydantic import JsonValue
 from typer.testing import CliRunner, Result
 
 from statekeeper.cli import app
-from statekeeper.cli import runtime as runtime_cli
+from statekeeper.cli import events as runtime_cli
 from statekeeper.core.messages import Message
 from statekeeper.runs import Action, Finish, Respond, Runner, RunStore, StepInput
 from statekeeper.runtime import (

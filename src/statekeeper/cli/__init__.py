@@ -27,8 +27,9 @@ except ImportError as exc:  # pragma: no cover - only without the extra
 
 from statekeeper.cli import runs, sessions
 from statekeeper.cli._common import DEFAULT_STORE, DEFAULT_TENANT, Settings
+from statekeeper.cli.events import events_app
 from statekeeper.cli.retention import gc
-from statekeeper.cli.runtime import events_app, lanes, profiles_app, subagents_app
+from statekeeper.cli.runtime import lanes, profiles_app, subagents_app
 
 __all__ = ["app", "main"]
 
