@@ -44,7 +44,6 @@ from urllib.parse import unquote, urlsplit
 
 from statekeeper.errors import InvalidInputError, StatekeeperError
 from statekeeper.ids import validate_id
-from statekeeper.stores.base import check_tenant_and_id
 from statekeeper.stores.postgres_conn import (
     Connection,
     closed_by_server,
@@ -53,6 +52,7 @@ from statekeeper.stores.postgres_conn import (
     translate,
 )
 from statekeeper.stores.postgres_schema import validate_channel
+from statekeeper.stores.rules import check_tenant_and_id
 
 __all__ = [
     "DEFAULT_CHANNEL",

@@ -45,11 +45,12 @@ from statekeeper.errors import (
     StoreUnavailableError,
 )
 from statekeeper.ids import validate_id
-from statekeeper.stores.base import Event, check_tenant_and_id
+from statekeeper.stores.base import Event
 from statekeeper.stores.common import check_record_ids
 from statekeeper.stores.redis import RedisStore
 from statekeeper.stores.redis_base import decode_event, run_script, to_text, translate
 from statekeeper.stores.redis_scripts import Keys, Script
+from statekeeper.stores.rules import check_tenant_and_id
 
 try:
     import redis.exceptions as rx

@@ -89,14 +89,6 @@ from statekeeper.stores.base import (
     SessionQuery,
     SessionRecord,
     VersionedRecord,
-    apply_patch,
-    check_tenant_and_id,
-    check_version,
-    decode_cursor,
-    encode_cursor,
-    matches_query,
-    plan_append,
-    prunable,
 )
 from statekeeper.stores.common import (
     check_limit,
@@ -119,6 +111,16 @@ from statekeeper.stores.files_layout import (
 from statekeeper.stores.files_logs import EPOCH, entry_line, header_line, new_gen
 from statekeeper.stores.files_records import EventFiles, RecordFiles
 from statekeeper.stores.files_sessions import SessionCtx, SessionFiles
+from statekeeper.stores.rules import (
+    apply_patch,
+    check_tenant_and_id,
+    check_version,
+    decode_cursor,
+    encode_cursor,
+    matches_query,
+    plan_append,
+    prunable,
+)
 from statekeeper.stores.worker import Worker
 
 __all__ = ["FileStore", "Recovery", "UnsafePathError", "open_files"]

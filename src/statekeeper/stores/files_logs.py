@@ -33,7 +33,8 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from statekeeper.jsoncodec import encode_json, loads
-from statekeeper.stores.base import Entry, Event, corrupt_entry
+from statekeeper.stores.base import Entry, Event
+from statekeeper.stores.rules import corrupt_entry
 
 __all__ = [
     "EPOCH",

@@ -27,7 +27,7 @@ from statekeeper.errors import (
 )
 from statekeeper.ids import MAX_ID_LENGTH, validate_id
 from statekeeper.jsoncodec import gc_paused, loads
-from statekeeper.stores.base import Entry, SessionPatch, SessionRecord, apply_patch
+from statekeeper.stores.base import Entry, SessionPatch, SessionRecord
 from statekeeper.stores.files_layout import (
     Layout,
     Lock,
@@ -52,6 +52,7 @@ from statekeeper.stores.files_recovery import (
     roll_forward,
     salvage_lines,
 )
+from statekeeper.stores.rules import apply_patch
 
 __all__ = ["Head", "SessionCtx", "SessionFiles"]
 

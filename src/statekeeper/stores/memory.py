@@ -28,14 +28,6 @@ from statekeeper.stores.base import (
     SessionQuery,
     SessionRecord,
     VersionedRecord,
-    apply_patch,
-    check_tenant_and_id,
-    check_version,
-    decode_cursor,
-    encode_cursor,
-    matches_query,
-    plan_append,
-    prunable,
 )
 from statekeeper.stores.common import (
     check_limit,
@@ -48,6 +40,16 @@ from statekeeper.stores.common import (
     record_not_found,
     record_text,
     session_not_found,
+)
+from statekeeper.stores.rules import (
+    apply_patch,
+    check_tenant_and_id,
+    check_version,
+    decode_cursor,
+    encode_cursor,
+    matches_query,
+    plan_append,
+    prunable,
 )
 
 __all__ = ["MemoryStore"]

@@ -38,11 +38,6 @@ from statekeeper.stores.base import (
     SessionQuery,
     SessionRecord,
     Store,
-    apply_patch,
-    check_tenant_and_id,
-    check_version,
-    decode_cursor,
-    encode_cursor,
 )
 from statekeeper.stores.common import (
     check_session_record,
@@ -70,6 +65,13 @@ from statekeeper.stores.postgres_schema import (
     validate_channel,
 )
 from statekeeper.stores.postgres_transcripts import PostgresTranscripts
+from statekeeper.stores.rules import (
+    apply_patch,
+    check_tenant_and_id,
+    check_version,
+    decode_cursor,
+    encode_cursor,
+)
 
 __all__ = ["PostgresStore", "open_postgres"]
 

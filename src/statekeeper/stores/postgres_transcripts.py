@@ -32,18 +32,7 @@ from statekeeper.errors import (
 )
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES, gc_paused, loads
-from statekeeper.stores.base import (
-    AppendPlan,
-    AppendResult,
-    Entry,
-    EntryDraft,
-    SessionPatch,
-    SessionRecord,
-    apply_patch,
-    check_tenant_and_id,
-    corrupt_entry,
-    plan_append,
-)
+from statekeeper.stores.base import AppendResult, Entry, EntryDraft, SessionPatch, SessionRecord
 from statekeeper.stores.common import (
     check_limit,
     check_prunable_kind,
@@ -58,6 +47,13 @@ from statekeeper.stores.postgres_conn import (
     psycopg,
 )
 from statekeeper.stores.postgres_schema import DEFAULT_SCHEMA, metadata_tokens
+from statekeeper.stores.rules import (
+    AppendPlan,
+    apply_patch,
+    check_tenant_and_id,
+    corrupt_entry,
+    plan_append,
+)
 
 __all__ = ["KEY_END", "PostgresTranscripts"]
 

@@ -65,14 +65,6 @@ from statekeeper.stores.base import (
     SessionQuery,
     SessionRecord,
     Store,
-    apply_patch,
-    check_tenant_and_id,
-    check_version,
-    decode_cursor,
-    encode_cursor,
-    matches_query,
-    plan_append,
-    prunable,
 )
 from statekeeper.stores.common import (
     check_limit,
@@ -99,6 +91,16 @@ from statekeeper.stores.redis_scripts import (
     LIST_SESSIONS,
     PRUNE,
     READ_ENTRIES,
+)
+from statekeeper.stores.rules import (
+    apply_patch,
+    check_tenant_and_id,
+    check_version,
+    decode_cursor,
+    encode_cursor,
+    matches_query,
+    plan_append,
+    prunable,
 )
 
 __all__ = ["RedisStore", "open_redis"]

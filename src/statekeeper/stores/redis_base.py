@@ -27,9 +27,10 @@ from statekeeper.errors import (
 )
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES, encode_json, loads
-from statekeeper.stores.base import Entry, Event, corrupt_entry
+from statekeeper.stores.base import Entry, Event
 from statekeeper.stores.common import from_micros, to_micros
 from statekeeper.stores.redis_scripts import Keys, Script
+from statekeeper.stores.rules import corrupt_entry
 
 try:
     import redis.exceptions as rx

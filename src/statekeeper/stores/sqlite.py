@@ -38,7 +38,6 @@ from statekeeper.errors import (
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES, encode_json, gc_paused, loads
 from statekeeper.stores.base import (
-    AppendPlan,
     AppendResult,
     Durability,
     Entry,
@@ -47,6 +46,15 @@ from statekeeper.stores.base import (
     SessionPatch,
     SessionQuery,
     SessionRecord,
+)
+from statekeeper.stores.common import (
+    check_prunable_kind,
+    check_session_record,
+    new_session_record,
+    session_not_found,
+)
+from statekeeper.stores.rules import (
+    AppendPlan,
     apply_patch,
     check_tenant_and_id,
     check_version,
@@ -54,12 +62,6 @@ from statekeeper.stores.base import (
     decode_cursor,
     encode_cursor,
     plan_append,
-)
-from statekeeper.stores.common import (
-    check_prunable_kind,
-    check_session_record,
-    new_session_record,
-    session_not_found,
 )
 from statekeeper.stores.sqlite_records import _KEY_END, SQLiteRecordsAndEvents, _dt, _limit, _us
 from statekeeper.stores.sqlite_schema import MIGRATIONS, SCHEMA_VERSION

@@ -1,0 +1,261 @@
+"""The rules every backend follows, as pure functions (no I/O).
+
+A backend fetches what a rule needs, calls it, and writes what it decides: sequence
+numbers and parents of an append, idempotent replays, version checks, head updates,
+what may be pruned, paging cursors and filter semantics. Keeping them here is what lets
+one conformance suite prove that every backend behaves the same.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from statekeeper.errors import (
+    ConflictError,
+    InvalidInputError,
+    InvalidPayloadError,
+    StatekeeperError,
+)
+from statekeeper.ids import validate_id
+from statekeeper.jsoncodec import decode_json, encode_json, loads
+from statekeeper.stores.base import (
+    Entry,
+    EntryDraft,
+    EntryKind,
+    SessionPatch,
+    SessionQuery,
+    SessionRecord,
+)
+
+__all__ = [
+    "AppendPlan",
+    "apply_patch",
+    "check_tenant_and_id",
+    "check_version",
+    "corrupt_entry",
+    "decode_cursor",
+    "encode_cursor",
+    "json_scalar_equal",
+    "matches_query",
+    "plan_append",
+    "prunable",
+]
+
+
+def check_tenant_and_id(tenant: str, session_id: str) -> None:
+    """Validate the two ids every session operation takes."""
+    validate_id(tenant, "tenant")
+    validate_id(session_id, "session id")
+
+
+def apply_patch(
+    record: SessionRecord,
+    patch: SessionPatch,
+    *,
+    now: datetime,
+    internal: dict[str, Any] | None = None,
+) -> SessionRecord:
+    """The record after ``patch``: fields set, counters added, version bumped.
+
+    ``internal`` carries store-maintained fields (``last_seq``, ``head_seq``) of an append.
+    """
+    changes: dict[str, Any] = dict(internal or {})
+    changes.update({name: getattr(record, name) + n for name, n in patch.add.items()})
+    changes["version"] = record.version + 1
+    changes["last_active"] = now
+    if patch.set:
+        data = record.model_dump()
+        data.update(patch.set)
+        data.update(changes)
+        try:
+            updated = SessionRecord.model_validate(data)
+        except ValueError as exc:
+            raise InvalidPayloadError(f"invalid session update: {exc}") from exc
+    else:
+        # Counters are ints and the rest is unchanged: nothing to validate again.
+        updated = record.model_copy(update=changes)
+    if not 0 <= updated.head_seq <= updated.last_seq:
+        raise InvalidInputError(
+            f"head_seq {updated.head_seq} is not an entry of session {record.id!r} "
+            f"(entries 1..{updated.last_seq})"
+        )
+    return updated
+
+
+def check_version(record: SessionRecord, expected_version: int | None) -> None:
+    """Raise `ConflictError` if ``expected_version`` is set and stale."""
+    if expected_version is not None and expected_version != record.version:
+        raise ConflictError(
+            f"session {record.id!r} is at version {record.version}, not {expected_version}: "
+            "another writer changed it; reload and retry",
+            expected=expected_version,
+            actual=record.version,
+        )
+
+
+_NO_PATCH = SessionPatch()
+
+
+@dataclass(frozen=True, slots=True)
+class AppendPlan:
+    """What a backend must write for an append: new entries and the new head record."""
+
+    entries: list[Entry]
+    encoded: list[str]
+    session: SessionRecord
+    replayed: list[Entry]
+
+
+def plan_append(
+    record: SessionRecord,
+    drafts: Sequence[EntryDraft],
+    existing: Mapping[str, Entry],
+    *,
+    expected_version: int | None,
+    patch: SessionPatch | None,
+    move_head: bool,
+    max_payload_bytes: int,
+    now: datetime,
+) -> AppendPlan:
+    """Decide an append. ``existing`` maps the drafts' ids already stored to their entries.
+
+    Raises `ConflictError` for a stale version or a reused id with other content, and
+    `InvalidInputError` for a parent that is not an entry of the session.
+    """
+    if not drafts:
+        raise InvalidInputError("append needs at least one entry")
+    seen: set[str] = set()
+    replayed: list[Entry] = []
+    fresh: list[EntryDraft] = []
+    for draft in drafts:
+        validate_id(draft.id, "entry id")
+        if draft.id in seen:
+            raise InvalidInputError(f"entry id {draft.id!r} appears twice in one append")
+        seen.add(draft.id)
+        stored = existing.get(draft.id)
+        if stored is None:
+            fresh.append(draft)
+        elif stored.kind == draft.kind and stored.payload == _roundtrip(draft.payload):
+            replayed.append(stored)
+        else:
+            raise ConflictError(
+                f"entry id {draft.id!r} is already stored in session {record.id!r} with "
+                "different content; use a new id for a new entry"
+            )
+    if not fresh:
+        return AppendPlan([], [], record, replayed)
+    if replayed:
+        raise ConflictError(
+            f"append to session {record.id!r} mixes already-stored entries "
+            f"({', '.join(e.id for e in replayed)}) with new ones; retry the exact batch "
+            "or append only the new entries"
+        )
+    check_version(record, expected_version)
+
+    entries: list[Entry] = []
+    encoded: list[str] = []
+    seq = record.last_seq
+    previous: int | None = record.head_seq or None
+    head = record.head_seq
+    for draft in fresh:
+        seq += 1
+        if draft.parent == "head":
+            parent = previous
+        elif draft.parent is None:
+            parent = None
+        else:
+            parent = draft.parent
+            if not 1 <= parent < seq:
+                raise InvalidInputError(
+                    f"parent {parent} of entry {draft.id!r} is not an entry of session "
+                    f"{record.id!r} (entries 1..{seq - 1})"
+                )
+        text = encode_json(draft.payload, what=f"entry {draft.id!r}", limit=max_payload_bytes)
+        encoded.append(text)
+        # The entry as a read returns it: decoded from what is stored (tuples as lists ...).
+        entries.append(Entry(seq, draft.id, parent, str(draft.kind), draft.created_at, loads(text)))
+        if not draft.side:
+            previous = head = seq
+
+    moved = {"last_seq": seq, "head_seq": head} if move_head else {"last_seq": seq}
+    session = apply_patch(record, patch or _NO_PATCH, now=now, internal=moved)
+    return AppendPlan(entries, encoded, session, [])
+
+
+def prunable(
+    entries: Sequence[Entry], record: SessionRecord, kind: str, before_seq: int, id_prefix: str
+) -> list[int]:
+    """Seqs of ``entries`` (all of a session's) that `prune_entries` may delete."""
+    referenced = {e.parent_seq for e in entries} | {record.head_seq}
+    return [
+        e.seq
+        for e in entries
+        if e.kind == kind
+        and e.seq < before_seq
+        and e.seq not in referenced
+        and e.id.startswith(id_prefix)
+    ]
+
+
+def _roundtrip(payload: dict[str, Any]) -> Any:
+    """The payload as it reads back from storage (tuples become lists, etc.)."""
+    return decode_json(encode_json(payload))
+
+
+def corrupt_entry(
+    seq: int, entry_id: str, parent_seq: int | None, created_at: datetime, raw: str, error: str
+) -> Entry:
+    """The stand-in for a stored entry that cannot be decoded (reported, not skipped)."""
+    return Entry(
+        seq, entry_id, parent_seq, EntryKind.CORRUPT, created_at, {"error": error, "raw": raw[:200]}
+    )
+
+
+def encode_cursor(last_active: datetime, session_id: str) -> str:
+    """An opaque paging cursor after the given session."""
+    text = encode_json([last_active.isoformat(), session_id])
+    return base64.urlsafe_b64encode(text.encode()).decode()
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    """The position a cursor points after; `InvalidInputError` if it was tampered with."""
+    try:
+        stamp, session_id = decode_json(base64.urlsafe_b64decode(cursor.encode()))
+        position = datetime.fromisoformat(stamp)
+        if position.tzinfo is None:
+            raise ValueError("cursor time has no timezone")
+        return position, validate_id(session_id, "session id")
+    except (ValueError, TypeError, binascii.Error, StatekeeperError) as exc:
+        raise InvalidInputError(
+            f"invalid paging cursor {cursor[:40]!r}; pass next_cursor from the previous page"
+        ) from exc
+
+
+def matches_query(record: SessionRecord, query: SessionQuery) -> bool:
+    """Whether a session passes a query's filters (for backends that filter in Python)."""
+    if query.agent_id is not None and record.agent_id != query.agent_id:
+        return False
+    if query.active_after is not None and record.last_active <= query.active_after:
+        return False
+    if query.active_before is not None and record.last_active >= query.active_before:
+        return False
+    return all(
+        k in record.metadata and json_scalar_equal(record.metadata[k], v)
+        for k, v in query.metadata.items()
+    )
+
+
+def json_scalar_equal(stored: Any, wanted: Any) -> bool:
+    """JSON equality for filter values: numbers by value, booleans only equal booleans."""
+    if isinstance(wanted, bool) or isinstance(stored, bool):
+        return type(stored) is type(wanted) and stored == wanted
+    if wanted is None or stored is None:
+        return stored is None and wanted is None
+    if isinstance(wanted, int | float):
+        return isinstance(stored, int | float) and stored == wanted
+    return type(stored) is type(wanted) and bool(stored == wanted)
