@@ -11,14 +11,12 @@ from pydantic import JsonValue
 
 from statekeeper.core.messages import Message
 from statekeeper.runs.state import Interruption, RunState
-from statekeeper.stores.base import EventDraft, Store
 
 __all__ = [
     "EventSink",
     "ReadOnlyMessages",
     "RunResult",
     "SessionLocks",
-    "StoreEvents",
     "as_messages",
 ]
 
@@ -38,17 +36,6 @@ class SessionLocks(Protocol):
     def hold(
         self, tenant: str, session_id: str
     ) -> contextlib.AbstractAsyncContextManager[object]: ...
-
-
-class StoreEvents:
-    """The default sink: append to the run's event log in the store."""
-
-    def __init__(self, store: Store, tenant: str) -> None:
-        self.store, self.tenant = store, tenant
-
-    async def publish(self, run_id: str, stream: str, kind: str, payload: dict[str, Any]) -> object:
-        draft = EventDraft(stream=stream, kind=kind, payload=payload)
-        return await self.store.append_events(self.tenant, run_id, [draft])
 
 
 @dataclass

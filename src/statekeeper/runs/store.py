@@ -36,8 +36,8 @@ from statekeeper.errors import (
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import loads
 from statekeeper.runs.state import RunState
-from statekeeper.sessions.view import message_draft
-from statekeeper.stores.base import Entry, EntryDraft, SessionPatch, SessionRecord, Store
+from statekeeper.sessions.view import appended_counters, message_draft
+from statekeeper.stores.base import Entry, EntryDraft, SessionRecord, Store
 
 __all__ = ["CHECKPOINT_KIND", "RUNS_NAMESPACE", "RunIndex", "RunStore", "Saved"]
 
@@ -189,10 +189,7 @@ class RunStore:
                 side=True,
             )
         )
-        tokens = sum(m.tokens or 0 for m in with_tokens)
-        patch = SessionPatch(
-            add={"total_tokens": tokens, "fresh_tokens": tokens, "message_count": len(with_tokens)}
-        )
+        patch = appended_counters(with_tokens)
         try:
             result = await self.store.append_entries(
                 self.tenant,

@@ -30,7 +30,13 @@ from statekeeper.ids import new_id, validate_id
 from statekeeper.sessions.compaction import CompactionResult, Summarizer, compact_session
 from statekeeper.sessions.portable import export_session, import_session
 from statekeeper.sessions.state import ScopedState
-from statekeeper.sessions.view import TranscriptView, active_branch, build_view, message_draft
+from statekeeper.sessions.view import (
+    TranscriptView,
+    active_branch,
+    appended_counters,
+    build_view,
+    message_draft,
+)
 from statekeeper.stores.base import (
     DeliveryContext,
     Entry,
@@ -261,23 +267,12 @@ class Session:
         if self.manager.auto_continue and self.needs_continuation(extra=with_tokens):
             continued_from = self.id
             await self.continue_session()
-        tokens = sum(m.tokens or 0 for m in with_tokens)
-        result = await self._store.append_entries(
-            self._tenant,
-            self.id,
+        entries = await self._append_raw(
             [message_draft(m) for m in with_tokens],
+            appended_counters(with_tokens),
             expected_version=self.version if strict else None,
-            patch=SessionPatch(
-                add={
-                    "total_tokens": tokens,
-                    "fresh_tokens": tokens,
-                    "message_count": len(with_tokens),
-                }
-            ),
         )
-        if not result.replayed:
-            self._adopt(result.session)
-        return AppendOutcome(result.entries, self.id, continued_from)
+        return AppendOutcome(entries, self.id, continued_from)
 
     async def update(self, **fields: Any) -> SessionRecord:
         """Set head fields (title, metadata, model_override, thinking_level, delivery ...)."""

@@ -17,12 +17,13 @@ from pydantic import ValidationError
 from statekeeper.core.messages import Message, MessageCategory
 from statekeeper.errors import StoreCorruptError
 from statekeeper.jsoncodec import gc_paused
-from statekeeper.stores.base import Entry, EntryDraft, EntryKind
+from statekeeper.stores.base import Entry, EntryDraft, EntryKind, SessionPatch
 
 __all__ = [
     "SUMMARY_KEY",
     "TranscriptView",
     "active_branch",
+    "appended_counters",
     "build_view",
     "is_replaceable",
     "message_draft",
@@ -61,6 +62,14 @@ def message_draft(message: Message) -> EntryDraft:
     """
     payload = message.model_dump(mode="json", exclude={"id", "created_at"})
     return EntryDraft(id=message.id, payload=payload, created_at=message.created_at)
+
+
+def appended_counters(messages: Sequence[Message]) -> SessionPatch:
+    """The head counters appending ``messages`` (with token counts) adds."""
+    tokens = sum(m.tokens or 0 for m in messages)
+    return SessionPatch(
+        add={"total_tokens": tokens, "fresh_tokens": tokens, "message_count": len(messages)}
+    )
 
 
 def message_of(entry: Entry) -> Message:
