@@ -31,7 +31,7 @@ from typing import Any
 from statekeeper.runtime.events import EventBus
 from statekeeper.stores import Store, open_store
 from statekeeper.stores.base import EventDraft
-from statekeeper.stores.sqlite_schema import MIGRATIONS
+from statekeeper.stores.sqlite.schema import MIGRATIONS
 
 IN_PROCESS_EVENTS = 10_000
 PERSISTED_EVENTS = 300

@@ -24,7 +24,7 @@ from typing import Any
 from statekeeper.core.messages import Message
 from statekeeper.sessions import SessionManager
 from statekeeper.stores import open_store
-from statekeeper.stores.sqlite_schema import MIGRATIONS
+from statekeeper.stores.sqlite.schema import MIGRATIONS
 
 HISTORIES = (10, 1_000, 10_000)
 APPENDS = 300

@@ -63,9 +63,12 @@ class BlockingRunner:
 
     def open_store(self, url: str = "sqlite:///.statekeeper/state.db", **options: Any) -> Any:
         """`statekeeper.open_store`, blocking; returns a wrapped store."""
-        from statekeeper.stores import open_store
+        from statekeeper.stores import Store, open_store
 
-        return self.wrap(self.run(open_store(url, **options)))
+        async def opened() -> Store:
+            return await open_store(url, **options)
+
+        return self.wrap(self.run(opened()))
 
 
 def _has_coroutines(obj: Any) -> bool:

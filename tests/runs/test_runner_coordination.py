@@ -160,8 +160,8 @@ async def test_a_cross_process_session_lock_serialises_runners() -> None:
     import socket
     import uuid
 
-    from statekeeper.runtime.redis_coordination import RedisLeases
     from statekeeper.stores import open_store
+    from statekeeper.stores.redis.coordination import RedisLeases
 
     try:
         socket.create_connection(("127.0.0.1", 6379), timeout=1.0).close()

@@ -18,14 +18,14 @@ from pathlib import Path
 import pytest
 
 from statekeeper.runtime import EventBus
-from statekeeper.runtime.pg_coordination import (
+from statekeeper.stores import open_store
+from statekeeper.stores.postgres.coordination import (
     EventNotice,
     PgEventListener,
     PgSessionLocks,
     SessionLockTimeoutError,
     refresh_bus,
 )
-from statekeeper.stores import open_store
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from conformance.backend_postgres import (
@@ -83,7 +83,7 @@ async def finish(proc: subprocess.Popen[bytes]) -> str:
 COUNTER = """
     import asyncio, sys, time
     from pathlib import Path
-    from statekeeper.runtime.pg_coordination import PgSessionLocks
+    from statekeeper.stores.postgres.coordination import PgSessionLocks
 
     async def main(url, namespace, folder, rounds):
         counter, log = Path(folder, "counter"), Path(folder, "log")
@@ -125,7 +125,7 @@ async def test_processes_holding_one_session_lock_never_overlap(
 
 HOLDER = """
     import asyncio, sys
-    from statekeeper.runtime.pg_coordination import PgSessionLocks
+    from statekeeper.stores.postgres.coordination import PgSessionLocks
 
     async def main(url, namespace):
         locks = PgSessionLocks.from_url(url, namespace=namespace)

@@ -18,15 +18,15 @@ import pytest
 from redis.asyncio import Redis
 
 from statekeeper.errors import InvalidInputError
-from statekeeper.runtime.redis_coordination import (
+from statekeeper.stores import open_store
+from statekeeper.stores.base import EventDraft
+from statekeeper.stores.redis import RedisStore
+from statekeeper.stores.redis.coordination import (
     LeaseBusyError,
     LeaseLostError,
     RedisEventFeed,
     RedisLeases,
 )
-from statekeeper.stores import open_store
-from statekeeper.stores.base import EventDraft
-from statekeeper.stores.redis import RedisStore
 
 REDIS_URL = os.environ.get("STATEKEEPER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -78,7 +78,7 @@ CHILD = textwrap.dedent(
     import asyncio, json, sys
     from redis.asyncio import Redis
     from statekeeper.errors import NotFoundError
-    from statekeeper.runtime.redis_coordination import RedisLeases
+    from statekeeper.stores.redis.coordination import RedisLeases
     from statekeeper.stores import open_store
     from statekeeper.stores.base import EventDraft
 
@@ -310,7 +310,7 @@ async def test_a_bus_is_fed_live_with_another_process_events(prefix: str) -> Non
     """Stores on one Redis stand for two processes: events one publishes reach a
     subscriber of the other's bus as they are appended, in order, without polling."""
     from statekeeper.runtime import EventBus
-    from statekeeper.runtime.redis_coordination import RedisEventFeed, feed_bus
+    from statekeeper.stores.redis.coordination import RedisEventFeed, feed_bus
 
     here = await open_store(REDIS_URL, prefix=prefix)
     there = await open_store(REDIS_URL, prefix=prefix)

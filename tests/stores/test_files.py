@@ -27,7 +27,7 @@ from statekeeper.errors import (
     StoreReadOnlyError,
     StoreUnavailableError,
 )
-from statekeeper.stores import files_layout, files_records, files_sessions, open_store
+from statekeeper.stores import open_store
 from statekeeper.stores.base import (
     EntryDraft,
     EventDraft,
@@ -36,6 +36,9 @@ from statekeeper.stores.base import (
     SessionRecord,
 )
 from statekeeper.stores.files import FileStore, UnsafePathError
+from statekeeper.stores.files import layout as files_layout
+from statekeeper.stores.files import records as files_records
+from statekeeper.stores.files import sessions as files_sessions
 
 T = "alice"
 
@@ -745,7 +748,9 @@ async def test_a_closed_store_refuses_calls(root: Path) -> None:
 
 CRASH_AT = """
     import asyncio, os, signal, sys
-    from statekeeper.stores import files_layout, files_records, files_sessions
+    from statekeeper.stores.files import layout as files_layout
+    from statekeeper.stores.files import records as files_records
+    from statekeeper.stores.files import sessions as files_sessions
     from statekeeper.stores.base import EntryDraft, EventDraft, SessionRecord
     from statekeeper.stores.files import FileStore
 

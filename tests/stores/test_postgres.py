@@ -36,8 +36,8 @@ from statekeeper.sessions import SessionManager
 from statekeeper.stores import open_store
 from statekeeper.stores.base import EntryDraft, SessionPatch, SessionRecord
 from statekeeper.stores.postgres import PostgresStore
-from statekeeper.stores.postgres_conn import parse_location, retryable, translate
-from statekeeper.stores.postgres_schema import SCHEMA_VERSION
+from statekeeper.stores.postgres.conn import parse_location, retryable, translate
+from statekeeper.stores.postgres.schema import SCHEMA_VERSION
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from conformance.backend_postgres import (

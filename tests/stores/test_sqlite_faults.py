@@ -23,7 +23,7 @@ from statekeeper.errors import (
 from statekeeper.sessions import SessionManager
 from statekeeper.stores import open_store
 from statekeeper.stores.sqlite import SQLiteStore
-from statekeeper.stores.sqlite_schema import SCHEMA_VERSION
+from statekeeper.stores.sqlite.schema import SCHEMA_VERSION
 
 
 async def make_session(path: Path, texts: list[str]) -> str:

@@ -15,20 +15,30 @@ Backends load lazily, so an optional backend's driver is imported only when used
 from __future__ import annotations
 
 import importlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
+from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from statekeeper.errors import InvalidInputError
 from statekeeper.stores.base import Durability, Store
+from statekeeper.stores.options import StoreOptions
 
-__all__ = ["BACKENDS", "Durability", "Store", "open_store", "register_backend"]
+__all__ = [
+    "BACKENDS",
+    "Durability",
+    "Store",
+    "StoreOpening",
+    "StoreOptions",
+    "open_store",
+    "register_backend",
+]
 
-Opener = Callable[[str, dict[str, str]], Awaitable[Store]]
+Opener = Callable[[str, StoreOptions], Awaitable[Store]]
 
 BACKENDS: dict[str, str] = {
-    "memory": "statekeeper.stores.opening:open_memory",
-    "sqlite": "statekeeper.stores.opening:open_sqlite",
+    "memory": "statekeeper.stores.memory:open_memory",
+    "sqlite": "statekeeper.stores.sqlite:open_sqlite",
     "postgresql": "statekeeper.stores.postgres:open_postgres",
     "postgres": "statekeeper.stores.postgres:open_postgres",
     "redis": "statekeeper.stores.redis:open_redis",
@@ -38,12 +48,51 @@ BACKENDS: dict[str, str] = {
 
 
 def register_backend(scheme: str, target: str) -> None:
-    """Make ``open_store`` open URLs of ``scheme`` with ``module:function``."""
+    """Make ``open_store`` open URLs of ``scheme`` with ``module:function``.
+
+    The function is ``async def open_x(location: str, options: StoreOptions) -> Store``:
+    ``location`` is the URL after ``scheme://`` (query removed), and it takes its options
+    from `StoreOptions` and ends with ``options.done()``.
+    """
     BACKENDS[scheme] = target
 
 
-async def open_store(url: str = "sqlite:///.statekeeper/state.db", **options: Any) -> Store:
-    """Open the store a URL names. Keyword options override the URL's query string."""
+class StoreOpening(Awaitable[Store]):
+    """What `open_store` returns: await it for the store, or use it with ``async with``."""
+
+    def __init__(self, url: str, options: dict[str, Any]) -> None:
+        self._url = url
+        self._options = options
+        self._store: Store | None = None
+
+    def __await__(self) -> Generator[Any, None, Store]:
+        return _open(self._url, self._options).__await__()
+
+    async def __aenter__(self) -> Store:
+        self._store = await _open(self._url, self._options)
+        return self._store
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._store is not None:
+            store, self._store = self._store, None
+            await store.close()
+
+
+def open_store(url: str = "sqlite:///.statekeeper/state.db", **options: Any) -> StoreOpening:
+    """Open the store a URL names. Keyword options override the URL's query string.
+
+    ``store = await open_store(url)`` (close it with ``await store.close()``), or
+    ``async with open_store(url) as store:``, which closes it on the way out.
+    """
+    return StoreOpening(url, options)
+
+
+async def _open(url: str, options: dict[str, Any]) -> Store:
     parts = urlsplit(url)
     target = BACKENDS.get(parts.scheme)
     if target is None:
@@ -56,4 +105,4 @@ async def open_store(url: str = "sqlite:///.statekeeper/state.db", **options: An
     query = dict(parse_qsl(parts.query))
     query.update({k: str(v) for k, v in options.items()})
     location = unquote(parts.netloc + parts.path)
-    return await opener(location, query)
+    return await opener(location, StoreOptions(parts.scheme, query))

@@ -24,7 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Literal, NamedTuple, Protocol, get_args, runtime_checkable
+from types import TracebackType
+from typing import Any, Literal, NamedTuple, Protocol, Self, get_args, runtime_checkable
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue
 
@@ -36,6 +37,7 @@ from statekeeper.ids import new_id, validate_id
 
 __all__ = [
     "AppendResult",
+    "ClosingStore",
     "DeliveryContext",
     "Durability",
     "Entry",
@@ -435,10 +437,41 @@ class EventLogStore(Protocol):
 
 @runtime_checkable
 class Store(SessionStore, TranscriptStore, RecordStore, EventLogStore, Protocol):
-    """Everything a backend implements. Open one with `statekeeper.open_store`."""
+    """Everything a backend implements. Open one with `statekeeper.open_store`.
+
+    A store is an async context manager: ``async with await open_store(url) as store``
+    (or ``async with open_store(url) as store``) closes it on the way out.
+    """
 
     url: str
 
     async def close(self) -> None:
         """Release connections and threads. Idempotent."""
         ...
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+
+class ClosingStore:
+    """Mixin for backends: ``async with store:`` closes the store on the way out."""
+
+    async def close(self) -> None:
+        raise NotImplementedError  # every backend defines its own
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()

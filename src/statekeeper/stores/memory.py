@@ -19,6 +19,7 @@ from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES, decode_json, encode_json
 from statekeeper.stores.base import (
     AppendResult,
+    ClosingStore,
     Entry,
     EntryDraft,
     Event,
@@ -41,6 +42,7 @@ from statekeeper.stores.common import (
     record_text,
     session_not_found,
 )
+from statekeeper.stores.options import StoreOptions
 from statekeeper.stores.rules import (
     apply_patch,
     check_tenant_and_id,
@@ -76,7 +78,7 @@ class _Record:
         return self.expires_at is None or self.expires_at > now
 
 
-class MemoryStore:
+class MemoryStore(ClosingStore):
     """A store that keeps everything in this process's memory."""
 
     def __init__(self, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> None:
@@ -335,3 +337,10 @@ def _versioned(namespace: str, key: str, stored: _Record) -> VersionedRecord:
         updated_at=stored.updated_at,
         expires_at=stored.expires_at,
     )
+
+
+async def open_memory(location: str, options: StoreOptions) -> MemoryStore:
+    """``memory://``: a fresh, empty store in this process."""
+    limit = options.max_payload_bytes()
+    options.done()
+    return MemoryStore(max_payload_bytes=limit)

@@ -44,14 +44,14 @@ from urllib.parse import unquote, urlsplit
 
 from statekeeper.errors import InvalidInputError, StatekeeperError
 from statekeeper.ids import validate_id
-from statekeeper.stores.postgres_conn import (
+from statekeeper.stores.postgres.conn import (
     Connection,
     closed_by_server,
     parse_location,
     psycopg,
     translate,
 )
-from statekeeper.stores.postgres_schema import validate_channel
+from statekeeper.stores.postgres.schema import validate_channel
 from statekeeper.stores.rules import check_tenant_and_id
 
 __all__ = [

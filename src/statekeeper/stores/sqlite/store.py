@@ -26,6 +26,7 @@ from statekeeper.core.messages import utcnow
 from statekeeper.errors import (
     AlreadyExistsError,
     ConflictError,
+    InvalidInputError,
     NotFoundError,
     PayloadTooLargeError,
     SchemaVersionError,
@@ -53,6 +54,7 @@ from statekeeper.stores.common import (
     new_session_record,
     session_not_found,
 )
+from statekeeper.stores.options import StoreOptions
 from statekeeper.stores.rules import (
     AppendPlan,
     apply_patch,
@@ -63,8 +65,8 @@ from statekeeper.stores.rules import (
     encode_cursor,
     plan_append,
 )
-from statekeeper.stores.sqlite_records import _KEY_END, SQLiteRecordsAndEvents, _dt, _limit, _us
-from statekeeper.stores.sqlite_schema import MIGRATIONS, SCHEMA_VERSION
+from statekeeper.stores.sqlite.records import _KEY_END, SQLiteRecordsAndEvents, _dt, _limit, _us
+from statekeeper.stores.sqlite.schema import MIGRATIONS, SCHEMA_VERSION
 from statekeeper.stores.worker import Worker
 
 __all__ = ["SQLiteStore"]
@@ -653,3 +655,28 @@ def _translate(exc: sqlite3.Error, where: str) -> StoreError:
     if isinstance(exc, sqlite3.ProgrammingError):
         return StoreUnavailableError(f"{where}: {exc}")
     return StoreError(f"{where}: {exc}")
+
+
+async def open_sqlite(location: str, options: StoreOptions) -> SQLiteStore:
+    """``sqlite:///relative.db`` or ``sqlite:////absolute.db``.
+
+    Options: ``durability=power|process``, ``busy_timeout=<seconds>`` (30), ``mode=rw|ro``,
+    ``max_payload_bytes=<n>``, ``inline_writes=true|false``.
+    """
+    path = location[1:] if location.startswith("/") else location
+    if not path:
+        raise InvalidInputError("sqlite URL needs a path, e.g. sqlite:///state.db")
+    durability = options.durability()
+    mode = options.choice("mode", ("rw", "ro"), "rw")
+    busy_timeout = options.take("busy_timeout", float, 30.0)
+    limit = options.max_payload_bytes()
+    inline = options.take("inline_writes", bool, True)
+    options.done()
+    return await SQLiteStore.open(
+        path,
+        durability=durability,
+        busy_timeout=busy_timeout,
+        read_only=mode == "ro",
+        inline_writes=inline,
+        max_payload_bytes=limit,
+    )

@@ -64,7 +64,6 @@ from statekeeper.stores.base import (
     SessionPatch,
     SessionQuery,
     SessionRecord,
-    Store,
 )
 from statekeeper.stores.common import (
     check_limit,
@@ -73,7 +72,8 @@ from statekeeper.stores.common import (
     new_session_record,
     session_not_found,
 )
-from statekeeper.stores.redis_base import (
+from statekeeper.stores.options import StoreOptions
+from statekeeper.stores.redis.base import (
     DEFAULT_SOCKET_TIMEOUT,
     Redis,
     connect,
@@ -81,9 +81,9 @@ from statekeeper.stores.redis_base import (
     to_bytes,
     us,
 )
-from statekeeper.stores.redis_heads import HeadWriter, Planned
-from statekeeper.stores.redis_records import RedisRecords
-from statekeeper.stores.redis_scripts import (
+from statekeeper.stores.redis.heads import HeadWriter, Planned
+from statekeeper.stores.redis.records import RedisRecords
+from statekeeper.stores.redis.scripts import (
     CREATE_SESSION,
     DELETE_SESSION,
     GET_ENTRY,
@@ -352,15 +352,13 @@ class RedisStore(RedisRecords):
                     return len(doomed)
 
 
-async def open_redis(location: str, options: dict[str, str]) -> Store:
+async def open_redis(location: str, options: StoreOptions) -> RedisStore:
     """``redis://[[user]:password@]host[:port][/db]`` or ``redis:///path/to/redis.sock``."""
-    from statekeeper.stores.opening import no_more_options, take_option
-
-    prefix = options.pop("prefix", "statekeeper")
+    prefix = options.take("prefix", str, "statekeeper")
     validate_id(prefix, "key prefix")
-    limit = take_option(options, "max_payload_bytes", int, DEFAULT_MAX_PAYLOAD_BYTES)
-    timeout = take_option(options, "socket_timeout", float, DEFAULT_SOCKET_TIMEOUT)
-    no_more_options(options, "redis")
+    limit = options.max_payload_bytes()
+    timeout = options.take("socket_timeout", float, DEFAULT_SOCKET_TIMEOUT, positive=True)
+    options.done()
     return await RedisStore.open(
         location or "localhost:6379/0",
         prefix=prefix,

@@ -27,9 +27,9 @@ from statekeeper.errors import (
 )
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES, encode_json, loads
-from statekeeper.stores.base import Entry, Event
+from statekeeper.stores.base import ClosingStore, Entry, Event
 from statekeeper.stores.common import from_micros, to_micros
-from statekeeper.stores.redis_scripts import Keys, Script
+from statekeeper.stores.redis.scripts import Keys, Script
 from statekeeper.stores.rules import corrupt_entry
 
 try:
@@ -77,7 +77,7 @@ def to_text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-class RedisBase:
+class RedisBase(ClosingStore):
     """A client, the store's key names, and running scripts with translated errors."""
 
     def __init__(

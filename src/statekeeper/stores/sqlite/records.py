@@ -14,7 +14,7 @@ from pydantic import JsonValue
 from statekeeper.core.messages import utcnow
 from statekeeper.errors import StoreCorruptError
 from statekeeper.jsoncodec import encode_json, loads
-from statekeeper.stores.base import Event, EventDraft, VersionedRecord
+from statekeeper.stores.base import ClosingStore, Event, EventDraft, VersionedRecord
 from statekeeper.stores.common import (
     check_limit,
     check_record_ids,
@@ -42,7 +42,7 @@ def _limit(limit: int | None) -> int:
     return -1 if checked is None else checked
 
 
-class SQLiteRecordsAndEvents(ABC):
+class SQLiteRecordsAndEvents(ClosingStore, ABC):
     """Records and event logs on the store's connection (see `SQLiteStore`)."""
 
     max_payload_bytes: int

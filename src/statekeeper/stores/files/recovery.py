@@ -12,7 +12,7 @@ from typing import Any
 
 from statekeeper.jsoncodec import loads
 from statekeeper.stores.base import EntryKind, SessionRecord, VersionedRecord
-from statekeeper.stores.files_logs import LogIndex, parse_entry
+from statekeeper.stores.files.logs import LogIndex, parse_entry
 
 __all__ = [
     "BadFileError",

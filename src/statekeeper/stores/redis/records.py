@@ -11,7 +11,7 @@ An event log is a Redis stream whose entry ids are ``<seq>-0``: a script takes t
 seqs from the last id, so they are gap-free and start at 1 (again after a delete), and
 other processes can follow a log with XREAD from any seq. The same script adds a notice
 (log id, first and last seq) to the tenant's capped notice stream, so a process can
-follow every log of a tenant (see `statekeeper.runtime.redis_coordination`).
+follow every log of a tenant (see `statekeeper.stores.redis.coordination`).
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from statekeeper.stores.common import (
     record_not_found,
     record_text,
 )
-from statekeeper.stores.redis_base import RedisBase, decode_event, dt, to_text, us
-from statekeeper.stores.redis_scripts import (
+from statekeeper.stores.redis.base import RedisBase, decode_event, dt, to_text, us
+from statekeeper.stores.redis.scripts import (
     APPEND_EVENTS,
     DELETE_RECORD,
     LIST_RECORDS,

@@ -23,7 +23,7 @@ from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import gc_paused, loads
 from statekeeper.stores.base import Event, EventDraft, VersionedRecord
 from statekeeper.stores.common import check_record_version, record_not_found
-from statekeeper.stores.files_layout import (
+from statekeeper.stores.files.layout import (
     Layout,
     Recovery,
     UnsafePathError,
@@ -31,7 +31,7 @@ from statekeeper.stores.files_layout import (
     read_at,
     write_all,
 )
-from statekeeper.stores.files_logs import (
+from statekeeper.stores.files.logs import (
     EventIndex,
     event_line,
     header_line,
@@ -39,7 +39,7 @@ from statekeeper.stores.files_logs import (
     parse_event,
     remember,
 )
-from statekeeper.stores.files_recovery import BadFileError, decode_record, encode_record
+from statekeeper.stores.files.recovery import BadFileError, decode_record, encode_record
 
 __all__ = ["EventFiles", "RecordFiles"]
 

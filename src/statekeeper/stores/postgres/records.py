@@ -26,8 +26,8 @@ from statekeeper.stores.common import (
     record_not_found,
     record_text,
 )
-from statekeeper.stores.postgres_conn import ATTEMPTS, Connection, PostgresBase
-from statekeeper.stores.postgres_transcripts import KEY_END
+from statekeeper.stores.postgres.conn import ATTEMPTS, Connection, PostgresBase
+from statekeeper.stores.postgres.transcripts import KEY_END
 
 __all__ = ["PostgresRecordsAndEvents"]
 

@@ -33,7 +33,8 @@ from statekeeper.errors import (
     StoreUnavailableError,
 )
 from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES
-from statekeeper.stores.postgres_schema import (
+from statekeeper.stores.base import ClosingStore
+from statekeeper.stores.postgres.schema import (
     DEFAULT_SCHEMA,
     MIGRATIONS,
     SCHEMA_VERSION,
@@ -239,7 +240,7 @@ class Careful(Exception):
     """Internal: a one-statement fast path cannot be used; take the locked one."""
 
 
-class PostgresBase:
+class PostgresBase(ClosingStore):
     """Connections, transactions, retries and migrations of a PostgreSQL store."""
 
     def __init__(

@@ -37,15 +37,14 @@ from statekeeper.stores.base import (
     SessionPatch,
     SessionQuery,
     SessionRecord,
-    Store,
 )
 from statekeeper.stores.common import (
     check_session_record,
     new_session_record,
     session_not_found,
 )
-from statekeeper.stores.opening import no_more_options, take_option
-from statekeeper.stores.postgres_conn import (
+from statekeeper.stores.options import StoreOptions
+from statekeeper.stores.postgres.conn import (
     AsyncConnectionPool,
     Careful,
     Connection,
@@ -57,14 +56,14 @@ from statekeeper.stores.postgres_conn import (
     psycopg,
     translate,
 )
-from statekeeper.stores.postgres_records import PostgresRecordsAndEvents
-from statekeeper.stores.postgres_schema import (
+from statekeeper.stores.postgres.records import PostgresRecordsAndEvents
+from statekeeper.stores.postgres.schema import (
     DEFAULT_SCHEMA,
     Statements,
     metadata_tokens,
     validate_channel,
 )
-from statekeeper.stores.postgres_transcripts import PostgresTranscripts
+from statekeeper.stores.postgres.transcripts import PostgresTranscripts
 from statekeeper.stores.rules import (
     apply_patch,
     check_tenant_and_id,
@@ -117,7 +116,9 @@ class PostgresStore(PostgresTranscripts, PostgresRecordsAndEvents):
             raise InvalidInputError(f"not a PostgreSQL URL: {parts.scheme}://...")
         query = dict(parse_qsl(parts.query))
         query.update({k: str(v) for k, v in options.items()})
-        return await _open_owned(unquote(parts.netloc + parts.path), query)
+        return await _open_owned(
+            unquote(parts.netloc + parts.path), StoreOptions(parts.scheme, query)
+        )
 
     # -- sessions --------------------------------------------------------------------------
 
@@ -260,28 +261,24 @@ class PostgresStore(PostgresTranscripts, PostgresRecordsAndEvents):
         self._heads.pop((tenant, session_id), None)
 
 
-async def _open_owned(location: str, options: dict[str, str]) -> PostgresStore:
+async def _open_owned(location: str, options: StoreOptions) -> PostgresStore:
     """A store with its own pool, from a URL's location and query options."""
-    options = dict(options)
-    schema = options.pop("schema", DEFAULT_SCHEMA)
-    min_size = take_option(options, "min_size", int, 1)
-    max_size = take_option(options, "max_size", int, 10)
-    limit = take_option(options, "max_payload_bytes", int, DEFAULT_MAX_PAYLOAD_BYTES)
-    timeout = take_option(options, "timeout", float, 30.0)
-    connect_timeout = take_option(options, "connect_timeout", int, 10)
-    durability = options.pop("durability", Durability.POWER.value)
-    libpq = {"sslmode": options.pop("sslmode")} if "sslmode" in options else {}
-    channel = options.pop("notify_channel", None)
+    schema = options.take("schema", str, DEFAULT_SCHEMA)
+    min_size = options.take("min_size", int, 1)
+    max_size = options.take("max_size", int, 10)
+    limit = options.max_payload_bytes()
+    timeout = options.take("timeout", float, 30.0)
+    connect_timeout = options.take("connect_timeout", int, 10)
+    durability = options.durability()
+    sslmode = options.optional("sslmode")
+    libpq = {"sslmode": sslmode} if sslmode is not None else {}
+    channel = options.optional("notify_channel")
     if channel is not None:
         validate_channel(channel)
-    no_more_options(options, "postgresql")
+    options.done()
     if not 0 <= min_size <= max_size or max_size < 1:
         raise InvalidInputError(
             f"need 0 <= min_size <= max_size and max_size >= 1, got {min_size} and {max_size}"
-        )
-    if durability not in {d.value for d in Durability}:
-        raise InvalidInputError(
-            f"durability={durability!r} is not one of: {', '.join(d.value for d in Durability)}"
         )
     if timeout <= 0 or connect_timeout < 0:
         raise InvalidInputError("timeout must be > 0 and connect_timeout >= 0 (seconds)")
@@ -291,7 +288,7 @@ async def _open_owned(location: str, options: dict[str, str]) -> PostgresStore:
     # acknowledge before its WAL reaches the disk (a server crash may lose the last
     # commits, never corrupt).
     settings = "-c TimeZone=UTC"
-    if durability == Durability.PROCESS.value:
+    if durability is Durability.PROCESS:
         settings += " -c synchronous_commit=off"
     try:
         # One direct connection first: a wrong address or password fails now, clearly,
@@ -325,7 +322,7 @@ async def _open_owned(location: str, options: dict[str, str]) -> PostgresStore:
     return store
 
 
-async def open_postgres(location: str, options: dict[str, str]) -> Store:
+async def open_postgres(location: str, options: StoreOptions) -> PostgresStore:
     """``postgresql://user@host:5432/dbname?schema=...`` (the opener `open_store` uses).
 
     Options: ``schema`` (default ``statekeeper``), ``min_size`` / ``max_size`` (pool

@@ -79,6 +79,7 @@ from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES, encode_json, loads
 from statekeeper.stores.base import (
     AppendResult,
+    ClosingStore,
     Durability,
     Entry,
     EntryDraft,
@@ -99,7 +100,7 @@ from statekeeper.stores.common import (
     new_session_record,
     record_text,
 )
-from statekeeper.stores.files_layout import (
+from statekeeper.stores.files.layout import (
     FORMAT_VERSION,
     Layout,
     Recovery,
@@ -108,9 +109,10 @@ from statekeeper.stores.files_layout import (
     read_at,
     translate_os_error,
 )
-from statekeeper.stores.files_logs import EPOCH, entry_line, header_line, new_gen
-from statekeeper.stores.files_records import EventFiles, RecordFiles
-from statekeeper.stores.files_sessions import SessionCtx, SessionFiles
+from statekeeper.stores.files.logs import EPOCH, entry_line, header_line, new_gen
+from statekeeper.stores.files.records import EventFiles, RecordFiles
+from statekeeper.stores.files.sessions import SessionCtx, SessionFiles
+from statekeeper.stores.options import StoreOptions
 from statekeeper.stores.rules import (
     apply_patch,
     check_tenant_and_id,
@@ -129,7 +131,7 @@ T = TypeVar("T")
 _MARKER = ".statekeeper"
 
 
-class FileStore:
+class FileStore(ClosingStore):
     """A store in plain JSON / JSONL files under one directory.
 
     Open with ``await FileStore.open(path)`` or ``open_store("files:///path")``.
@@ -486,20 +488,7 @@ class FileStore:
         await self._call(lambda: self._events.delete(tenant, log_id))
 
 
-def _option(options: dict[str, str], name: str, kind: type[int] | type[float], default: T) -> T:
-    raw = options.pop(name, None)
-    if raw is None:
-        return default
-    try:
-        value = kind(raw)
-    except ValueError:
-        raise InvalidInputError(f"store option {name}={raw!r} is not a valid number") from None
-    if value <= 0:
-        raise InvalidInputError(f"store option {name}={raw!r} must be greater than 0")
-    return value  # type: ignore[return-value]
-
-
-async def open_files(location: str, options: dict[str, str]) -> FileStore:
+async def open_files(location: str, options: StoreOptions) -> FileStore:
     """``files:///absolute/dir`` or ``files://relative/dir``.
 
     Options: ``durability=power|process`` (default power: fsync every write),
@@ -507,19 +496,13 @@ async def open_files(location: str, options: dict[str, str]) -> FileStore:
     """
     if not location:
         raise InvalidInputError("files URL needs a directory, e.g. files:///var/lib/agents")
-    options = dict(options)
-    durability = options.pop("durability", Durability.POWER.value)
-    if durability not in {d.value for d in Durability}:
-        raise InvalidInputError(
-            f"durability={durability!r} is not one of: {', '.join(d.value for d in Durability)}"
-        )
-    limit = _option(options, "max_payload_bytes", int, DEFAULT_MAX_PAYLOAD_BYTES)
-    lock_timeout = _option(options, "lock_timeout", float, 30.0)
-    if options:
-        raise InvalidInputError(f"unknown files store option(s): {', '.join(sorted(options))}")
+    durability = options.durability()
+    limit = options.max_payload_bytes()
+    lock_timeout = options.take("lock_timeout", float, 30.0, positive=True)
+    options.done()
     return await FileStore.open(
         location,
-        durability=Durability(durability),
+        durability=durability,
         max_payload_bytes=limit,
         lock_timeout=lock_timeout,
     )

@@ -28,7 +28,7 @@ from statekeeper.errors import (
 from statekeeper.ids import MAX_ID_LENGTH, validate_id
 from statekeeper.jsoncodec import gc_paused, loads
 from statekeeper.stores.base import Entry, SessionPatch, SessionRecord
-from statekeeper.stores.files_layout import (
+from statekeeper.stores.files.layout import (
     Layout,
     Lock,
     Recovery,
@@ -37,14 +37,14 @@ from statekeeper.stores.files_layout import (
     read_at,
     write_all,
 )
-from statekeeper.stores.files_logs import (
+from statekeeper.stores.files.logs import (
     LogIndex,
     header_line,
     new_gen,
     parse_entry,
     remember,
 )
-from statekeeper.stores.files_recovery import (
+from statekeeper.stores.files.recovery import (
     BadFileError,
     decode_head,
     encode_head,

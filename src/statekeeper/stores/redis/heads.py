@@ -27,7 +27,7 @@ from typing import Any
 from statekeeper.errors import PayloadTooLargeError, StoreCorruptError
 from statekeeper.stores.base import Entry, SessionRecord
 from statekeeper.stores.common import session_not_found
-from statekeeper.stores.redis_base import (
+from statekeeper.stores.redis.base import (
     RedisBase,
     decode_entry,
     encode_entry,
@@ -35,7 +35,7 @@ from statekeeper.stores.redis_base import (
     to_text,
     us,
 )
-from statekeeper.stores.redis_scripts import COMMIT
+from statekeeper.stores.redis.scripts import COMMIT
 
 __all__ = ["Change", "HeadWriter", "Planned", "State"]
 

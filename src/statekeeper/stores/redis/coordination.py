@@ -21,7 +21,7 @@ resumes from any seq with XREAD: every later event, in order, once, with no gap,
 while there is nothing new. `RedisEventFeed.notices` follows a tenant's capped notice
 stream (one notice per appended batch: log id, first and last seq) to learn which logs
 grew, for followers of every run; a notice stream keeps about
-`statekeeper.stores.redis_records.EVENT_NOTICES_KEPT` notices, so per-run completeness
+`statekeeper.stores.redis.records.EVENT_NOTICES_KEPT` notices, so per-run completeness
 comes from `follow`, not from the notices.
 """
 
@@ -48,8 +48,8 @@ from statekeeper.ids import validate_id
 from statekeeper.stores.base import Event
 from statekeeper.stores.common import check_record_ids
 from statekeeper.stores.redis import RedisStore
-from statekeeper.stores.redis_base import decode_event, run_script, to_text, translate
-from statekeeper.stores.redis_scripts import Keys, Script
+from statekeeper.stores.redis.base import decode_event, run_script, to_text, translate
+from statekeeper.stores.redis.scripts import Keys, Script
 from statekeeper.stores.rules import check_tenant_and_id
 
 try:

@@ -39,14 +39,14 @@ from statekeeper.stores.common import (
     check_session_record,
     session_not_found,
 )
-from statekeeper.stores.postgres_conn import (
+from statekeeper.stores.postgres.conn import (
     Careful,
     Connection,
     ConnectionSource,
     PostgresBase,
     psycopg,
 )
-from statekeeper.stores.postgres_schema import DEFAULT_SCHEMA, metadata_tokens
+from statekeeper.stores.postgres.schema import DEFAULT_SCHEMA, metadata_tokens
 from statekeeper.stores.rules import (
     AppendPlan,
     apply_patch,

@@ -1,0 +1,16 @@
+"""The Redis backend (``redis://...``, extra ``redis``).
+
+`store` opens it; `scripts` holds the keys and Lua scripts, `base` the client and stored
+forms, `records` records and event logs, and `coordination` leases with fencing tokens
+and the cross-process event feed.
+"""
+
+from statekeeper.stores.redis.store import RedisStore, open_redis
+
+from statekeeper.stores.redis.coordination import (  # isort: skip (needs RedisStore first)
+    RedisEventFeed,
+    RedisLeases,
+    feed_bus,
+)
+
+__all__ = ["RedisEventFeed", "RedisLeases", "RedisStore", "feed_bus", "open_redis"]
