@@ -15,7 +15,7 @@ Backends load lazily, so an optional backend's driver is imported only when used
 from __future__ import annotations
 
 import importlib
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -57,19 +57,41 @@ def register_backend(scheme: str, target: str) -> None:
     BACKENDS[scheme] = target
 
 
-class StoreOpening(Awaitable[Store]):
-    """What `open_store` returns: await it for the store, or use it with ``async with``."""
+class StoreOpening(Coroutine[Any, Any, Store]):
+    """What `open_store` returns: await it for the store, or use it with ``async with``.
+
+    It is a coroutine (so ``asyncio.run(open_store(url))`` works too); the opening
+    starts only when it is awaited or entered.
+    """
 
     def __init__(self, url: str, options: dict[str, Any]) -> None:
         self._url = url
         self._options = options
+        self._running: Coroutine[Any, Any, Store] | None = None
         self._store: Store | None = None
 
+    def _coroutine(self) -> Coroutine[Any, Any, Store]:
+        if self._running is None:
+            self._running = _open(self._url, self._options)
+        return self._running
+
     def __await__(self) -> Generator[Any, None, Store]:
-        return _open(self._url, self._options).__await__()
+        return self._coroutine().__await__()
+
+    def send(self, value: Any) -> Any:
+        return self._coroutine().send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        if val is None and tb is None:
+            return self._coroutine().throw(typ)
+        return self._coroutine().throw(typ, val, tb)
+
+    def close(self) -> None:
+        if self._running is not None:
+            self._running.close()
 
     async def __aenter__(self) -> Store:
-        self._store = await _open(self._url, self._options)
+        self._store = await self
         return self._store
 
     async def __aexit__(
