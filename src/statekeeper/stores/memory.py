@@ -30,35 +30,32 @@ from statekeeper.stores.base import (
     SessionRecord,
     VersionedRecord,
 )
-from statekeeper.stores.common import (
+from statekeeper.stores.engine import AppendEngine, Snapshot, Write
+from statekeeper.stores.options import StoreOptions
+from statekeeper.stores.rules import (
+    apply_patch,
     check_limit,
     check_prunable_kind,
     check_record_ids,
     check_record_listing,
     check_record_version,
-    check_session_record,
-    new_session_record,
-    record_not_found,
-    record_text,
-    session_not_found,
-)
-from statekeeper.stores.options import StoreOptions
-from statekeeper.stores.rules import (
-    apply_patch,
     check_tenant_and_id,
-    check_version,
     decode_cursor,
     encode_cursor,
     matches_query,
-    plan_append,
+    new_session_record,
     prunable,
+    record_not_found,
+    record_text,
+    session_not_found,
 )
 
 __all__ = ["MemoryStore"]
 
 
-@dataclass
+@dataclass(eq=False)
 class _Transcript:
+    gen: int
     rows: dict[int, tuple[str, int | None, str, datetime, str]] = field(default_factory=dict)
     by_id: dict[str, int] = field(default_factory=dict)
 
@@ -88,6 +85,8 @@ class MemoryStore(ClosingStore):
         self._transcripts: dict[tuple[str, str], _Transcript] = {}
         self._records: dict[tuple[str, str, str], _Record] = {}
         self._events: dict[tuple[str, str], list[tuple[str, str, datetime, str]]] = {}
+        self._created = 0  # generations: tell a re-created session from the deleted one
+        self._engine = AppendEngine(self, max_payload_bytes=max_payload_bytes)
 
     async def close(self) -> None:
         """Nothing to release."""
@@ -105,8 +104,9 @@ class MemoryStore(ClosingStore):
         record = new_session_record(record, self.max_payload_bytes)
         if (record.tenant, record.id) in self._sessions:
             raise AlreadyExistsError(f"session {record.id!r} already exists")
+        self._created += 1
         self._sessions[record.tenant, record.id] = record
-        self._transcripts[record.tenant, record.id] = _Transcript()
+        self._transcripts[record.tenant, record.id] = _Transcript(self._created)
         return record
 
     async def get_session(self, tenant: str, session_id: str) -> SessionRecord:
@@ -120,13 +120,10 @@ class MemoryStore(ClosingStore):
         *,
         expected_version: int | None = None,
     ) -> SessionRecord:
-        record = self._session(tenant, session_id)
-        check_version(record, expected_version)
-        updated = check_session_record(
-            apply_patch(record, patch, now=utcnow()), self.max_payload_bytes
+        check_tenant_and_id(tenant, session_id)
+        return await self._engine.update(
+            tenant, session_id, patch, expected_version=expected_version
         )
-        self._sessions[tenant, session_id] = updated
-        return updated
 
     async def list_sessions(self, tenant: str, query: SessionQuery) -> Page:
         validate_id(tenant, "tenant")
@@ -148,6 +145,7 @@ class MemoryStore(ClosingStore):
         self._session(tenant, session_id)
         del self._sessions[tenant, session_id]
         del self._transcripts[tenant, session_id]
+        self._engine.forget(tenant, session_id)
 
     # -- transcripts ---------------------------------------------------------------------
 
@@ -161,27 +159,40 @@ class MemoryStore(ClosingStore):
         patch: SessionPatch | None = None,
         move_head: bool = True,
     ) -> AppendResult:
-        record = self._session(tenant, session_id)
-        transcript = self._transcripts[tenant, session_id]
-        existing = {
-            d.id: transcript.entry(transcript.by_id[d.id])
-            for d in drafts
-            if d.id in transcript.by_id
-        }
-        plan = plan_append(
-            record,
+        check_tenant_and_id(tenant, session_id)
+        return await self._engine.append(
+            tenant,
+            session_id,
             drafts,
-            existing,
             expected_version=expected_version,
             patch=patch,
             move_head=move_head,
-            max_payload_bytes=self.max_payload_bytes,
-            now=utcnow(),
         )
-        if plan.replayed:
-            return AppendResult(session=record, entries=plan.replayed, replayed=True)
-        session = check_session_record(plan.session, self.max_payload_bytes)
-        for entry, text in zip(plan.entries, plan.encoded, strict=True):
+
+    async def load_head(self, tenant: str, session_id: str, ids: Sequence[str]) -> Snapshot:
+        """The engine's read primitive."""
+        record = self._session(tenant, session_id)
+        transcript = self._transcripts[tenant, session_id]
+        existing = {i: transcript.entry(transcript.by_id[i]) for i in ids if i in transcript.by_id}
+        return Snapshot(transcript.gen, record, existing)
+
+    async def commit_head(
+        self,
+        tenant: str,
+        session_id: str,
+        base: Snapshot,
+        head: SessionRecord,
+        writes: Sequence[Write],
+        ids: Sequence[str],
+    ) -> Snapshot | None:
+        """The engine's write primitive: compare-and-set on (generation, version)."""
+        current = await self.load_head(tenant, session_id, ids)
+        if (current.token, current.record.version) != (base.token, base.record.version):
+            return current
+        if current.existing:
+            return current
+        transcript = self._transcripts[tenant, session_id]
+        for entry, text, _ in writes:
             transcript.rows[entry.seq] = (
                 entry.id,
                 entry.parent_seq,
@@ -190,10 +201,8 @@ class MemoryStore(ClosingStore):
                 text,
             )
             transcript.by_id[entry.id] = entry.seq
-        self._sessions[tenant, session_id] = session
-        return AppendResult(
-            session=session, entries=[transcript.entry(e.seq) for e in plan.entries]
-        )
+        self._sessions[tenant, session_id] = head
+        return None
 
     async def read_entries(
         self,
@@ -224,6 +233,7 @@ class MemoryStore(ClosingStore):
             del transcript.by_id[transcript.rows.pop(seq)[0]]
         if doomed:
             self._sessions[tenant, session_id] = apply_patch(record, SessionPatch(), now=utcnow())
+            self._engine.forget(tenant, session_id)
         return len(doomed)
 
     async def get_entry(self, tenant: str, session_id: str, entry_id: str) -> Entry:

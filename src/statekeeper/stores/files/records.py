@@ -22,7 +22,6 @@ from statekeeper.errors import InvalidIdError, StoreCorruptError
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import gc_paused, loads
 from statekeeper.stores.base import Event, EventDraft, VersionedRecord
-from statekeeper.stores.common import check_record_version, record_not_found
 from statekeeper.stores.files.layout import (
     Layout,
     Recovery,
@@ -40,6 +39,7 @@ from statekeeper.stores.files.logs import (
     remember,
 )
 from statekeeper.stores.files.recovery import BadFileError, decode_record, encode_record
+from statekeeper.stores.rules import check_record_version, record_not_found
 
 __all__ = ["EventFiles", "RecordFiles"]
 

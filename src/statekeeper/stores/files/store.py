@@ -91,15 +91,6 @@ from statekeeper.stores.base import (
     SessionRecord,
     VersionedRecord,
 )
-from statekeeper.stores.common import (
-    check_limit,
-    check_prunable_kind,
-    check_record_ids,
-    check_record_listing,
-    check_session_record,
-    new_session_record,
-    record_text,
-)
 from statekeeper.stores.files.layout import (
     FORMAT_VERSION,
     Layout,
@@ -115,13 +106,20 @@ from statekeeper.stores.files.sessions import SessionCtx, SessionFiles
 from statekeeper.stores.options import StoreOptions
 from statekeeper.stores.rules import (
     apply_patch,
+    check_limit,
+    check_prunable_kind,
+    check_record_ids,
+    check_record_listing,
+    check_session_record,
     check_tenant_and_id,
     check_version,
     decode_cursor,
     encode_cursor,
     matches_query,
+    new_session_record,
     plan_append,
     prunable,
+    record_text,
 )
 from statekeeper.stores.worker import Worker
 

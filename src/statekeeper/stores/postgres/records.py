@@ -18,7 +18,9 @@ from statekeeper.core.messages import utcnow
 from statekeeper.errors import StoreCorruptError, StoreUnavailableError
 from statekeeper.jsoncodec import encode_json, loads
 from statekeeper.stores.base import Event, EventDraft, VersionedRecord
-from statekeeper.stores.common import (
+from statekeeper.stores.postgres.conn import ATTEMPTS, Connection, PostgresBase
+from statekeeper.stores.postgres.transcripts import KEY_END
+from statekeeper.stores.rules import (
     check_limit,
     check_record_ids,
     check_record_listing,
@@ -26,8 +28,6 @@ from statekeeper.stores.common import (
     record_not_found,
     record_text,
 )
-from statekeeper.stores.postgres.conn import ATTEMPTS, Connection, PostgresBase
-from statekeeper.stores.postgres.transcripts import KEY_END
 
 __all__ = ["PostgresRecordsAndEvents"]
 

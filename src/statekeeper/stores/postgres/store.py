@@ -38,11 +38,6 @@ from statekeeper.stores.base import (
     SessionQuery,
     SessionRecord,
 )
-from statekeeper.stores.common import (
-    check_session_record,
-    new_session_record,
-    session_not_found,
-)
 from statekeeper.stores.options import StoreOptions
 from statekeeper.stores.postgres.conn import (
     AsyncConnectionPool,
@@ -66,10 +61,13 @@ from statekeeper.stores.postgres.schema import (
 from statekeeper.stores.postgres.transcripts import PostgresTranscripts
 from statekeeper.stores.rules import (
     apply_patch,
+    check_session_record,
     check_tenant_and_id,
     check_version,
     decode_cursor,
     encode_cursor,
+    new_session_record,
+    session_not_found,
 )
 
 __all__ = ["PostgresStore", "open_postgres"]

@@ -33,12 +33,6 @@ from statekeeper.errors import (
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES, gc_paused, loads
 from statekeeper.stores.base import AppendResult, Entry, EntryDraft, SessionPatch, SessionRecord
-from statekeeper.stores.common import (
-    check_limit,
-    check_prunable_kind,
-    check_session_record,
-    session_not_found,
-)
 from statekeeper.stores.postgres.conn import (
     Careful,
     Connection,
@@ -50,9 +44,13 @@ from statekeeper.stores.postgres.schema import DEFAULT_SCHEMA, metadata_tokens
 from statekeeper.stores.rules import (
     AppendPlan,
     apply_patch,
+    check_limit,
+    check_prunable_kind,
+    check_session_record,
     check_tenant_and_id,
     corrupt_entry,
     plan_append,
+    session_not_found,
 )
 
 __all__ = ["KEY_END", "PostgresTranscripts"]

@@ -28,9 +28,8 @@ from statekeeper.errors import (
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES, encode_json, loads
 from statekeeper.stores.base import ClosingStore, Entry, Event
-from statekeeper.stores.common import from_micros, to_micros
 from statekeeper.stores.redis.scripts import Keys, Script
-from statekeeper.stores.rules import corrupt_entry
+from statekeeper.stores.rules import corrupt_entry, from_micros, to_micros
 
 try:
     import redis.exceptions as rx

@@ -26,20 +26,20 @@ from statekeeper.core.messages import utcnow
 from statekeeper.errors import StoreCorruptError
 from statekeeper.jsoncodec import encode_json, loads
 from statekeeper.stores.base import Event, EventDraft, VersionedRecord
-from statekeeper.stores.common import (
-    check_limit,
-    check_record_ids,
-    check_record_listing,
-    check_record_version,
-    record_not_found,
-    record_text,
-)
 from statekeeper.stores.redis.base import RedisBase, decode_event, dt, to_text, us
 from statekeeper.stores.redis.scripts import (
     APPEND_EVENTS,
     DELETE_RECORD,
     LIST_RECORDS,
     PUT_RECORD,
+)
+from statekeeper.stores.rules import (
+    check_limit,
+    check_record_ids,
+    check_record_listing,
+    check_record_version,
+    record_not_found,
+    record_text,
 )
 
 __all__ = ["EVENT_NOTICES_KEPT", "RedisRecords"]

@@ -65,13 +65,7 @@ from statekeeper.stores.base import (
     SessionQuery,
     SessionRecord,
 )
-from statekeeper.stores.common import (
-    check_limit,
-    check_prunable_kind,
-    check_session_record,
-    new_session_record,
-    session_not_found,
-)
+from statekeeper.stores.engine import AppendEngine
 from statekeeper.stores.options import StoreOptions
 from statekeeper.stores.redis.base import (
     DEFAULT_SOCKET_TIMEOUT,
@@ -81,7 +75,7 @@ from statekeeper.stores.redis.base import (
     to_bytes,
     us,
 )
-from statekeeper.stores.redis.heads import HeadWriter, Planned
+from statekeeper.stores.redis.heads import RedisHeads
 from statekeeper.stores.redis.records import RedisRecords
 from statekeeper.stores.redis.scripts import (
     CREATE_SESSION,
@@ -94,13 +88,15 @@ from statekeeper.stores.redis.scripts import (
 )
 from statekeeper.stores.rules import (
     apply_patch,
+    check_limit,
+    check_prunable_kind,
     check_tenant_and_id,
-    check_version,
     decode_cursor,
     encode_cursor,
     matches_query,
-    plan_append,
+    new_session_record,
     prunable,
+    session_not_found,
 )
 
 __all__ = ["RedisStore", "open_redis"]
@@ -126,7 +122,8 @@ class RedisStore(RedisRecords):
         super().__init__(
             client, prefix=prefix, max_payload_bytes=max_payload_bytes, owns_client=owns_client
         )
-        self._writer = HeadWriter(self)
+        self._heads = RedisHeads(self)
+        self._engine = AppendEngine(self._heads, max_payload_bytes=max_payload_bytes)
 
     @classmethod
     async def open(
@@ -162,7 +159,7 @@ class RedisStore(RedisRecords):
         )
         if not created:
             raise AlreadyExistsError(f"session {record.id!r} already exists")
-        self._writer.remember(record.tenant, generation, record)
+        self._engine.remember(record.tenant, generation, record)
         return record
 
     async def get_session(self, tenant: str, session_id: str) -> SessionRecord:
@@ -172,8 +169,8 @@ class RedisStore(RedisRecords):
             generation, doc = await client.hmget(self.keys.head(tenant, session_id), "g", "doc")
         if generation is None or doc is None:
             raise session_not_found(session_id)
-        record = self._writer.decode(session_id, doc)
-        self._writer.remember(tenant, to_bytes(generation), record)
+        record = self._heads.decode(session_id, doc)
+        self._engine.remember(tenant, to_bytes(generation), record)
         return record
 
     async def update_session(
@@ -186,15 +183,9 @@ class RedisStore(RedisRecords):
     ) -> SessionRecord:
         check_tenant_and_id(tenant, session_id)
 
-        def plan(record: SessionRecord, existing: dict[str, Entry]) -> Planned:
-            check_version(record, expected_version)
-            updated = apply_patch(record, patch, now=utcnow())
-            if patch.set:
-                check_session_record(updated, self.max_payload_bytes)
-            return Planned(updated, result=updated)
-
-        updated: SessionRecord = await self._writer.submit(tenant, session_id, plan, ())
-        return updated
+        return await self._engine.update(
+            tenant, session_id, patch, expected_version=expected_version
+        )
 
     async def list_sessions(self, tenant: str, query: SessionQuery) -> Page:
         validate_id(tenant, "tenant")
@@ -218,7 +209,7 @@ class RedisStore(RedisRecords):
             start += int(reply[0])
             with gc_paused():
                 for doc in reply[1:]:
-                    record = self._writer.decode(None, doc)
+                    record = self._heads.decode(None, doc)
                     if record.id in seen or not matches_query(record, query):
                         continue  # (seen: moved by a concurrent update between batches)
                     seen.add(record.id)
@@ -240,7 +231,7 @@ class RedisStore(RedisRecords):
         deleted = await self._run(
             DELETE_SESSION, self.keys.session_keys(tenant, session_id), [session_id]
         )
-        self._writer.forget(tenant, session_id)
+        self._engine.forget(tenant, session_id)
         if not deleted:
             raise session_not_found(session_id)
 
@@ -257,29 +248,14 @@ class RedisStore(RedisRecords):
         move_head: bool = True,
     ) -> AppendResult:
         check_tenant_and_id(tenant, session_id)
-        ids = [d.id for d in drafts]
-
-        def plan(record: SessionRecord, existing: dict[str, Entry]) -> Planned:
-            planned = plan_append(
-                record,
-                drafts,
-                existing,
-                expected_version=expected_version,
-                patch=patch,
-                move_head=move_head,
-                max_payload_bytes=self.max_payload_bytes,
-                now=utcnow(),
-            )
-            if planned.replayed:
-                result = AppendResult(session=record, entries=planned.replayed, replayed=True)
-                return Planned(record, result=result)
-            if patch is not None and patch.set:
-                check_session_record(planned.session, self.max_payload_bytes)
-            result = AppendResult(session=planned.session, entries=planned.entries)
-            return Planned(planned.session, planned.entries, planned.encoded, result)
-
-        appended: AppendResult = await self._writer.submit(tenant, session_id, plan, ids)
-        return appended
+        return await self._engine.append(
+            tenant,
+            session_id,
+            drafts,
+            expected_version=expected_version,
+            patch=patch,
+            move_head=move_head,
+        )
 
     async def read_entries(
         self,
@@ -325,12 +301,12 @@ class RedisStore(RedisRecords):
         check_tenant_and_id(tenant, session_id)
         check_prunable_kind(kind)
         keys = self.keys.session_keys(tenant, session_id)
-        async with self._writer.serial(tenant, session_id):
+        async with self._engine.serial(tenant, session_id):
             while True:
                 reply = await self._run(LINKS, keys[:2], [])
                 if reply == [0]:
                     raise session_not_found(session_id)
-                record = self._writer.decode(session_id, reply[1])
+                record = self._heads.decode(session_id, reply[1])
                 links = [
                     decode_entry(to_bytes(reply[i + 1]), int(reply[i]), payload=False)
                     for i in range(2, len(reply), 2)
@@ -348,7 +324,7 @@ class RedisStore(RedisRecords):
                 if done[0] == 0:
                     raise session_not_found(session_id)
                 if done[0] == 1:
-                    self._writer.remember(tenant, to_bytes(reply[0]), updated)
+                    self._engine.remember(tenant, to_bytes(reply[0]), updated)
                     return len(doomed)
 
 

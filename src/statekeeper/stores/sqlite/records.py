@@ -15,7 +15,7 @@ from statekeeper.core.messages import utcnow
 from statekeeper.errors import StoreCorruptError
 from statekeeper.jsoncodec import encode_json, loads
 from statekeeper.stores.base import ClosingStore, Event, EventDraft, VersionedRecord
-from statekeeper.stores.common import (
+from statekeeper.stores.rules import (
     check_limit,
     check_record_ids,
     check_record_listing,

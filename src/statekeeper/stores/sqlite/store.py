@@ -20,12 +20,11 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from statekeeper.core.messages import utcnow
 from statekeeper.errors import (
     AlreadyExistsError,
-    ConflictError,
     InvalidInputError,
     NotFoundError,
     PayloadTooLargeError,
@@ -48,22 +47,17 @@ from statekeeper.stores.base import (
     SessionQuery,
     SessionRecord,
 )
-from statekeeper.stores.common import (
-    check_prunable_kind,
-    check_session_record,
-    new_session_record,
-    session_not_found,
-)
+from statekeeper.stores.engine import AppendEngine, Snapshot, Write
 from statekeeper.stores.options import StoreOptions
 from statekeeper.stores.rules import (
-    AppendPlan,
     apply_patch,
+    check_prunable_kind,
     check_tenant_and_id,
-    check_version,
     corrupt_entry,
     decode_cursor,
     encode_cursor,
-    plan_append,
+    new_session_record,
+    session_not_found,
 )
 from statekeeper.stores.sqlite.records import _KEY_END, SQLiteRecordsAndEvents, _dt, _limit, _us
 from statekeeper.stores.sqlite.schema import MIGRATIONS, SCHEMA_VERSION
@@ -72,8 +66,8 @@ from statekeeper.stores.worker import Worker
 __all__ = ["SQLiteStore"]
 
 
-class _Careful(Exception):
-    """Internal: the fast append path cannot be used; roll back and take the careful one."""
+class _Stale(Exception):
+    """The head moved or an entry id is taken: roll back, report the current state."""
 
 
 T = TypeVar("T")
@@ -107,8 +101,9 @@ class SQLiteStore(SQLiteRecordsAndEvents):
         self._wal_bytes = 0
         self._checkpoint: concurrent.futures.Future[None] | None = None
         self._conn: sqlite3.Connection | None = None
+        self._engine = AppendEngine(self, max_payload_bytes=max_payload_bytes)
         # (tenant, id) -> (sk, record): skips re-parsing an unchanged head on every append.
-        self._heads: dict[tuple[str, str], tuple[int, SessionRecord]] = {}
+        self._heads = self._engine.heads
 
     @classmethod
     async def open(cls, path: str | os.PathLike[str], **options: Any) -> SQLiteStore:
@@ -317,7 +312,7 @@ class SQLiteStore(SQLiteRecordsAndEvents):
             raise session_not_found(session_id)
         cached = self._heads.get((tenant, session_id))
         if cached is not None and cached[0] == row[0] and cached[1].version == row[1]:
-            return cached
+            return row[0], cached[1]
         (doc,) = db.execute("SELECT doc FROM sessions WHERE sk=?", (row[0],)).fetchone()
         try:
             record = SessionRecord.model_validate_json(doc)
@@ -390,16 +385,9 @@ class SQLiteStore(SQLiteRecordsAndEvents):
     ) -> SessionRecord:
         check_tenant_and_id(tenant, session_id)
 
-        def update(db: sqlite3.Connection) -> SessionRecord:
-            sk, record = self._head(db, tenant, session_id)
-            check_version(record, expected_version)
-            updated = apply_patch(record, patch, now=utcnow())
-            if patch.set:
-                check_session_record(updated, self.max_payload_bytes)
-            self._save_head(db, sk, updated, record.version)
-            return updated
-
-        return await self._write(update)
+        return await self._engine.update(
+            tenant, session_id, patch, expected_version=expected_version
+        )
 
     async def list_sessions(self, tenant: str, query: SessionQuery) -> Page:
         validate_id(tenant, "tenant")
@@ -477,78 +465,72 @@ class SQLiteStore(SQLiteRecordsAndEvents):
     ) -> AppendResult:
         check_tenant_and_id(tenant, session_id)
 
-        def plan(record: SessionRecord, existing: dict[str, Entry]) -> AppendPlan:
-            planned = plan_append(
-                record,
-                drafts,
-                existing,
-                expected_version=expected_version,
-                patch=patch,
-                move_head=move_head,
-                max_payload_bytes=self.max_payload_bytes,
-                now=utcnow(),
-            )
-            if planned.entries and patch is not None and patch.set:
-                check_session_record(planned.session, self.max_payload_bytes)
-            return planned
+        return await self._engine.append(
+            tenant,
+            session_id,
+            drafts,
+            expected_version=expected_version,
+            patch=patch,
+            move_head=move_head,
+        )
 
-        written = [0]  # payload bytes of this append, for checkpoint pacing
+    def _existing(self, db: sqlite3.Connection, sk: int, ids: Sequence[str]) -> dict[str, Entry]:
+        if not ids:
+            return {}
+        marks = ",".join("?" * len(ids))
+        found = self._entries(
+            db,
+            "SELECT seq, id, parent_seq, kind, created_us, payload FROM entries "
+            f"WHERE session_sk=? AND id IN ({marks})",
+            [sk, *ids],
+        )
+        return {e.id: e for e in found}
 
-        def write(db: sqlite3.Connection, sk: int, planned: AppendPlan) -> AppendResult:
-            written[0] = sum(len(text) for text in planned.encoded)
-            db.executemany(
-                "INSERT INTO entries (session_sk, seq, id, parent_seq, kind, created_us, payload)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (sk, e.seq, e.id, e.parent_seq, e.kind, _us(e.created_at), text)
-                    for e, text in zip(planned.entries, planned.encoded, strict=True)
-                ],
-            )
-            return AppendResult(session=planned.session, entries=planned.entries)
+    async def load_head(self, tenant: str, session_id: str, ids: Sequence[str]) -> Snapshot:
+        """The engine's read primitive: the head and stored entries among ``ids``."""
 
-        def fast(db: sqlite3.Connection) -> AppendResult:
-            # The usual case: this process wrote the head last. The UPDATE's version check
-            # proves the cached head is current, so no SELECT is needed; anything unusual
-            # (another writer, a reused id) goes the careful way.
-            cached = self._heads.get((tenant, session_id))
-            if cached is None:
-                raise _Careful
-            sk, record = cached
-            try:
-                planned = plan(record, {})
-            except ConflictError:
-                raise _Careful from None
-            if not self._save_head(db, sk, planned.session, record.version):
-                raise _Careful
-            try:
-                return write(db, sk, planned)
-            except sqlite3.IntegrityError:
-                raise _Careful from None
-
-        def careful(db: sqlite3.Connection) -> AppendResult:
+        def load(db: sqlite3.Connection) -> Snapshot:
             sk, record = self._head(db, tenant, session_id)
-            marks = ",".join("?" * len(drafts))
-            existing = {
-                e.id: e
-                for e in self._entries(
-                    db,
-                    "SELECT seq, id, parent_seq, kind, created_us, payload FROM entries "
-                    f"WHERE session_sk=? AND id IN ({marks})",
-                    [sk, *(d.id for d in drafts)],
+            return Snapshot(sk, record, self._existing(db, sk, ids))
+
+        return await self._read(load, inline=True)
+
+    async def commit_head(
+        self,
+        tenant: str,
+        session_id: str,
+        base: Snapshot,
+        head: SessionRecord,
+        writes: Sequence[Write],
+        ids: Sequence[str],
+    ) -> Snapshot | None:
+        """The engine's write primitive: the UPDATE's version check is the compare-and-set,
+        the entries' unique index refuses a taken id; either rolls the whole commit back."""
+        sk = cast(int, base.token)
+
+        def commit(db: sqlite3.Connection) -> None:
+            if not self._save_head(db, sk, head, base.record.version):
+                raise _Stale
+            if not writes:
+                return
+            try:
+                db.executemany(
+                    "INSERT INTO entries (session_sk, seq, id, parent_seq, kind, created_us,"
+                    " payload) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    [
+                        (sk, e.seq, e.id, e.parent_seq, e.kind, _us(e.created_at), text)
+                        for e, text, _ in writes
+                    ],
                 )
-            }
-            planned = plan(record, existing)
-            if planned.replayed:
-                return AppendResult(session=record, entries=planned.replayed, replayed=True)
-            self._save_head(db, sk, planned.session, record.version)
-            return write(db, sk, planned)
+            except sqlite3.IntegrityError:
+                raise _Stale from None
 
         try:
-            result = await self._write(fast)
-        except _Careful:
-            result = await self._write(careful)
-        self._note_write(written[0], commits=0)
-        return result
+            await self._write(commit)
+        except _Stale:
+            return await self.load_head(tenant, session_id, ids)
+        self._note_write(sum(len(w.text) for w in writes), commits=0)
+        return None
 
     def _entries(self, db: sqlite3.Connection, sql: str, params: Sequence[Any]) -> list[Entry]:
         out: list[Entry] = []

@@ -1,0 +1,344 @@
+"""The append engine: how every backend changes a session head, written once.
+
+A backend supplies two primitives (`HeadBackend`):
+
+- ``load_head(tenant, session_id, ids)``: the stored head and, among ``ids``, the entries
+  already stored, read atomically (a `Snapshot`);
+- ``commit_head(tenant, session_id, base, head, writes, ids)``: in one atomic step, check
+  that the stored head is still ``base`` (same token, same version) and that none of
+  ``ids`` is stored yet, then write ``head`` and the new entries. It returns None when it
+  wrote, or the current `Snapshot` when the check failed (nothing written).
+
+The engine does the rest, the same way for all of them:
+
+- a **head cache** per session (what this handle last committed or read), so the usual
+  append plans against it and commits in one round trip, with the backend's check proving
+  the cache current (**the fast path**);
+- **plan and checks** with the pure rules (`rules.plan_append`, `rules.apply_patch`);
+- **the careful fallback**: when the check fails, plan again from the snapshot the commit
+  returned, until a commit lands or the plan itself refuses;
+- **idempotent replay**: a retried append whose entries are all stored identically is
+  answered from the stored entries (`AppendResult.replayed`), never written twice; an
+  error is only reported against a head the backend returned, never a cached one;
+- **group commit**: changes to one session that arrive while this handle is committing to
+  it are planned in turn and committed together, each with its own result or error.
+
+A backend's token tells two incarnations of a session apart (a row key, a random
+generation): versions restart at 1 when a session is deleted and created again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Hashable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol
+
+from statekeeper.core.messages import utcnow
+from statekeeper.stores.base import AppendResult, Entry, EntryDraft, SessionPatch, SessionRecord
+from statekeeper.stores.rules import apply_patch, check_session_record, check_version, plan_append
+
+__all__ = ["AppendEngine", "HeadBackend", "Planned", "Snapshot", "Write"]
+
+_MAX_CACHED_HEADS = 10_000
+
+
+class Snapshot(NamedTuple):
+    """A stored head: its token, the record, and stored entries among the ids asked for."""
+
+    token: Hashable
+    record: SessionRecord
+    existing: dict[str, Entry]
+
+
+class Write(NamedTuple):
+    """A new entry to store: the entry, its payload as JSON text, and its side flag."""
+
+    entry: Entry
+    text: str
+    side: bool
+
+
+class HeadBackend(Protocol):
+    """The primitives a backend gives the engine (see the module docstring)."""
+
+    async def load_head(self, tenant: str, session_id: str, ids: Sequence[str]) -> Snapshot:
+        """The stored head and stored entries among ``ids``; `NotFoundError` if absent."""
+        ...
+
+    async def commit_head(
+        self,
+        tenant: str,
+        session_id: str,
+        base: Snapshot,
+        head: SessionRecord,
+        writes: Sequence[Write],
+        ids: Sequence[str],
+    ) -> Snapshot | None:
+        """Write ``head`` and ``writes`` over ``base``; None, or the current snapshot."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """A change planned against a head: the head after it, what it writes, its result."""
+
+    session: SessionRecord
+    writes: Sequence[Write] = ()
+    result: Any = None
+
+
+Plan = Callable[[SessionRecord, dict[str, Entry]], Planned]
+"""Plans a change against (head, stored entries by id); raises if the change is refused.
+Returns ``Planned(head)`` with the same head object when it writes nothing (a replay)."""
+
+
+@dataclass(eq=False, slots=True)
+class _Change:
+    plan: Plan
+    ids: Sequence[str]
+    done: asyncio.Future[Any]
+
+
+@dataclass(eq=False, slots=True)
+class _Slot:
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    queue: list[_Change] = field(default_factory=list)
+    users: int = 0
+
+
+class AppendEngine:
+    """Appends and head updates of one store handle, over a backend's two primitives."""
+
+    def __init__(self, backend: HeadBackend, *, max_payload_bytes: int) -> None:
+        self._backend = backend
+        self.max_payload_bytes = max_payload_bytes
+        # (tenant, id) -> (token, head) as this handle last committed or read it.
+        self.heads: dict[tuple[str, str], tuple[Hashable, SessionRecord]] = {}
+        self._slots: dict[tuple[str, str], _Slot] = {}
+
+    # -- the head cache ------------------------------------------------------------------
+
+    def remember(self, tenant: str, token: Hashable, record: SessionRecord) -> None:
+        """Cache a head known to be stored (it may go stale: commits check it)."""
+        key = (tenant, record.id)
+        known = self.heads.get(key)
+        if known is not None and known[0] == token and known[1].version > record.version:
+            return  # a later commit of this handle already landed
+        if known is None and len(self.heads) >= _MAX_CACHED_HEADS:
+            del self.heads[next(iter(self.heads))]
+        self.heads[key] = (token, record)
+
+    def forget(self, tenant: str, session_id: str) -> None:
+        """Drop a cached head (deleted, or no longer trusted)."""
+        self.heads.pop((tenant, session_id), None)
+
+    def cached(self, tenant: str, session_id: str) -> tuple[Hashable, SessionRecord] | None:
+        """The cached (token, head) of a session, if any."""
+        return self.heads.get((tenant, session_id))
+
+    # -- the two operations --------------------------------------------------------------
+
+    async def append(
+        self,
+        tenant: str,
+        session_id: str,
+        drafts: Sequence[EntryDraft],
+        *,
+        expected_version: int | None,
+        patch: SessionPatch | None,
+        move_head: bool,
+    ) -> AppendResult:
+        """`TranscriptStore.append_entries`, for any backend."""
+        limit = self.max_payload_bytes
+
+        def plan(record: SessionRecord, existing: dict[str, Entry]) -> Planned:
+            planned = plan_append(
+                record,
+                drafts,
+                existing,
+                expected_version=expected_version,
+                patch=patch,
+                move_head=move_head,
+                max_payload_bytes=limit,
+                now=utcnow(),
+            )
+            if planned.replayed:
+                replay = AppendResult(session=record, entries=planned.replayed, replayed=True)
+                return Planned(record, result=replay)
+            if patch is not None and patch.set:
+                check_session_record(planned.session, limit)
+            # Every draft is new when anything is written (plan_append refuses a mix).
+            writes = [
+                Write(entry, text, draft.side)
+                for entry, text, draft in zip(planned.entries, planned.encoded, drafts, strict=True)
+            ]
+            # Built from checked parts: nothing to validate again.
+            result = AppendResult.model_construct(
+                session=planned.session, entries=planned.entries, replayed=False
+            )
+            return Planned(planned.session, writes, result)
+
+        appended: AppendResult = await self.submit(tenant, session_id, plan, [d.id for d in drafts])
+        return appended
+
+    async def update(
+        self,
+        tenant: str,
+        session_id: str,
+        patch: SessionPatch,
+        *,
+        expected_version: int | None,
+    ) -> SessionRecord:
+        """`SessionStore.update_session`, for any backend."""
+        limit = self.max_payload_bytes
+
+        def plan(record: SessionRecord, existing: dict[str, Entry]) -> Planned:
+            check_version(record, expected_version)
+            updated = apply_patch(record, patch, now=utcnow())
+            if patch.set:
+                check_session_record(updated, limit)
+            return Planned(updated, result=updated)
+
+        updated: SessionRecord = await self.submit(tenant, session_id, plan, ())
+        return updated
+
+    # -- group commit --------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def serial(self, tenant: str, session_id: str) -> AsyncIterator[None]:
+        """Hold the lock that orders this handle's writes to a session (for pruning)."""
+        slot = self._slot(tenant, session_id)
+        try:
+            async with slot.lock:
+                yield
+        finally:
+            self._release(tenant, session_id, slot)
+
+    def _slot(self, tenant: str, session_id: str) -> _Slot:
+        slot = self._slots.get((tenant, session_id))
+        if slot is None:
+            slot = self._slots[tenant, session_id] = _Slot()
+        slot.users += 1
+        return slot
+
+    def _release(self, tenant: str, session_id: str, slot: _Slot) -> None:
+        slot.users -= 1
+        if not slot.users and self._slots.get((tenant, session_id)) is slot:
+            del self._slots[tenant, session_id]
+
+    async def submit(self, tenant: str, session_id: str, plan: Plan, ids: Sequence[str]) -> Any:
+        """Plan and commit a change (batched with concurrent ones); its result."""
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        # A batch may finish after its leader was cancelled: nobody reads that result.
+        done.add_done_callback(_consume)
+        change = _Change(plan, ids, done)
+        slot = self._slot(tenant, session_id)
+        slot.queue.append(change)  # before waiting: the holder of the lock may batch it
+        try:
+            async with slot.lock:
+                if slot.queue and not done.done():
+                    batch, slot.queue = slot.queue, []
+                    if len(batch) == 1:
+                        await self._apply(tenant, session_id, batch)
+                    else:
+                        # Other callers wait on this batch: finish it even if we are cancelled.
+                        await asyncio.shield(self._apply(tenant, session_id, batch))
+        except asyncio.CancelledError:
+            if change in slot.queue:  # cancelled before anyone planned it: drop it
+                slot.queue.remove(change)
+                done.cancel()
+            raise
+        finally:
+            self._release(tenant, session_id, slot)
+        return await done
+
+    async def _apply(self, tenant: str, session_id: str, batch: list[_Change]) -> None:
+        """Plan and commit a batch; every change in it gets its result or error."""
+        try:
+            await self._apply_batch(tenant, session_id, batch)
+        except BaseException as exc:
+            failure = exc if isinstance(exc, Exception) else asyncio.CancelledError()
+            for change in batch:
+                if not change.done.done():
+                    change.done.set_exception(failure)
+            if not isinstance(exc, Exception):
+                raise
+
+    async def _apply_batch(self, tenant: str, session_id: str, batch: list[_Change]) -> None:
+        ids = list(dict.fromkeys(i for change in batch for i in change.ids))
+        cached = self.heads.get((tenant, session_id))
+        proved = cached is None  # errors count only against a head the backend returned
+        if cached is None:
+            state = await self._load(tenant, session_id, ids)
+        else:
+            state = Snapshot(cached[0], cached[1], {})
+        while True:
+            head, known = state.record, dict(state.existing)
+            outcomes: list[tuple[_Change, Any, bool]] = []
+            writes: list[Write] = []
+            for change in batch:
+                if change.done.done():
+                    continue  # its caller was cancelled before it was planned
+                try:
+                    planned = change.plan(head, known)
+                except Exception as exc:
+                    outcomes.append((change, exc, False))
+                    continue
+                for write in planned.writes:
+                    known[write.entry.id] = write.entry
+                writes.extend(planned.writes)
+                head = planned.session
+                outcomes.append((change, planned.result, True))
+            if head is state.record:
+                if not proved:  # nothing to write, judged on a cached head: check it
+                    state, proved = await self._load(tenant, session_id, ids), True
+                    continue
+            else:
+                unknown = [i for i in ids if i not in state.existing]
+                current = await self._commit(tenant, session_id, state, head, writes, unknown)
+                if current is not None:
+                    state, proved = current, True
+                    continue
+            for change, outcome, ok in outcomes:
+                if not change.done.done():
+                    if ok:
+                        change.done.set_result(outcome)
+                    else:
+                        change.done.set_exception(outcome)
+            return
+
+    async def _load(self, tenant: str, session_id: str, ids: Sequence[str]) -> Snapshot:
+        try:
+            state = await self._backend.load_head(tenant, session_id, ids)
+        except Exception:
+            self.forget(tenant, session_id)
+            raise
+        self.remember(tenant, state.token, state.record)
+        return state
+
+    async def _commit(
+        self,
+        tenant: str,
+        session_id: str,
+        base: Snapshot,
+        head: SessionRecord,
+        writes: Sequence[Write],
+        ids: Sequence[str],
+    ) -> Snapshot | None:
+        try:
+            current = await self._backend.commit_head(tenant, session_id, base, head, writes, ids)
+        except Exception:
+            self.forget(tenant, session_id)
+            raise
+        if current is None:
+            self.remember(tenant, base.token, head)
+        else:
+            self.remember(tenant, current.token, current.record)
+        return current
+
+
+def _consume(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
