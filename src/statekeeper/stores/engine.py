@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from statekeeper.core.messages import utcnow
+from statekeeper.ids import validate_id
 from statekeeper.stores.base import AppendResult, Entry, EntryDraft, SessionPatch, SessionRecord
 from statekeeper.stores.rules import apply_patch, check_session_record, check_version, plan_append
 
@@ -180,7 +181,9 @@ class AppendEngine:
             )
             return Planned(planned.session, writes, result)
 
-        appended: AppendResult = await self.submit(tenant, session_id, plan, [d.id for d in drafts])
+        # Checked before anything is read with them (a backend may refuse them untyped).
+        ids = [validate_id(d.id, "entry id") for d in drafts]
+        appended: AppendResult = await self.submit(tenant, session_id, plan, ids)
         return appended
 
     async def update(

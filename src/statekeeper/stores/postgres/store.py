@@ -23,11 +23,9 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from statekeeper.core.messages import utcnow
 from statekeeper.errors import (
     AlreadyExistsError,
     InvalidInputError,
-    StatekeeperError,
 )
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES
@@ -41,7 +39,6 @@ from statekeeper.stores.base import (
 from statekeeper.stores.options import StoreOptions
 from statekeeper.stores.postgres.conn import (
     AsyncConnectionPool,
-    Careful,
     Connection,
     ConnectionSource,
     PoolSource,
@@ -60,10 +57,7 @@ from statekeeper.stores.postgres.schema import (
 )
 from statekeeper.stores.postgres.transcripts import PostgresTranscripts
 from statekeeper.stores.rules import (
-    apply_patch,
-    check_session_record,
     check_tenant_and_id,
-    check_version,
     decode_cursor,
     encode_cursor,
     new_session_record,
@@ -140,7 +134,7 @@ class PostgresStore(PostgresTranscripts, PostgresRecordsAndEvents):
                 raise AlreadyExistsError(f"session {record.id!r} already exists")
             return int(row[0])
 
-        self._remember(record.tenant, await self._write(create), record)
+        self._engine.remember(record.tenant, await self._write(create), record)
         return record
 
     async def get_session(self, tenant: str, session_id: str) -> SessionRecord:
@@ -150,7 +144,7 @@ class PostgresStore(PostgresTranscripts, PostgresRecordsAndEvents):
             return await self._head(conn, tenant, session_id, lock=False)
 
         sk, record = await self._run(get, idempotent=True)
-        self._remember(tenant, sk, record)
+        self._engine.remember(tenant, sk, record)
         return record
 
     async def update_session(
@@ -163,47 +157,9 @@ class PostgresStore(PostgresTranscripts, PostgresRecordsAndEvents):
     ) -> SessionRecord:
         check_tenant_and_id(tenant, session_id)
 
-        def change(record: SessionRecord) -> SessionRecord:
-            check_version(record, expected_version)
-            updated = apply_patch(record, patch, now=utcnow())
-            if patch.set:
-                check_session_record(updated, self.max_payload_bytes)
-            return updated
-
-        async def save(conn: Connection, sk: int, old: int, new: SessionRecord) -> bool:
-            params = self._head_params(new, metadata_changed="metadata" in patch.set)
-            cur = await conn.execute(self._q.save_head, (*params, tenant, session_id, sk, old))
-            return cur.rowcount == 1
-
-        async def fast(conn: Connection) -> tuple[int, SessionRecord]:
-            cached = self._heads.get((tenant, session_id))
-            if cached is None:
-                raise Careful
-            sk, record = cached
-            try:
-                updated = change(record)
-            except StatekeeperError:
-                raise Careful from None  # perhaps only the cached copy is stale
-            if not await save(conn, sk, record.version, updated):
-                raise Careful
-            return sk, updated
-
-        async def careful(conn: Connection) -> tuple[int, SessionRecord]:
-            sk, record = await self._head(conn, tenant, session_id, lock=True)
-            updated = change(record)
-            await save(conn, sk, record.version, updated)
-            return sk, updated
-
-        try:
-            sk, updated = await self._write(fast)
-        except Careful:
-            try:
-                sk, updated = await self._write(careful, tx=True)
-            except StatekeeperError:
-                self._heads.pop((tenant, session_id), None)
-                raise
-        self._remember(tenant, sk, updated)
-        return updated
+        return await self._engine.update(
+            tenant, session_id, patch, expected_version=expected_version
+        )
 
     async def list_sessions(self, tenant: str, query: SessionQuery) -> Page:
         validate_id(tenant, "tenant")
@@ -254,9 +210,9 @@ class PostgresStore(PostgresTranscripts, PostgresRecordsAndEvents):
                 raise session_not_found(session_id)
             await conn.execute(self._q.delete_entries, (row[0],))
 
-        self._heads.pop((tenant, session_id), None)
+        self._engine.forget(tenant, session_id)
         await self._write(delete, tx=True)
-        self._heads.pop((tenant, session_id), None)
+        self._engine.forget(tenant, session_id)
 
 
 async def _open_owned(location: str, options: StoreOptions) -> PostgresStore:
