@@ -91,6 +91,7 @@ from statekeeper.stores.base import (
     SessionRecord,
     VersionedRecord,
 )
+from statekeeper.stores.engine import AppendEngine, Snapshot, Write
 from statekeeper.stores.files.layout import (
     FORMAT_VERSION,
     Layout,
@@ -110,14 +111,11 @@ from statekeeper.stores.rules import (
     check_prunable_kind,
     check_record_ids,
     check_record_listing,
-    check_session_record,
     check_tenant_and_id,
-    check_version,
     decode_cursor,
     encode_cursor,
     matches_query,
     new_session_record,
-    plan_append,
     prunable,
     record_text,
 )
@@ -152,6 +150,7 @@ class FileStore(ClosingStore):
         self._records = RecordFiles(self._files)
         self._events = EventFiles(self._files)
         self._worker = Worker("statekeeper-files")
+        self._engine = AppendEngine(self, max_payload_bytes=max_payload_bytes)
         self._closed = False
 
     @classmethod
@@ -254,16 +253,9 @@ class FileStore(ClosingStore):
     ) -> SessionRecord:
         check_tenant_and_id(tenant, session_id)
 
-        def update(ctx: SessionCtx) -> SessionRecord:
-            head = ctx.head
-            check_version(head.record, expected_version)
-            updated = check_session_record(
-                apply_patch(head.record, patch, now=utcnow()), self.max_payload_bytes
-            )
-            self._sessions.save_head(ctx, updated, head.gen, head.size)
-            return updated
-
-        return await self._in_session(tenant, session_id, update)
+        return await self._engine.update(
+            tenant, session_id, patch, expected_version=expected_version
+        )
 
     async def list_sessions(self, tenant: str, query: SessionQuery) -> Page:
         validate_id(tenant, "tenant")
@@ -284,6 +276,7 @@ class FileStore(ClosingStore):
 
     async def delete_session(self, tenant: str, session_id: str) -> None:
         check_tenant_and_id(tenant, session_id)
+        self._engine.forget(tenant, session_id)
         await self._call(lambda: self._sessions.delete(tenant, session_id))
 
     # -- transcripts ---------------------------------------------------------------------
@@ -299,44 +292,69 @@ class FileStore(ClosingStore):
         move_head: bool = True,
     ) -> AppendResult:
         check_tenant_and_id(tenant, session_id)
+        return await self._engine.append(
+            tenant,
+            session_id,
+            drafts,
+            expected_version=expected_version,
+            patch=patch,
+            move_head=move_head,
+        )
+
+    def _snapshot(self, ctx: SessionCtx, ids: Sequence[str]) -> Snapshot:
+        """The head and stored entries among ``ids``, under the session's lock."""
+        fd, index = self._sessions.open_log(ctx, write=False)
+        try:
+            known = sorted(index.ids[i] for i in ids if i in index.ids)
+            found = self._sessions.read_lines(fd, index, known) if fd is not None and known else []
+        finally:
+            if fd is not None:
+                os.close(fd)
+        return Snapshot(ctx.head.gen, ctx.head.record, {e.id: e for e in found})
+
+    async def load_head(self, tenant: str, session_id: str, ids: Sequence[str]) -> Snapshot:
+        """The engine's read primitive."""
+        return await self._in_session(tenant, session_id, lambda ctx: self._snapshot(ctx, ids))
+
+    async def commit_head(
+        self,
+        tenant: str,
+        session_id: str,
+        base: Snapshot,
+        head: SessionRecord,
+        writes: Sequence[Write],
+        ids: Sequence[str],
+    ) -> Snapshot | None:
+        """The engine's write primitive: compare (gen, version) and ids under the lock."""
         sessions = self._sessions
 
-        def append(ctx: SessionCtx) -> AppendResult:
+        def commit(ctx: SessionCtx) -> Snapshot | None:
+            stored = ctx.head
+            if (stored.gen, stored.record.version) != (base.token, base.record.version):
+                return self._snapshot(ctx, ids)
+            if not writes:
+                sessions.save_head(ctx, head, stored.gen, stored.size)
+                return None
             fd, index = sessions.open_log(ctx, write=True)
             assert fd is not None
             try:
-                head = ctx.head
-                known = sorted(index.ids[d.id] for d in drafts if d.id in index.ids)
-                existing = {e.id: e for e in sessions.read_lines(fd, index, known)}
-                plan = plan_append(
-                    head.record,
-                    drafts,
-                    existing,
-                    expected_version=expected_version,
-                    patch=patch,
-                    move_head=move_head,
-                    max_payload_bytes=self.max_payload_bytes,
-                    now=utcnow(),
-                )
-                if plan.replayed:
-                    return AppendResult(session=head.record, entries=plan.replayed, replayed=True)
-                if patch is not None and patch.set:
-                    check_session_record(plan.session, self.max_payload_bytes)
-                lines = "".join(
-                    entry_line(entry, text, draft.side)
-                    for entry, text, draft in zip(plan.entries, plan.encoded, drafts, strict=True)
-                )
+                if any(i in index.ids for i in ids):
+                    os.close(fd)
+                    fd = -1
+                    return self._snapshot(ctx, ids)
+                lines = "".join(entry_line(e, text, side) for e, text, side in writes)
                 end = sessions.write_lines(ctx, fd, index, lines.encode())
                 # The commit point: the head now says the new lines are part of the log.
-                sessions.save_head(ctx, plan.session, head.gen, end)
-                return AppendResult(session=plan.session, entries=plan.entries)
+                sessions.save_head(ctx, head, stored.gen, end)
+                return None
             except BaseException:
                 sessions.indexes.pop(ctx.key, None)  # it may hold lines never committed
                 raise
             finally:
-                os.close(fd)
+                if fd >= 0:
+                    os.close(fd)
 
-        return await self._in_session(tenant, session_id, append)
+        return await self._in_session(tenant, session_id, commit)
 
     async def read_entries(
         self,
@@ -417,7 +435,9 @@ class FileStore(ClosingStore):
             self._sessions.save_head(ctx, record, gen, len(log))
             return len(doomed)
 
-        return await self._in_session(tenant, session_id, prune)
+        async with self._engine.serial(tenant, session_id):
+            self._engine.forget(tenant, session_id)
+            return await self._in_session(tenant, session_id, prune)
 
     # -- records -------------------------------------------------------------------------
 
