@@ -4,8 +4,7 @@ and the small conversions both halves use."""
 from __future__ import annotations
 
 import sqlite3
-from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -14,7 +13,7 @@ from pydantic import JsonValue
 from statekeeper.core.messages import utcnow
 from statekeeper.errors import StoreCorruptError
 from statekeeper.jsoncodec import encode_json, loads
-from statekeeper.stores.base import ClosingStore, Event, EventDraft, VersionedRecord
+from statekeeper.stores.base import Event, EventDraft, VersionedRecord
 from statekeeper.stores.rules import (
     check_limit,
     check_record_ids,
@@ -25,6 +24,7 @@ from statekeeper.stores.rules import (
     record_text,
     to_micros,
 )
+from statekeeper.stores.sqlite.conn import SQLiteConnection
 
 __all__ = ["SQLiteRecordsAndEvents"]
 
@@ -42,16 +42,8 @@ def _limit(limit: int | None) -> int:
     return -1 if checked is None else checked
 
 
-class SQLiteRecordsAndEvents(ClosingStore, ABC):
+class SQLiteRecordsAndEvents(SQLiteConnection):
     """Records and event logs on the store's connection (see `SQLiteStore`)."""
-
-    max_payload_bytes: int
-
-    @abstractmethod
-    async def _read(self, fn: Callable[[sqlite3.Connection], T], *, inline: bool = False) -> T: ...
-
-    @abstractmethod
-    async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
 
     # -- records -------------------------------------------------------------------------
 
