@@ -19,21 +19,29 @@ The rules every backend follows live in pure functions in `statekeeper.stores.ru
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from datetime import datetime
-from enum import StrEnum
 from types import TracebackType
-from typing import Any, Literal, NamedTuple, Protocol, Self, get_args, runtime_checkable
+from typing import Protocol, Self, runtime_checkable
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue
+from pydantic import JsonValue
 
-from statekeeper.core.messages import utcnow
-from statekeeper.errors import (
-    InvalidInputError,
+from statekeeper.stores.types import (
+    AppendResult,
+    DeliveryContext,
+    Durability,
+    Entry,
+    EntryDraft,
+    EntryKind,
+    Event,
+    EventDraft,
+    ForkPoint,
+    Page,
+    SessionPatch,
+    SessionQuery,
+    SessionRecord,
+    VersionedRecord,
 )
-from statekeeper.ids import new_id, validate_id
 
 __all__ = [
     "AppendResult",
@@ -57,239 +65,6 @@ __all__ = [
     "TranscriptStore",
     "VersionedRecord",
 ]
-
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
-
-
-class Durability(StrEnum):
-    """What an acknowledged write survives."""
-
-    POWER = "power"
-    """A power loss or OS crash: data is fsynced before the write returns (the default)."""
-    PROCESS = "process"
-    """A crash of the process only; the OS may lose the last writes on power loss."""
-
-
-# -- records ------------------------------------------------------------------------------
-
-
-class DeliveryContext(BaseModel):
-    """Where a conversation's replies go: the channel and the sender it came from."""
-
-    model_config = _FROZEN
-    channel: str | None = None
-    sender: str | None = None
-    extra: dict[str, JsonValue] = Field(default_factory=dict)
-
-
-class ForkPoint(BaseModel):
-    """Where a forked session's history starts: an entry of another session."""
-
-    model_config = _FROZEN
-    session_id: str
-    seq: int = Field(ge=0)
-
-
-class SessionRecord(BaseModel):
-    """The head record of a session. Small; updated with compare-and-set on ``version``.
-
-    ``head_seq`` is the tip of the active branch (0: empty), ``last_seq`` the highest
-    sequence number used. ``fresh_tokens`` counts the tokens of the active view (what the
-    next model call would see before packing); ``total_tokens`` every token ever added.
-    """
-
-    model_config = _FROZEN
-
-    id: str
-    tenant: str
-    agent_id: str | None = None
-    title: str | None = None
-    created_at: AwareDatetime = Field(default_factory=utcnow)
-    last_active: AwareDatetime = Field(default_factory=utcnow)
-    metadata: dict[str, JsonValue] = Field(default_factory=dict)
-    model_override: str | None = None
-    thinking_level: str | None = None
-    total_tokens: int = 0
-    fresh_tokens: int = 0
-    message_count: int = 0
-    compaction_count: int = 0
-    delivery: DeliveryContext | None = None
-    continued_from: str | None = None
-    continued_to: str | None = None
-    continuation_index: int = 0
-    forked_from: ForkPoint | None = None
-    state: dict[str, JsonValue] = Field(default_factory=dict)
-    head_seq: int = 0
-    last_seq: int = 0
-    version: int = 0
-
-    def to_doc(self) -> dict[str, Any]:
-        """JSON data of the record (what backends store)."""
-        return self.model_dump(mode="json")
-
-    @classmethod
-    def from_doc(cls, doc: Mapping[str, Any]) -> SessionRecord:
-        """Validate a stored record."""
-        return cls.model_validate(doc)
-
-
-_PATCHABLE = frozenset(
-    {
-        "agent_id",
-        "title",
-        "metadata",
-        "model_override",
-        "thinking_level",
-        "fresh_tokens",
-        "delivery",
-        "continued_from",
-        "continued_to",
-        "continuation_index",
-        "state",
-        "head_seq",
-    }
-)
-Counter = Literal["total_tokens", "fresh_tokens", "message_count", "compaction_count"]
-
-
-class SessionPatch(BaseModel):
-    """A change to a session head: fields to set, and counters to add to atomically."""
-
-    model_config = _FROZEN
-    set: dict[str, Any] = Field(default_factory=dict)
-    add: dict[Counter, int] = Field(default_factory=dict)
-
-    def __init__(self, **data: Any) -> None:
-        # Checked before pydantic runs, so callers get statekeeper's error type.
-        unknown = set(data.get("set") or {}) - _PATCHABLE
-        unknown_counters = set(data.get("add") or {}) - set(get_args(Counter))
-        if unknown or unknown_counters:
-            raise InvalidInputError(
-                f"cannot set session field(s) {sorted(unknown | unknown_counters)}; "
-                f"settable: {sorted(_PATCHABLE)}; counters: {sorted(get_args(Counter))}"
-            )
-        super().__init__(**data)
-
-
-class EntryKind(StrEnum):
-    """What a transcript entry holds. Other strings are allowed for custom entries."""
-
-    MESSAGE = "message"
-    COMPACTION = "compaction"
-    MARKER = "marker"
-    STATE = "state"
-    CORRUPT = "corrupt"
-
-
-class Entry(NamedTuple):
-    """One stored transcript entry. Never rewritten once written.
-
-    ``kind == "corrupt"`` marks a stored row that could not be decoded: its payload
-    holds the error and the start of the raw text, so it is reported, never skipped.
-    (A named tuple: reading 10,000 entries makes 10,000 of them.)
-    """
-
-    seq: int
-    id: str
-    parent_seq: int | None
-    kind: str
-    created_at: datetime
-    payload: dict[str, Any]
-
-
-class EntryDraft(BaseModel):
-    """An entry to append. ``parent`` is "head" (the active tip), a seq, or None (a root).
-
-    A ``side`` entry (a run checkpoint, say) hangs off the branch: its parent is the tip
-    when it is written, but it never becomes the head and nothing chains onto it, so it
-    is never part of a branch and can be pruned later.
-    """
-
-    model_config = _FROZEN
-    id: str = Field(default_factory=lambda: new_id("ent"))
-    kind: str = EntryKind.MESSAGE
-    payload: dict[str, Any]
-    parent: Literal["head"] | int | None = "head"
-    side: bool = False
-    created_at: AwareDatetime = Field(default_factory=utcnow)
-
-
-class AppendResult(BaseModel):
-    """What an append wrote (or found already written), and the session after it."""
-
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
-    session: SessionRecord
-    entries: list[Entry]
-    replayed: bool = False
-    """True when every draft was already stored identically (an idempotent retry)."""
-
-
-class SessionQuery(BaseModel):
-    """Filters and paging for listing sessions (newest activity first)."""
-
-    model_config = _FROZEN
-    limit: int = Field(default=50, ge=1, le=1000)
-    cursor: str | None = None
-    offset: int = Field(default=0, ge=0)
-    agent_id: str | None = None
-    metadata: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
-    """Equality on top-level metadata keys; values are JSON scalars."""
-    active_after: AwareDatetime | None = None
-    active_before: AwareDatetime | None = None
-
-    def __init__(self, **data: Any) -> None:
-        for key, value in (data.get("metadata") or {}).items():
-            validate_id(key, "metadata filter key")
-            if isinstance(value, dict | list) or (
-                isinstance(value, float) and not math.isfinite(value)
-            ):
-                raise InvalidInputError(
-                    f"metadata filter {key!r} must be a string, number, boolean or null"
-                )
-        super().__init__(**data)
-
-
-class Page(BaseModel):
-    """One page of a listing; pass ``next_cursor`` back to get the next one."""
-
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
-    items: list[SessionRecord]
-    next_cursor: str | None = None
-
-
-class VersionedRecord(BaseModel):
-    """A namespaced JSON value with a version for compare-and-set."""
-
-    model_config = _FROZEN
-    namespace: str
-    key: str
-    value: JsonValue
-    version: int
-    updated_at: datetime
-    expires_at: datetime | None = None
-
-
-class EventDraft(BaseModel):
-    """An event to append to a log."""
-
-    model_config = _FROZEN
-    stream: str
-    kind: str
-    payload: dict[str, Any] = Field(default_factory=dict)
-    ts: AwareDatetime = Field(default_factory=utcnow)
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    """A stored event: ``seq`` is per log, starts at 1 and has no gaps."""
-
-    log_id: str
-    seq: int
-    stream: str
-    kind: str
-    ts: datetime
-    payload: dict[str, Any]
-
 
 # -- the protocol ------------------------------------------------------------------------
 

@@ -1,0 +1,202 @@
+"""Transcripts of the plain-files store: appends through the engine, reads and pruning.
+
+A mixin of `FileStore`: each method runs under the session's lock on the store's worker
+(`FileStore._in_session`). The engine's token is the transcript's ``gen``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from statekeeper.core.messages import utcnow
+from statekeeper.errors import NotFoundError
+from statekeeper.ids import validate_id
+from statekeeper.stores.base import AppendResult, Entry, EntryDraft, SessionPatch, SessionRecord
+from statekeeper.stores.engine import AppendEngine, Snapshot, Write
+from statekeeper.stores.files.layout import Layout, read_at
+from statekeeper.stores.files.logs import EPOCH, entry_line, header_line, new_gen
+from statekeeper.stores.files.sessions import SessionCtx, SessionFiles
+from statekeeper.stores.rules import (
+    apply_patch,
+    check_limit,
+    check_prunable_kind,
+    check_tenant_and_id,
+    prunable,
+)
+
+__all__ = ["FileTranscripts"]
+
+T = TypeVar("T")
+
+
+class FileTranscripts:
+    """Transcript entries in ``<tenant>/sessions/<id>.jsonl`` (see `statekeeper.stores.files`)."""
+
+    _files: Layout
+    _sessions: SessionFiles
+    _engine: AppendEngine
+
+    async def _in_session(self, tenant: str, session_id: str, fn: Callable[[SessionCtx], T]) -> T:
+        raise NotImplementedError  # FileStore's
+
+    # -- transcripts ---------------------------------------------------------------------
+
+    async def append_entries(
+        self,
+        tenant: str,
+        session_id: str,
+        drafts: Sequence[EntryDraft],
+        *,
+        expected_version: int | None = None,
+        patch: SessionPatch | None = None,
+        move_head: bool = True,
+    ) -> AppendResult:
+        check_tenant_and_id(tenant, session_id)
+        return await self._engine.append(
+            tenant,
+            session_id,
+            drafts,
+            expected_version=expected_version,
+            patch=patch,
+            move_head=move_head,
+        )
+
+    def _snapshot(self, ctx: SessionCtx, ids: Sequence[str]) -> Snapshot:
+        """The head and stored entries among ``ids``, under the session's lock."""
+        fd, index = self._sessions.open_log(ctx, write=False)
+        try:
+            known = sorted(index.ids[i] for i in ids if i in index.ids)
+            found = self._sessions.read_lines(fd, index, known) if fd is not None and known else []
+        finally:
+            if fd is not None:
+                os.close(fd)
+        return Snapshot(ctx.head.gen, ctx.head.record, {e.id: e for e in found})
+
+    async def load_head(self, tenant: str, session_id: str, ids: Sequence[str]) -> Snapshot:
+        """The engine's read primitive."""
+        return await self._in_session(tenant, session_id, lambda ctx: self._snapshot(ctx, ids))
+
+    async def commit_head(
+        self,
+        tenant: str,
+        session_id: str,
+        base: Snapshot,
+        head: SessionRecord,
+        writes: Sequence[Write],
+        ids: Sequence[str],
+    ) -> Snapshot | None:
+        """The engine's write primitive: compare (gen, version) and ids under the lock."""
+        sessions = self._sessions
+
+        def commit(ctx: SessionCtx) -> Snapshot | None:
+            stored = ctx.head
+            if (stored.gen, stored.record.version) != (base.token, base.record.version):
+                return self._snapshot(ctx, ids)
+            if not writes:
+                sessions.save_head(ctx, head, stored.gen, stored.size)
+                return None
+            fd, index = sessions.open_log(ctx, write=True)
+            assert fd is not None
+            try:
+                if any(i in index.ids for i in ids):
+                    os.close(fd)
+                    fd = -1
+                    return self._snapshot(ctx, ids)
+                lines = "".join(entry_line(e, text, side) for e, text, side in writes)
+                end = sessions.write_lines(ctx, fd, index, lines.encode())
+                # The commit point: the head now says the new lines are part of the log.
+                sessions.save_head(ctx, head, stored.gen, end)
+                return None
+            except BaseException:
+                sessions.indexes.pop(ctx.key, None)  # it may hold lines never committed
+                raise
+            finally:
+                if fd >= 0:
+                    os.close(fd)
+
+        return await self._in_session(tenant, session_id, commit)
+
+    async def read_entries(
+        self,
+        tenant: str,
+        session_id: str,
+        *,
+        after_seq: int = 0,
+        until_seq: int | None = None,
+        limit: int | None = None,
+    ) -> list[Entry]:
+        check_tenant_and_id(tenant, session_id)
+        check_limit(limit)
+
+        def read(ctx: SessionCtx) -> list[Entry]:
+            fd, index = self._sessions.open_log(ctx, write=False)
+            if fd is None:
+                return []
+            try:
+                positions = index.positions(after_seq, until_seq, limit)
+                return self._sessions.read_lines(fd, index, positions)
+            finally:
+                os.close(fd)
+
+        return await self._in_session(tenant, session_id, read)
+
+    async def get_entry(self, tenant: str, session_id: str, entry_id: str) -> Entry:
+        check_tenant_and_id(tenant, session_id)
+        validate_id(entry_id, "entry id")
+
+        def get(ctx: SessionCtx) -> Entry:
+            fd, index = self._sessions.open_log(ctx, write=False)
+            try:
+                position = index.ids.get(entry_id)
+                if fd is None or position is None:
+                    raise NotFoundError(f"entry {entry_id!r} not found in session {session_id!r}")
+                return self._sessions.read_lines(fd, index, [position])[0]
+            finally:
+                if fd is not None:
+                    os.close(fd)
+
+        return await self._in_session(tenant, session_id, get)
+
+    async def prune_entries(
+        self, tenant: str, session_id: str, *, kind: str, before_seq: int, id_prefix: str = ""
+    ) -> int:
+        check_tenant_and_id(tenant, session_id)
+        check_prunable_kind(kind)
+
+        def prune(ctx: SessionCtx) -> int:
+            fd, index = self._sessions.open_log(ctx, write=False)
+            if fd is None:
+                return 0
+            try:
+                stubs = [
+                    Entry(seq, name, parent, line_kind or "corrupt", EPOCH, {})
+                    for seq, name, parent, line_kind in zip(
+                        index.seqs, index.names, index.parents, index.kinds, strict=True
+                    )
+                ]
+                doomed = set(prunable(stubs, ctx.head.record, kind, before_seq, id_prefix))
+                data = read_at(fd, 0, index.end) if doomed else b""
+            finally:
+                os.close(fd)
+            if not doomed:
+                return 0
+            gen = new_gen()
+            kept = [header_line("transcript", "session", ctx.sid, gen)]
+            for stub, start, stop in zip(stubs, index.starts, index.stops, strict=True):
+                if stub.seq not in doomed or stub.kind != kind:
+                    line = data[start:stop]
+                    kept.append(line if line.endswith(b"\n") else line + b"\n")
+            log = b"".join(kept)
+            # Transcript first, then the head: a crash in between is completed by the next
+            # operation (the transcript's gen is not the head's; see SessionFiles).
+            self._files.write_atomic(ctx.log_path, log, backup=False)
+            self._sessions.indexes.pop(ctx.key, None)
+            record = apply_patch(ctx.head.record, SessionPatch(), now=utcnow())
+            self._sessions.save_head(ctx, record, gen, len(log))
+            return len(doomed)
+
+        async with self._engine.serial(tenant, session_id):
+            self._engine.forget(tenant, session_id)
+            return await self._in_session(tenant, session_id, prune)
