@@ -20,7 +20,7 @@ A head file holds the `SessionRecord` and where its transcript ends::
 ``.bak`` by a hard link, ``os.replace``, fsync of the folder). An append writes the new
 entry lines after the committed end of the transcript in one ``pwrite`` (fsynced with
 durability ``power``, the default; not with ``process``), then replaces the head, whose
-``bytes`` is the commit point (see ``files_logs``). So an append costs the same at any
+``bytes`` is the commit point (see ``logs``). So an append costs the same at any
 history length, and a crash at any moment leaves every batch whole or absent.
 
 **Concurrency.** Within a process one worker thread does all the file I/O; across
@@ -30,7 +30,7 @@ never interleave or lose updates and different sessions never wait for each othe
 Record and event reads take no lock: files are replaced whole, and only finished event
 batches count.
 
-**Paths.** Every path comes from `Layout.directory` (``files_layout``): validated ids only,
+**Paths.** Every path comes from `Layout.directory` (``layout``): validated ids only,
 each folder checked on the way down; a symbolic link (or a FIFO, a folder where a file
 belongs) inside the root is refused with `UnsafePathError`, never followed.
 

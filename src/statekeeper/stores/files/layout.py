@@ -13,7 +13,7 @@ Everything the store writes goes through `Layout`, so the rules live in one plac
   fsync of the directory. A reader sees the old or the new file, never a mix; after a
   crash the previous version is still there as the backup.
 - **Appends** write whole lines with one ``pwrite`` and then fsync (durability
-  ``power``) or not (``process``); see ``files_logs`` for how lines are committed.
+  ``power``) or not (``process``); see ``logs`` for how lines are committed.
 - **Locks** (`Layout.locked`): ``fcntl.flock`` on a small file under ``<tenant>/locks``,
   one per session, record namespace or event log, so processes never interleave a
   read-modify-write and sessions never queue behind one another.

@@ -6,7 +6,7 @@ record falls back to its backup; without one it is quarantined and reported.
 
 Event logs: ``<tenant>/events/<log>.jsonl``; appends hold the log's lock; reads need none,
 because only finished batches count and a finished batch never changes (see
-``files_logs``).
+``logs``).
 """
 
 from __future__ import annotations

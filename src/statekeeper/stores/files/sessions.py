@@ -3,7 +3,7 @@
 `SessionFiles` runs every session operation holding the session's lock with its head
 loaded (`SessionFiles.run`), falls back to the backup or a recovery session when a head
 is damaged, and keeps each transcript's line index in step with the head, so the store
-(``files.py``) only applies the protocol's rules. All methods block: call them on the
+only applies the protocol's rules. All methods block: call them on the
 store's worker thread.
 """
 

@@ -6,14 +6,14 @@ connection (`PostgresStore.open`). Tables live in one PostgreSQL schema (option
 refused with `SchemaVersionError` and left untouched.
 
 The store is assembled from parts, each in its own module: connections, transactions,
-retries and migrations (``postgres_conn``), session heads and transcripts, where the
-ordering and compare-and-set rules live (``postgres_transcripts``), records and event
-logs (``postgres_records``), and the schema and its statements (``postgres_schema``).
+retries and migrations (``conn``), session heads and transcripts, where the
+ordering and compare-and-set rules live (``transcripts``, on the shared append engine), records and event
+logs (``records``), and the schema and its statements (``schema``).
 This module opens stores and holds the session operations. Nothing is ordered behind a
 client-side lock: row locks and version checks in the database do it.
 
 Payloads are stored as JSON text, so big integers, -0.0 and key order come back exactly.
-Errors are translated at the boundary (`postgres_conn.translate`); serialization
+Errors are translated at the boundary (`conn.translate`); serialization
 failures are retried; a lost connection is retried when the operation had not reached
 its commit, or is idempotent (reads, appends, whose retry finds its own entries).
 """
@@ -283,6 +283,6 @@ async def open_postgres(location: str, options: StoreOptions) -> PostgresStore:
     connections, 1 / 10), ``max_payload_bytes``, ``timeout`` (seconds to wait for a pooled
     connection, 30), ``connect_timeout`` (10), ``sslmode``, ``durability``
     (``power`` or ``process``: ``synchronous_commit=off``), ``notify_channel`` (a NOTIFY
-    on this channel for every event append, for `runtime.pg_coordination` listeners).
+    on this channel for every event append, for `coordination.PgEventListener` listeners).
     """
     return await _open_owned(location, options)

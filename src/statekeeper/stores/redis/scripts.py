@@ -110,7 +110,7 @@ class Script:
 
 
 # A transcript entry is one member of the session's entries sorted set, scored by its seq
-# (see redis_base.encode_entry): a JSON header, a newline, the payload's JSON text.
+# (see base.encode_entry): a JSON header, a newline, the payload's JSON text.
 
 _CHECK_HEAD = """
 local g = redis.call('HGET', KEYS[1], 'g')

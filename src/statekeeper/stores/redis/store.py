@@ -6,7 +6,7 @@ extra. Durability is the server's: with ``appendonly yes`` and ``appendfsync alw
 acknowledged write survives a power loss; with Redis' defaults it may lose the last
 second, and without persistence everything on a restart.
 
-Keys (see `redis_scripts.Keys`; ``P`` is the prefix, ``{t}`` the tenant as a hash tag)::
+Keys (see `scripts.Keys`; ``P`` is the prefix, ``{t}`` the tenant as a hash tag)::
 
     P/{t}/s/<session>      hash    doc (SessionRecord JSON), v (version), g (generation)
     P/{t}/e/<session>      zset    transcript entries scored by seq (header + payload)
@@ -16,10 +16,10 @@ Keys (see `redis_scripts.Keys`; ``P`` is the prefix, ``{t}`` the tenant as a has
     P/{t}/rk/<ns>          zset    record keys of a namespace (score 0: byte order)
     P/{t}/ev/<log>         stream  events, entry id "<seq>-0"; fields s, k, t, p
     P/{t}/evnotices        stream  capped: (log, first seq, last seq) per event batch
-    P/{t}/lease/<session>  string  lease holder and fence (runtime.redis_coordination)
+    P/{t}/lease/<session>  string  lease holder and fence (the coordination module)
     P/{t}/fence/<session>  string  the session's fencing-token counter (ditto)
 
-Atomicity: every write is one Lua script (`redis_scripts`), never a read-modify-write
+Atomicity: every write is one Lua script (`scripts`), never a read-modify-write
 spread over round trips. Appends and head updates are planned in Python with the shared
 rules (`plan_append`, `apply_patch`) against the head this handle last saw, then
 committed by a script that first compares the stored head's generation and version
@@ -30,7 +30,7 @@ costs one round trip, and a retried append is recognised as a replay under the s
 atomic check. The generation is a random token set at creation, so a session deleted
 and created again never matches a version seen before. Writers of one session through
 one handle queue on a lock and are committed together, several changes per script call
-(group commit, see `redis_heads`); other handles and processes race, and the
+(group commit, see `statekeeper.stores.engine`); other handles and processes race, and the
 compare-and-set decides. Listing is not one snapshot (each batch of it is).
 
 Why scripts rather than WATCH/MULTI: a WATCH transaction needs a read round trip before
@@ -38,9 +38,9 @@ every write and retries under contention; a script checks and writes in one roun
 and `plan_append` still decides everything in Python. Why a generation: versions
 restart at 1 when a session is deleted and created again.
 
-The parts live in sibling modules: `redis_scripts` (keys and Lua), `redis_base`
-(client, errors, stored forms), `redis_heads` (head writes, group commit),
-`redis_records` (records and event logs).
+The parts live in sibling modules: `scripts` (keys and Lua), `base` (client, errors,
+stored forms), `heads` (the append engine's read and commit primitives), `records`
+(records and event logs) and `coordination` (leases and the event feed).
 """
 
 from __future__ import annotations
