@@ -6,9 +6,9 @@ connection (`PostgresStore.open`). Tables live in one PostgreSQL schema (option
 refused with `SchemaVersionError` and left untouched.
 
 The store is assembled from parts, each in its own module: connections, transactions,
-retries and migrations (``conn``), session heads and transcripts, where the
-ordering and compare-and-set rules live (``transcripts``, on the shared append engine), records and event
-logs (``records``), and the schema and its statements (``schema``).
+retries and migrations (``conn``), session heads and transcripts on the shared append
+engine, where ordering and compare-and-set live (``transcripts``), records and event logs
+(``records``), and the schema and its statements (``schema``).
 This module opens stores and holds the session operations. Nothing is ordered behind a
 client-side lock: row locks and version checks in the database do it.
 
