@@ -178,7 +178,8 @@ def report(results: list[tuple[str, int, dict[str, Any]]]) -> list[str]:
     for (durability, what), limit in TARGETS.items():
         value = statistics.median(by[durability, HISTORIES[-1]][what])
         verdict = "met" if value <= limit else "MISSED"
-        name = f"{durability}: {what} at {HISTORIES[-1]:,} vs {'payload' if what == 'bytes' else 'raw'}"
+        against = "payload" if what == "bytes" else "raw"
+        name = f"{durability}: {what} at {HISTORIES[-1]:,} vs {against}"
         print(f"{name:<36} {value:6.2f}  (target <= {limit})  {verdict}")
         if value > limit:
             failed.append(name)
