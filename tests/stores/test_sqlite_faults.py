@@ -103,7 +103,7 @@ async def test_corrupt_row_is_reported_and_the_rest_still_served(tmp_path: Path)
     db = tmp_path / "state.db"
     await make_session(db, ["a", "b", "c"])
     conn = sqlite3.connect(db)
-    conn.execute("UPDATE entries SET payload='{not json' WHERE seq=2")
+    conn.execute("UPDATE entries SET payload='{not json' WHERE (rid & 4294967295)=2")
     conn.commit()
     conn.close()
     store = await open_store(f"sqlite:///{db}")

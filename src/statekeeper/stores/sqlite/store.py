@@ -23,6 +23,7 @@ from statekeeper.errors import (
     NotFoundError,
     PayloadTooLargeError,
     StoreCorruptError,
+    StoreFullError,
 )
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import encode_json, gc_paused, loads
@@ -48,8 +49,12 @@ from statekeeper.stores.rules import (
     session_not_found,
 )
 from statekeeper.stores.sqlite.records import _KEY_END, SQLiteRecordsAndEvents, _dt, _limit, _us
+from statekeeper.stores.sqlite.schema import SEQ_BITS
 
 __all__ = ["SQLiteStore"]
+
+
+_SELECT = "SELECT rid & 4294967295, id, parent_seq, kind, created_us, payload FROM entries"
 
 
 class _Stale(Exception):
@@ -217,7 +222,9 @@ class SQLiteStore(SQLiteRecordsAndEvents):
 
         def delete(db: sqlite3.Connection) -> None:
             sk, _ = self._head(db, tenant, session_id)
-            db.execute("DELETE FROM entries WHERE session_sk=?", (sk,))
+            db.execute(
+                "DELETE FROM entries WHERE rid>=? AND rid<?", (sk << SEQ_BITS, (sk + 1) << SEQ_BITS)
+            )
             db.execute("DELETE FROM sessions WHERE sk=?", (sk,))
             self._heads.pop((tenant, session_id), None)
 
@@ -252,8 +259,7 @@ class SQLiteStore(SQLiteRecordsAndEvents):
         marks = ",".join("?" * len(ids))
         found = self._entries(
             db,
-            "SELECT seq, id, parent_seq, kind, created_us, payload FROM entries "
-            f"WHERE session_sk=? AND id IN ({marks})",
+            f"{_SELECT} WHERE session_sk=? AND id IN ({marks})",
             [sk, *ids],
         )
         return {e.id: e for e in found}
@@ -285,12 +291,15 @@ class SQLiteStore(SQLiteRecordsAndEvents):
                 raise _Stale
             if not writes:
                 return
+            if writes[-1].entry.seq >= 1 << SEQ_BITS:
+                raise StoreFullError(f"session {session_id!r} has {(1 << SEQ_BITS) - 1} entries")
+            base_rid = sk << SEQ_BITS
             try:
                 db.executemany(
-                    "INSERT INTO entries (session_sk, seq, id, parent_seq, kind, created_us,"
+                    "INSERT INTO entries (rid, session_sk, id, parent_seq, kind, created_us,"
                     " payload) VALUES (?, ?, ?, ?, ?, ?, ?)",
                     [
-                        (sk, e.seq, e.id, e.parent_seq, e.kind, _us(e.created_at), text)
+                        (base_rid | e.seq, sk, e.id, e.parent_seq, e.kind, _us(e.created_at), text)
                         for e, text, _ in writes
                     ],
                 )
@@ -337,11 +346,14 @@ class SQLiteStore(SQLiteRecordsAndEvents):
 
         def read(db: sqlite3.Connection) -> list[Entry]:
             sk, _ = self._head(db, tenant, session_id)
+            low = sk << SEQ_BITS
+            last = (1 << SEQ_BITS) - 1 if until_seq is None else min(until_seq, (1 << SEQ_BITS) - 1)
+            if after_seq >= last:
+                return []
             return self._entries(
                 db,
-                "SELECT seq, id, parent_seq, kind, created_us, payload FROM entries "
-                "WHERE session_sk=? AND seq>? AND seq<=? ORDER BY seq LIMIT ?",
-                [sk, after_seq, until_seq if until_seq is not None else 2**62, _limit(limit)],
+                f"{_SELECT} WHERE rid>? AND rid<=? ORDER BY rid LIMIT ?",
+                [low | max(after_seq, 0), low | last, _limit(limit)],
             )
 
         return await self._read(read)
@@ -354,11 +366,22 @@ class SQLiteStore(SQLiteRecordsAndEvents):
 
         def prune(db: sqlite3.Connection) -> int:
             sk, record = self._head(db, tenant, session_id)
+            low = sk << SEQ_BITS
+            before = min(max(before_seq, 0), 1 << SEQ_BITS)
             cursor = db.execute(
-                "DELETE FROM entries WHERE session_sk=? AND kind=? AND seq<? AND seq<>? "
-                "AND id>=? AND id<? AND seq NOT IN (SELECT parent_seq FROM entries "
-                "WHERE session_sk=? AND parent_seq IS NOT NULL)",
-                (sk, kind, before_seq, record.head_seq, id_prefix, id_prefix + _KEY_END, sk),
+                "DELETE FROM entries WHERE rid>? AND rid<? AND kind=? AND rid<>? "
+                "AND id>=? AND id<? AND (rid & 4294967295) NOT IN (SELECT parent_seq "
+                "FROM entries WHERE rid>? AND rid<? AND parent_seq IS NOT NULL)",
+                (
+                    low,
+                    low + before,
+                    kind,
+                    low | record.head_seq,
+                    id_prefix,
+                    id_prefix + _KEY_END,
+                    low,
+                    low + (1 << SEQ_BITS),
+                ),
             )
             if cursor.rowcount:
                 updated = apply_patch(record, SessionPatch(), now=utcnow())
@@ -373,12 +396,7 @@ class SQLiteStore(SQLiteRecordsAndEvents):
 
         def get(db: sqlite3.Connection) -> Entry:
             sk, _ = self._head(db, tenant, session_id)
-            found = self._entries(
-                db,
-                "SELECT seq, id, parent_seq, kind, created_us, payload FROM entries "
-                "WHERE session_sk=? AND id=?",
-                [sk, entry_id],
-            )
+            found = self._entries(db, f"{_SELECT} WHERE session_sk=? AND id=?", [sk, entry_id])
             if not found:
                 raise NotFoundError(f"entry {entry_id!r} not found in session {session_id!r}")
             return found[0]

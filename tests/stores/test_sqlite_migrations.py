@@ -1,0 +1,64 @@
+"""SQLite schema migrations: a database written by an older schema opens with its data."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from statekeeper.stores import open_store
+from statekeeper.stores.base import EntryDraft, SessionRecord
+from statekeeper.stores.sqlite.schema import MIGRATIONS, SCHEMA_VERSION
+
+
+def _version_one_database(path: Path) -> None:
+    """A database as schema version 1 wrote it: one session with three entries."""
+    record = SessionRecord(id="s1", tenant="t", version=4, head_seq=3, last_seq=3)
+    conn = sqlite3.connect(path)
+    for statement in MIGRATIONS[0].split(";"):
+        if statement.strip():
+            conn.execute(statement)
+    conn.execute(
+        "INSERT INTO sessions (tenant, id, agent_id, active_us, created_us, version, doc)"
+        " VALUES ('t', 's1', NULL, 1, 1, 4, ?)",
+        (record.model_dump_json(),),
+    )
+    for seq in (1, 2, 3):
+        conn.execute(
+            "INSERT INTO entries (session_sk, seq, id, parent_seq, kind, created_us, payload)"
+            " VALUES (1, ?, ?, ?, 'message', ?, ?)",
+            (seq, f"e{seq}", seq - 1 or None, seq, f'{{"n": {seq}}}'),
+        )
+    conn.execute("PRAGMA user_version=1")
+    conn.commit()
+    conn.close()
+
+
+async def test_version_one_entries_survive_the_migration_in_order(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    _version_one_database(path)
+    async with open_store(f"sqlite:///{path}") as store:
+        entries = await store.read_entries("t", "s1")
+        assert [(e.seq, e.id, e.parent_seq, e.payload) for e in entries] == [
+            (1, "e1", None, {"n": 1}),
+            (2, "e2", 1, {"n": 2}),
+            (3, "e3", 2, {"n": 3}),
+        ]
+        assert (await store.get_entry("t", "s1", "e2")).seq == 2
+        appended = await store.append_entries("t", "s1", [EntryDraft(id="e4", payload={"n": 4})])
+        assert (appended.entries[0].seq, appended.entries[0].parent_seq) == (4, 3)
+        assert [e.seq for e in await store.read_entries("t", "s1", after_seq=2)] == [3, 4]
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    conn.close()
+
+
+async def test_entries_of_two_sessions_stay_apart(tmp_path: Path) -> None:
+    async with open_store(f"sqlite:///{tmp_path / 'a.db'}") as store:
+        for sid in ("a", "b"):
+            await store.create_session(SessionRecord(id=sid, tenant="t"))
+        for n in range(3):
+            for sid in ("a", "b"):
+                await store.append_entries("t", sid, [EntryDraft(payload={"s": sid, "n": n})])
+        await store.delete_session("t", "a")
+        kept = await store.read_entries("t", "b")
+        assert [(e.seq, e.payload) for e in kept] == [(n + 1, {"s": "b", "n": n}) for n in range(3)]
