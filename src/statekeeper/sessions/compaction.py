@@ -10,16 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from statekeeper.core.messages import Message, MessageCategory, Role
 from statekeeper.core.tokens import counted
 from statekeeper.errors import ConflictError, InvalidPayloadError
+from statekeeper.sessions.handle import SessionHandle
 from statekeeper.sessions.view import SUMMARY_KEY, TranscriptView, is_replaceable
 from statekeeper.stores.base import Entry, EntryDraft, EntryKind, SessionPatch
-
-if TYPE_CHECKING:
-    from statekeeper.sessions.manager import Session
 
 __all__ = ["CompactionResult", "Summarizer", "compact_session"]
 
@@ -68,7 +65,7 @@ def _choose(view: TranscriptView, keep_last: int) -> list[int]:
 
 
 async def compact_session(
-    session: Session, summarize: Summarizer, *, keep_last: int = 4
+    session: SessionHandle, summarize: Summarizer, *, keep_last: int = 4
 ) -> CompactionResult:
     """Summarise all but the newest ``keep_last`` replaceable messages of the active view.
 

@@ -18,16 +18,16 @@ from typing import Any
 from pydantic import JsonValue
 
 from statekeeper.core.context import ContextWindow, build_context_window
-from statekeeper.core.messages import Message, MessageCategory, Role
+from statekeeper.core.messages import Message
 from statekeeper.core.tokens import DEFAULT_COUNTER, TokenCounter, counted
 from statekeeper.errors import (
-    AlreadyExistsError,
     ConflictError,
     InvalidInputError,
     NotFoundError,
 )
 from statekeeper.ids import new_id, validate_id
 from statekeeper.sessions.compaction import CompactionResult, Summarizer, compact_session
+from statekeeper.sessions.continuation import CARRIED_KEY, create_continuation
 from statekeeper.sessions.portable import export_session, import_session
 from statekeeper.sessions.state import ScopedState
 from statekeeper.sessions.view import (
@@ -52,8 +52,6 @@ from statekeeper.stores.base import (
 __all__ = ["AppendOutcome", "Session", "SessionManager"]
 
 _RESERVED_TENANT_PREFIX = "statekeeper."
-_MARKER_KEY = "statekeeper.marker"
-_CARRIED_KEY = "statekeeper.carried"  # messages a continuation started with
 
 
 @dataclass(frozen=True)
@@ -382,7 +380,7 @@ class Session:
     def needs_continuation(self, *, extra: Sequence[Message] = ()) -> bool:
         """Whether appending ``extra`` would cross the manager's session boundary."""
         record = self._record
-        carried = record.metadata.get(_CARRIED_KEY, 0)
+        carried = record.metadata.get(CARRIED_KEY, 0)
         if isinstance(carried, int) and record.message_count <= carried:
             return False  # a fresh continuation: moving on again would not shrink anything
         limit_m, limit_t = self.manager.max_messages, self.manager.max_tokens
@@ -418,53 +416,10 @@ class Session:
         try:
             record = await self._store.get_session(self._tenant, target)
         except NotFoundError:
-            record = await self._create_continuation(old, target)
+            record = await create_continuation(self.manager, old, target)
         self._adopt(record)
         self.state.reset_temp()
         return self
-
-    async def _create_continuation(self, old: SessionRecord, target: str) -> SessionRecord:
-        view = await Session(self.manager, old).view()
-        carried = [
-            m.with_changes(id=new_id("msg"))
-            for m in view.messages
-            if m.category in (MessageCategory.SYSTEM, MessageCategory.CONTEXT)
-            and m.metadata.get(_MARKER_KEY) != "continuation"
-        ]
-        marker = Message(
-            role=Role.SYSTEM,
-            category=MessageCategory.CONTEXT,
-            content=f"[This conversation continues from session {old.id}.]",
-            metadata={_MARKER_KEY: "continuation", "continued_from": old.id},
-        )
-        carried.append(counted(marker, self.manager.counter))
-        record = SessionRecord(
-            id=target,
-            tenant=self._tenant,
-            agent_id=old.agent_id,
-            title=old.title,
-            metadata={**old.metadata, _CARRIED_KEY: len(carried)},
-            model_override=old.model_override,
-            thinking_level=old.thinking_level,
-            delivery=old.delivery,
-            continued_from=old.id,
-            continuation_index=old.continuation_index + 1,
-            state=dict(old.state),
-            total_tokens=old.total_tokens,
-        )
-        try:
-            created = await self._store.create_session(record)
-        except AlreadyExistsError:
-            return await self._store.get_session(self._tenant, target)
-        tokens = sum(m.tokens or 0 for m in carried)
-        result = await self._store.append_entries(
-            self._tenant,
-            target,
-            [message_draft(m) for m in carried],
-            expected_version=created.version,
-            patch=SessionPatch(add={"fresh_tokens": tokens, "message_count": len(carried)}),
-        )
-        return result.session
 
     async def _append_raw(
         self, drafts: list[EntryDraft], patch: SessionPatch, *, expected_version: int | None

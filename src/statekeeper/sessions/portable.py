@@ -7,14 +7,12 @@ its origin is included, so the file stands on its own.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from statekeeper.errors import InvalidPayloadError, SchemaVersionError
 from statekeeper.ids import validate_id
+from statekeeper.sessions.handle import SessionOwner
 from statekeeper.stores.base import Entry, EntryDraft, SessionPatch, SessionRecord
-
-if TYPE_CHECKING:
-    from statekeeper.sessions.manager import SessionManager
 
 __all__ = ["EXPORT_FORMAT", "EXPORT_VERSION", "export_session", "import_session"]
 
@@ -22,7 +20,7 @@ EXPORT_FORMAT = "statekeeper.session"
 EXPORT_VERSION = 1
 
 
-async def export_session(manager: SessionManager, session_id: str) -> dict[str, Any]:
+async def export_session(manager: SessionOwner, session_id: str) -> dict[str, Any]:
     """The session as a JSON-ready document."""
     record = await manager.store.get_session(manager.tenant, session_id)
     own = await manager.store.read_entries(manager.tenant, session_id)
@@ -73,36 +71,10 @@ def _entry_doc(entry: Entry, seq: int, parent: int | None) -> dict[str, Any]:
 
 
 async def import_session(
-    manager: SessionManager, document: object, *, session_id: str | None = None
+    manager: SessionOwner, document: object, *, session_id: str | None = None
 ) -> SessionRecord:
     """Create a session from an exported document (under a new id if ``session_id``)."""
-    if not isinstance(document, dict) or document.get("format") != EXPORT_FORMAT:
-        raise InvalidPayloadError("not a statekeeper session export (missing format marker)")
-    version = document.get("version")
-    if not isinstance(version, int) or version > EXPORT_VERSION:
-        raise SchemaVersionError(
-            f"session export version {version!r} is not supported (this statekeeper reads "
-            f"up to {EXPORT_VERSION}); upgrade statekeeper"
-        )
-    try:
-        source = SessionRecord.model_validate(document["session"])
-        docs = list(document["entries"])
-        head = int(document["head"])
-        drafts = [
-            EntryDraft(
-                id=d["id"],
-                kind=d["kind"],
-                payload=d["payload"],
-                parent=d["parent_seq"],
-                created_at=d["created_at"],
-            )
-            for d in docs
-        ]
-        expected = list(range(1, len(docs) + 1))
-        if [d["seq"] for d in docs] != expected or not 0 <= head <= len(docs):
-            raise ValueError("entries must be numbered 1..n and the head must be one of them")
-    except (KeyError, TypeError, ValueError) as exc:
-        raise InvalidPayloadError(f"invalid session export: {exc}") from exc
+    source, drafts, head = _parse(document)
     record = source.model_copy(
         update={
             "id": validate_id(session_id, "session id") if session_id else source.id,
@@ -135,3 +107,35 @@ async def import_session(
         ),
     )
     return result.session
+
+
+def _parse(document: object) -> tuple[SessionRecord, list[EntryDraft], int]:
+    """The session record, entry drafts and head of an export; raises on anything else."""
+    if not isinstance(document, dict) or document.get("format") != EXPORT_FORMAT:
+        raise InvalidPayloadError("not a statekeeper session export (missing format marker)")
+    version = document.get("version")
+    if not isinstance(version, int) or version > EXPORT_VERSION:
+        raise SchemaVersionError(
+            f"session export version {version!r} is not supported (this statekeeper reads "
+            f"up to {EXPORT_VERSION}); upgrade statekeeper"
+        )
+    try:
+        source = SessionRecord.model_validate(document["session"])
+        docs = list(document["entries"])
+        head = int(document["head"])
+        drafts = [
+            EntryDraft(
+                id=d["id"],
+                kind=d["kind"],
+                payload=d["payload"],
+                parent=d["parent_seq"],
+                created_at=d["created_at"],
+            )
+            for d in docs
+        ]
+        expected = list(range(1, len(docs) + 1))
+        if [d["seq"] for d in docs] != expected or not 0 <= head <= len(docs):
+            raise ValueError("entries must be numbered 1..n and the head must be one of them")
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InvalidPayloadError(f"invalid session export: {exc}") from exc
+    return source, drafts, head

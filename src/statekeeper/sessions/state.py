@@ -14,15 +14,12 @@ holding the delta, so the history of state is replayable like the conversation.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
 
 from pydantic import JsonValue
 
 from statekeeper.errors import ConflictError, InvalidInputError, NotFoundError
+from statekeeper.sessions.handle import SessionHandle
 from statekeeper.stores.base import EntryDraft, EntryKind, SessionPatch
-
-if TYPE_CHECKING:
-    from statekeeper.sessions.manager import Session
 
 __all__ = ["APP_TENANT", "ScopedState"]
 
@@ -48,7 +45,7 @@ def _split(key: str) -> tuple[str, str]:
 class ScopedState:
     """The state of one session handle across the four scopes."""
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: SessionHandle) -> None:
         self._session = session
         self._temp: dict[str, JsonValue] = {}
 
