@@ -24,6 +24,9 @@ A codec that has a key refuses anything that is not encrypted: if it accepted pl
 text, whoever can write the store could replace an encrypted state with a plain one of
 their choosing (strip the encryption) and it would be read as genuine.
 
+Run states are sealed with a codec in `statekeeper.runs.sealing` (``dump_state``,
+``load_state`` and sealed checkpoints); this module knows nothing of runs.
+
 The ``crypto`` extra (``cryptography`` and ``zstandard``) is needed only when a codec
 compresses or encrypts, or reads a blob that is compressed or encrypted; the packages
 are imported on first use, so the core install works without them.
@@ -57,9 +60,6 @@ from statekeeper.ids import validate_id
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-    from statekeeper.core.messages import Message
-    from statekeeper.runs.state import RunState
-
 __all__ = [
     "ENVELOPE_MAGIC",
     "ENVELOPE_VERSION",
@@ -67,9 +67,7 @@ __all__ = [
     "StateCodec",
     "StateTamperedError",
     "WrongKeyError",
-    "dump_state",
     "key_from_env",
-    "load_state",
 ]
 
 ENVELOPE_MAGIC: Final = b"\x89SKC"
@@ -453,37 +451,3 @@ def _stripped() -> StateTamperedError:
         "existing plain states, read them with StateCodec() (no key) and write them "
         "back with the keyed codec"
     )
-
-
-# -- RunState helpers --------------------------------------------------------------------
-
-
-def dump_state(
-    state: RunState,
-    items: list[Message] | None = None,
-    codec: StateCodec | None = None,
-) -> bytes:
-    """`RunState.to_json` (with ``items`` if given), encoded by ``codec`` (plain UTF-8 if None)."""
-    try:
-        text = state.to_json(items)
-    except ValueError as exc:  # NaN or infinity somewhere in the state
-        raise InvalidPayloadError(f"run state is not plain JSON: {exc}") from exc
-    return (codec or _PLAIN).encode(text)
-
-
-def load_state(blob: bytes | str, codec: StateCodec | None = None) -> RunState:
-    """Decode ``blob`` with ``codec`` (plain or compressed if None), then `RunState.from_json`.
-
-    Older schema versions are migrated; see `RunState.from_json` for the errors.
-    """
-    from statekeeper.runs.state import RunState
-
-    codec = codec or _PLAIN
-    if isinstance(blob, str):  # text is never an envelope
-        if codec.encrypted:
-            raise _stripped()
-        return RunState.from_json(blob)
-    return RunState.from_json(codec.decode(blob))
-
-
-_PLAIN = StateCodec()

@@ -1,4 +1,5 @@
-"""`StateCodec`: compression, authenticated encryption, and the RunState helpers."""
+"""`StateCodec`: compression, authenticated encryption, and the RunState helpers
+(`statekeeper.runs.sealing`)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,7 @@ from statekeeper.codec import (
     StateCodec,
     StateTamperedError,
     WrongKeyError,
-    dump_state,
     key_from_env,
-    load_state,
 )
 from statekeeper.core.messages import Message
 from statekeeper.errors import (
@@ -29,6 +28,7 @@ from statekeeper.errors import (
     SchemaVersionError,
     StoreCorruptError,
 )
+from statekeeper.runs.sealing import dump_state, load_state
 from statekeeper.runs.state import CURRENT_SCHEMA_VERSION, RunState
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "run_state"
@@ -556,7 +556,8 @@ def test_the_core_install_imports_without_the_extra() -> None:
         "import sys\n"
         "for name in ('zstandard', 'cryptography'):\n"
         "    sys.modules[name] = None\n"
-        "from statekeeper.codec import StateCodec, dump_state, load_state\n"
+        "from statekeeper.codec import StateCodec\n"
+        "from statekeeper.runs.sealing import dump_state, load_state\n"
         "from statekeeper.runs.state import RunState\n"
         "state = RunState(tenant='t', session_id='s', agent='a')\n"
         "assert load_state(dump_state(state)) == state.model_copy(update={'items': []})\n"

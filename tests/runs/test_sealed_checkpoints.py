@@ -45,7 +45,7 @@ async def test_a_tampered_sealed_checkpoint_is_refused(store: Store) -> None:
     asked = await runner.start("a", "hi")
     state = await runner.load(asked.run_id)
     # Write a checkpoint whose sealed bytes were flipped, as an attacker with the file would.
-    blob = bytearray(base64.b64decode(runner.runs._seal(state)["sealed"]))
+    blob = bytearray(base64.b64decode(runner.runs.seal.seal(state)["sealed"]))
     blob[-1] ^= 0x01
     bad = {"run_id": state.run_id, "sealed": base64.b64encode(bytes(blob)).decode()}
     from statekeeper.stores.base import EntryDraft

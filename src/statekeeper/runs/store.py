@@ -11,32 +11,29 @@ for newer checkpoint entries of the run after the one the index names.
 
 from __future__ import annotations
 
-import base64
 import builtins
 import contextlib
-import json
 import os
 import socket
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from statekeeper.codec import StateCodec, StateTamperedError
+from statekeeper.codec import StateCodec
 from statekeeper.core.messages import Message, utcnow
 from statekeeper.core.tokens import DEFAULT_COUNTER, TokenCounter, counted
 from statekeeper.errors import (
     AlreadyExistsError,
     ConflictError,
-    InvalidInputError,
     NotFoundError,
     StoreCorruptError,
 )
 from statekeeper.ids import validate_id
-from statekeeper.jsoncodec import loads
+from statekeeper.runs.sealing import CheckpointSeal
 from statekeeper.runs.state import RunState
-from statekeeper.sessions.view import appended_counters, message_draft
+from statekeeper.sessions.manager import SessionManager
+from statekeeper.sessions.view import appended_counters, build_view, message_draft
 from statekeeper.stores.base import Entry, EntryDraft, SessionRecord, Store
 
 __all__ = ["CHECKPOINT_KIND", "RUNS_NAMESPACE", "RunIndex", "RunStore", "Saved"]
@@ -97,7 +94,7 @@ class RunStore:
         self.store = store
         self.tenant = tenant
         self.counter = counter or DEFAULT_COUNTER
-        self.codec = codec
+        self.seal = CheckpointSeal(tenant, codec)
         """Seals stored checkpoints (compression and/or authenticated encryption)."""
 
     # -- index ---------------------------------------------------------------------------
@@ -185,7 +182,7 @@ class RunStore:
             EntryDraft(
                 id=checkpoint_id(state.run_id, state.revision),
                 kind=CHECKPOINT_KIND,
-                payload=self._seal(state),
+                payload=self.seal.seal(state),
                 side=True,
             )
         )
@@ -203,23 +200,11 @@ class RunStore:
             raise
         checkpoint = result.entries[-1]
         state.transcript_seq = checkpoint.parent_seq or 0
-        if not update_index:
-            return Saved(
-                state=state,
-                entries=result.entries[:-1],
-                session=result.session,
-                index_version=index_version or 0,
-                checkpoint_seq=checkpoint.seq,
-            )
-        index = _index_of(state, checkpoint_seq=checkpoint.seq)
-        index.owner, index.lease_until = owner, lease_until
-        try:
-            version = await self.put_index(index, expected_version=index_version)
-        except ConflictError:
-            # Someone else touched the index (a cancel request, say): keep their flag.
-            current, current_version = await self.index(state.run_id)
-            index.cancel_requested = index.cancel_requested or current.cancel_requested
-            version = await self.put_index(index, expected_version=current_version)
+        version = index_version or 0
+        if update_index:
+            index = _index_of(state, checkpoint_seq=checkpoint.seq)
+            index.owner, index.lease_until = owner, lease_until
+            version = await self._put_keeping_cancel(index, index_version)
         return Saved(
             state=state,
             entries=result.entries[:-1],
@@ -227,6 +212,15 @@ class RunStore:
             index_version=version,
             checkpoint_seq=checkpoint.seq,
         )
+
+    async def _put_keeping_cancel(self, index: RunIndex, expected_version: int | None) -> int:
+        try:
+            return await self.put_index(index, expected_version=expected_version)
+        except ConflictError:
+            # Someone else touched the index (a cancel request, say): keep their flag.
+            current, current_version = await self.index(index.run_id)
+            index.cancel_requested = index.cancel_requested or current.cancel_requested
+            return await self.put_index(index, expected_version=current_version)
 
     async def release(
         self, state: RunState, *, owner: str | None, checkpoint_seq: int | None
@@ -267,41 +261,13 @@ class RunStore:
                 f"run {run_id!r}: checkpoint {index.checkpoint_seq} is missing from session "
                 f"{index.session_id!r}"
             )
-        state = RunState.from_data(self._unseal(latest.payload, run_id))
+        state = RunState.from_data(self.seal.open(latest.payload, run_id))
         state.transcript_seq = latest.parent_seq or 0
         state.cancel_requested = state.cancel_requested or index.cancel_requested
         if latest.seq != index.checkpoint_seq:  # roll the index forward
             index = _index_of(state, checkpoint_seq=latest.seq)
             version = await self.put_index(index, expected_version=version)
         return state, version, session.version
-
-    def _seal(self, state: RunState) -> dict[str, Any]:
-        data = state.checkpoint_data()
-        if self.codec is None or not (self.codec.compress or self.codec.encrypted):
-            return data
-        text = json.dumps(data, ensure_ascii=False, allow_nan=False)
-        blob = self.codec.encode(text, associated_data=self._aad(state.run_id))
-        # run_id stays readable: loading finds a run's checkpoints by it.
-        return {"run_id": state.run_id, "sealed": base64.b64encode(blob).decode()}
-
-    def _unseal(self, payload: dict[str, Any], run_id: str) -> dict[str, Any]:
-        if "sealed" not in payload:
-            if self.codec is not None and self.codec.encrypted:
-                raise StateTamperedError(
-                    f"checkpoint of run {run_id!r} is not encrypted, but this store seals "
-                    "checkpoints: refusing it (it may have been replaced)"
-                )
-            return payload
-        if self.codec is None:
-            raise InvalidInputError(
-                f"checkpoint of run {run_id!r} is sealed; open the RunStore with its codec"
-            )
-        blob = base64.b64decode(str(payload["sealed"]))
-        return dict(loads(self.codec.decode(blob, associated_data=self._aad(run_id))))
-
-    def _aad(self, run_id: str) -> bytes:
-        # Binds a sealed checkpoint to its tenant and run: it cannot be moved to another.
-        return f"{self.tenant}/{run_id}".encode()
 
     async def request_cancel(self, run_id: str) -> RunIndex:
         """Flag the run for cancellation; a running runner stops before its next step."""
@@ -337,9 +303,6 @@ class RunStore:
 
     async def export(self, run_id: str) -> str:
         """A self-contained JSON snapshot: the checkpoint plus the messages the run sees."""
-        from statekeeper.sessions.manager import SessionManager
-        from statekeeper.sessions.view import build_view
-
         state, _, _ = await self.load(run_id)
         manager = SessionManager(self.store, self.tenant, max_messages=None)
         record = await self.store.get_session(self.tenant, state.session_id)
