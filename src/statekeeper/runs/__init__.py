@@ -13,6 +13,16 @@ from statekeeper.runs.agent import (
     Tool,
     ToolContext,
 )
+from statekeeper.runs.coordination import Coordination
+from statekeeper.runs.guardrails import Guardrails, GuardrailTripped
+from statekeeper.runs.handlers import (
+    MISSING,
+    HandlerContext,
+    HandlerError,
+    InputField,
+    StateHandlerAgent,
+)
+from statekeeper.runs.options import CheckpointOptions, ContextCodec, RunPolicy
 from statekeeper.runs.runner import EventSink, Runner, RunResult
 from statekeeper.runs.state import (
     CURRENT_SCHEMA_VERSION,
@@ -36,10 +46,15 @@ __all__ = [
     "ApprovalDecision",
     "AskInput",
     "Cancel",
+    "CheckpointOptions",
+    "ContextCodec",
+    "Coordination",
     "ErrorDetails",
     "EventSink",
     "Finish",
     "GuardrailResult",
+    "GuardrailTripped",
+    "Guardrails",
     "HandlerContext",
     "HandlerError",
     "Handoff",
@@ -48,6 +63,7 @@ __all__ = [
     "ModelCall",
     "Respond",
     "RunIndex",
+    "RunPolicy",
     "RunResult",
     "RunState",
     "RunStore",

@@ -27,11 +27,10 @@ when the table wants it, like the runner's own cancel).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import replace
-from enum import Enum
-from typing import Any, ClassVar, overload
+from typing import Any, ClassVar
 
 from pydantic import JsonValue
 
@@ -44,18 +43,12 @@ from statekeeper.errors import (
     StatekeeperError,
 )
 from statekeeper.runs.agent import Action, AskInput, Cancel, Finish, Respond, StepInput
+from statekeeper.runs.fields import MISSING, InputField, Missing
 
 __all__ = ["MISSING", "HandlerContext", "HandlerError", "InputField", "StateHandlerAgent"]
 
 S = AgentStatus
 
-
-class _Missing(Enum):
-    MISSING = "MISSING"
-
-
-MISSING = _Missing.MISSING
-"""No default (an `InputField`), or no output given (`HandlerContext.complete`)."""
 
 _CURRENT: ContextVar[HandlerContext | None] = ContextVar("statekeeper_handler", default=None)
 _YES = {"yes", "y", "yeah", "yep", "sure", "ok", "okay", "approve", "confirm", "go ahead"}
@@ -71,66 +64,6 @@ def _current(agent: object, what: str, error: type[Exception] = RuntimeError) ->
     if ctx is None or ctx.agent is not agent:
         raise error(f"{what} is only available while the agent is handling a step")
     return ctx
-
-
-class InputField:
-    """A value collected in WAITING_FOR_INPUT; declare it as a class attribute.
-
-    ``parser`` turns the answer into the stored (JSON) value; ``validator`` checks it:
-    True or None accepts, False or a string (the reason) rejects, as does a ValueError
-    from either. Without a ``default`` a field is required; an optional one takes its
-    default (or None) when the answer is a skip word. During a step ``agent.<field>``
-    reads and writes the collected value (None if missing).
-    """
-
-    def __init__(
-        self,
-        prompt: str,
-        *,
-        required: bool | None = None,
-        validator: Callable[[Any], bool | str | None] | None = None,
-        parser: Callable[[str], JsonValue] | None = None,
-        default: JsonValue | _Missing = MISSING,
-    ) -> None:
-        self.prompt, self.validator, self.parser, self.default = prompt, validator, parser, default
-        self.required = default is MISSING if required is None else required
-        self.name = ""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    @overload
-    def __get__(self, instance: None, owner: type) -> InputField: ...
-    @overload
-    def __get__(self, instance: object, owner: type) -> Any: ...
-    def __get__(self, instance: object, owner: type) -> Any:
-        if instance is None:
-            return self
-        return _current(instance, self.name, AttributeError).fields.get(self.name, self.fallback)
-
-    def __set__(self, instance: object, value: JsonValue) -> None:
-        _current(instance, self.name, AttributeError).fields[self.name] = value
-
-    @property
-    def fallback(self) -> JsonValue:
-        """The value of a skipped or missing field."""
-        return None if isinstance(self.default, _Missing) else self.default
-
-    def validate(self, text: str, skip_words: frozenset[str] = frozenset({"skip"})) -> JsonValue:
-        """The value for answer ``text``; raises ``ValueError`` saying why it is invalid."""
-        answer = text.strip()
-        if not answer or answer.lower() in skip_words:
-            if self.required:
-                raise ValueError("an answer is required")
-            return self.fallback
-        try:
-            value: JsonValue = self.parser(answer) if self.parser else answer
-            verdict = self.validator(value) if self.validator else True
-        except (TypeError, ValueError) as exc:
-            raise ValueError(str(exc) or "not a valid value") from exc
-        if verdict is False or isinstance(verdict, str):
-            raise ValueError(verdict or "not a valid value")
-        return value
 
 
 class HandlerContext:
@@ -206,11 +139,9 @@ class HandlerContext:
         """Say ``text`` (if any) and step again at once."""
         return Respond([Message.assistant(text)] if text else [])
 
-    def complete(
-        self, output: JsonValue | _Missing = MISSING, message: str | None = None
-    ) -> Finish:
+    def complete(self, output: JsonValue | Missing = MISSING, message: str | None = None) -> Finish:
         """Finish the run; the output defaults to the collected fields."""
-        value = dict(self.fields) if isinstance(output, _Missing) else output
+        value = dict(self.fields) if isinstance(output, Missing) else output
         return Finish(value, Message.assistant(message) if message else None)
 
     def cancel(self, reason: str = "cancelled", message: str | None = None) -> Cancel:
@@ -222,7 +153,7 @@ class HandlerContext:
         status: str,
         message: str | None = None,
         *,
-        output: JsonValue | _Missing = MISSING,
+        output: JsonValue | Missing = MISSING,
         fields: Sequence[str] = (),
         wait: bool | None = None,
     ) -> Action:
@@ -290,6 +221,10 @@ class StateHandlerAgent:
             self.requires_approval = requires_approval
         if ask_all_fields is not None:
             self.ask_all_fields = ask_all_fields
+
+    def _step_fields(self, what: str) -> dict[str, JsonValue]:
+        # What an `InputField` reads and writes: the fields of the step being handled.
+        return _current(self, what, AttributeError).fields
 
     @property
     def metadata_key(self) -> str:

@@ -1,0 +1,119 @@
+"""`ApprovalGate`: holds tool calls that need a human decision, and lets them through.
+
+The rules (what counts as approved, fail closed) are in `statekeeper.runs.approvals`;
+this is where the runner applies them. The assistant message that made the calls is
+held in the run state and written only together with every call's result, so the
+transcript never has a call without its result, or a result without its call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from statekeeper.core.lifecycle import AgentStatus
+from statekeeper.core.messages import Message, ToolCallBlock
+from statekeeper.errors import InvalidInputError
+from statekeeper.runs.approvals import record_decision, settle
+from statekeeper.runs.lifecycle import RunLifecycle
+from statekeeper.runs.state import Interruption, RunState
+from statekeeper.runs.store import RunStore
+from statekeeper.runs.tools import ToolBox
+
+__all__ = ["ApprovalGate"]
+
+
+class ApprovalGate:
+    """Approvals of one runner: hold, decide, settle."""
+
+    def __init__(self, runs: RunStore, tools: ToolBox, lifecycle: RunLifecycle) -> None:
+        self.runs = runs
+        self.tools = tools
+        self.lifecycle = lifecycle
+
+    async def hold(
+        self, state: RunState, message: Message, waiting: Sequence[ToolCallBlock]
+    ) -> None:
+        """Stop the run in WAITING_FOR_APPROVAL for ``waiting`` (calls of ``message``).
+
+        Every call of the message becomes an interruption; those not waiting are approved
+        by policy, so they run together with the others once all are decided.
+        """
+        calls = message.tool_calls
+        state.interruptions = [
+            Interruption(
+                call_id=c.id,
+                tool=c.name,
+                arguments=c.arguments,
+                agent=state.agent,
+                message=message.to_dict(),
+                prompt=self.tools.approval_prompt(c.name),
+            )
+            for c in calls
+        ]
+        waiting_ids = {c.id for c in waiting}
+        for call in calls:
+            if call.id not in waiting_ids:
+                record_decision(state, call.id, approved=True, decided_by="policy")
+        self.lifecycle.move(state, AgentStatus.WAITING_FOR_APPROVAL)
+        for call in waiting:
+            await self.lifecycle.publish(
+                state,
+                "tool",
+                "call_start",
+                {"tool": call.name, "call_id": call.id, "awaiting_approval": True},
+            )
+
+    async def settle(self, state: RunState, context: Any) -> list[Message] | None:
+        """Apply the decisions: run the approved calls, turn rejections into results.
+
+        Returns the held message and its results in call order (the run is RUNNING
+        again), or None while some call still has no decision (nothing changes).
+        """
+        settled = settle(state)
+        if settled.pending:
+            return None
+        message = Message.model_validate(state.interruptions[0].message)
+        approved = {c.call_id for c in settled.approved}
+        calls = [c for c in message.tool_calls if c.id in approved]
+        ran = await self.tools.run(state, context, calls)
+        results = {r.tool_results[0].tool_call_id: r for r in ran}
+        for call, reason in settled.rejected:
+            # It did not run: listed in the tool counts, but not counted up.
+            state.tool_use[call.tool] = state.tool_use.get(call.tool, 0)
+            results[call.call_id] = Message.tool_result(
+                call.call_id, f"Tool call rejected: {reason}", is_error=True
+            )
+            await self.lifecycle.publish(
+                state,
+                "tool",
+                "error",
+                {"tool": call.tool, "call_id": call.call_id, "rejected": reason},
+            )
+        handled = {i.call_id for i in state.interruptions}
+        state.interruptions = []
+        state.decisions = [d for d in state.decisions if d.call_id not in handled]
+        self.lifecycle.move(state, AgentStatus.RUNNING)
+        return [message, *(results[c.id] for c in message.tool_calls)]
+
+    async def decide(
+        self,
+        run_id: str,
+        call_id: str,
+        *,
+        approved: bool,
+        always: bool = False,
+        reason: str | None = None,
+        by: str | None = None,
+    ) -> RunState:
+        """Record a decision on a waiting run's call and save it (compare-and-set)."""
+        state, index_version, session_version = await self.runs.load(run_id)
+        if state.status != AgentStatus.WAITING_FOR_APPROVAL:
+            raise InvalidInputError(f"run {run_id} is {state.status}, not waiting for approval")
+        record_decision(
+            state, call_id, approved=approved, always=always, reason=reason, decided_by=by
+        )
+        saved = await self.runs.save(
+            state, index_version=index_version, session_version=session_version
+        )
+        return saved.state

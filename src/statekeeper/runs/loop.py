@@ -1,0 +1,356 @@
+"""`RunLoop`: drives one run, step by step, until it stops; checkpoints every step.
+
+A step: take messages others appended to the session and steering follow-ups as new
+input, ask the agent for an action, apply it (tool calls through the `ToolBox` or the
+`ApprovalGate`, output through the guardrails), then write the step's messages and the
+checkpoint together. Limits are checked before (iterations) and after (budget, tokens)
+each step; a cancel request is seen before each step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from statekeeper.core.lifecycle import AgentStatus
+from statekeeper.core.messages import Message, Role
+from statekeeper.errors import (
+    InvalidInputError,
+    InvalidPayloadError,
+    LimitReachedError,
+    StatekeeperError,
+)
+from statekeeper.runs.agent import (
+    Action,
+    Agent,
+    AskInput,
+    Cancel,
+    Finish,
+    Handoff,
+    Respond,
+    StepInput,
+)
+from statekeeper.runs.coordination import Coordination
+from statekeeper.runs.gate import ApprovalGate
+from statekeeper.runs.guardrails import Guardrails, GuardrailTripped
+from statekeeper.runs.lifecycle import FINISHED, RunLifecycle
+from statekeeper.runs.results import ReadOnlyMessages, RunResult
+from statekeeper.runs.state import ErrorDetails, RunState
+from statekeeper.runs.store import RunStore
+from statekeeper.runs.tools import ToolBox
+from statekeeper.runs.writer import CheckpointWriter
+from statekeeper.sessions.view import message_of
+from statekeeper.stores.base import Store
+
+__all__ = ["ActiveRun", "RunLoop", "find_agent"]
+
+
+@dataclass
+class ActiveRun:
+    """What a driving runner holds besides the state: never persisted as is."""
+
+    state: RunState
+    writer: CheckpointWriter
+    messages: list[Message]
+    """The conversation the agent sees: the session's view plus what the run added."""
+    context: Any
+    new_input: list[Message] = field(default_factory=list)
+    added: list[Message] = field(default_factory=list)
+    """Messages this call of the runner added (`RunResult.new_messages`)."""
+    seen_seq: int = 0
+    """The session's last seq when the run last looked (to spot others' appends)."""
+
+
+def find_agent(agents: Mapping[str, Agent], name: str) -> Agent:
+    """The agent called ``name``; `InvalidInputError` naming the known ones if none."""
+    try:
+        return agents[name]
+    except KeyError:
+        raise InvalidInputError(
+            f"no agent named {name!r}; known: {', '.join(sorted(agents)) or 'none'}"
+        ) from None
+
+
+class RunLoop:
+    """The step loop of one runner's runs (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        tenant: str,
+        runs: RunStore,
+        agents: Mapping[str, Agent],
+        tools: ToolBox,
+        approvals: ApprovalGate,
+        guardrails: Guardrails,
+        lifecycle: RunLifecycle,
+        coordination: Coordination,
+    ) -> None:
+        self.store, self.tenant, self.runs, self.agents = store, tenant, runs, agents
+        self.tools, self.approvals, self.guardrails = tools, approvals, guardrails
+        self.lifecycle, self.coordination = lifecycle, coordination
+        self._cancel: dict[str, asyncio.Event] = {}
+
+    def driving(self, run_id: str) -> bool:
+        """Whether this loop is driving the run right now."""
+        return run_id in self._cancel
+
+    def request_cancel(self, run_id: str) -> None:
+        """Make a run this loop drives stop before its next step."""
+        if run_id in self._cancel:
+            self._cancel[run_id].set()
+
+    async def drive(self, active: ActiveRun) -> RunResult:
+        """Drive the run until it stops, as the only run of its session."""
+        state = active.state
+        return await self.coordination.exclusive(self.tenant, state, lambda: self._run(active))
+
+    async def _run(self, active: ActiveRun) -> RunResult:
+        state = active.state
+        self._cancel[state.run_id] = cancel = asyncio.Event()
+        try:
+            if await self._begin(active):
+                await self._steps(active, cancel)
+            return RunResult(state, active.added)
+        except BaseException as exc:
+            expected = isinstance(exc, LimitReachedError | asyncio.CancelledError)
+            if not expected and state.status not in FINISHED:
+                await self._fail(active, exc)
+            raise
+        finally:
+            self._cancel.pop(state.run_id, None)
+            await self._end(active)
+
+    async def _begin(self, active: ActiveRun) -> bool:
+        """Get a loaded run going: False if it stops before its first step."""
+        state = active.state
+        if state.cancel_requested:
+            await self._cancelled(active)
+            return False
+        if state.status == AgentStatus.WAITING_FOR_APPROVAL:
+            settled = await self.approvals.settle(state, active.context)
+            if settled is None:
+                return False  # some call still has no decision
+            await self._commit(active, settled)
+        elif state.status != AgentStatus.RUNNING:
+            self.lifecycle.move(state, AgentStatus.RUNNING)
+        if active.new_input:
+            await self._take_input(active)
+        return True
+
+    async def _steps(self, active: ActiveRun, cancel: asyncio.Event) -> None:
+        state = active.state
+        while state.status == AgentStatus.RUNNING:
+            if cancel.is_set() or (await self.runs.index(state.run_id))[0].cancel_requested:
+                await self._cancelled(active)
+                return
+            try:
+                state.limits.iterations.step()
+            except LimitReachedError as exc:
+                await self._limit(active, exc)
+                return
+            await self._step(active)
+
+    async def _end(self, active: ActiveRun) -> None:
+        state = active.state
+        await active.writer.flush(state, release=True)
+        if state.status in FINISHED:
+            await self.lifecycle.publish(state, "lifecycle", "end", {"status": state.status})
+            await self.coordination.settle_child(state)
+        else:
+            await self.lifecycle.flush()
+
+    # -- one step ------------------------------------------------------------------------
+
+    async def _step(self, active: ActiveRun) -> None:
+        state = active.state
+        await self._foreign_messages(active)
+        steering = self.coordination.steering(state.session_id)
+        if steering:  # messages that arrived during the run steer it from this step
+            active.new_input = steering
+            await self._take_input(active)
+        action = await self._ask_agent(active)
+        await self._commit(active, await self._apply(active, action))
+        try:
+            for flag in (state.limits.budget, state.limits.tokens):
+                if flag is not None:
+                    flag.check()
+        except LimitReachedError as exc:
+            await self._limit(active, exc)
+
+    async def _ask_agent(self, active: ActiveRun) -> Action:
+        state = active.state
+        state.turn += 1
+        state.trace.spans += 1
+        state.trace.current_span = f"{state.trace.trace_id}.s{state.trace.spans}"
+        agent = find_agent(self.agents, state.agent)
+        step_input = StepInput(
+            state=state.copy_state(),
+            messages=ReadOnlyMessages(active.messages),
+            new_input=tuple(Message.model_validate(m) for m in state.pending_input),
+            context=active.context,
+            tools=self.tools.tools,
+        )
+        state.pending_input = []
+        action = await agent.step(step_input)
+        _account(state, action)
+        if action.call is not None:
+            call = action.call
+            payload = {"text": "", "model": call.model, "cost": call.cost, "agent": state.agent}
+            payload["usage"] = call.usage.model_dump(mode="json")
+            await self.lifecycle.publish(state, "assistant", "complete", payload)
+        return action
+
+    async def _apply(self, active: ActiveRun, action: Action) -> list[Message]:
+        """Carry out ``action``; the messages the step writes."""
+        state = active.state
+        if isinstance(action, Respond):
+            return await self._respond(active, action)
+        if isinstance(action, Finish):
+            self.guardrails.check_output(state, action.output)
+            state.output = action.output
+            self.lifecycle.move(state, AgentStatus.COMPLETED)
+            return [action.message] if action.message else []
+        if isinstance(action, AskInput):
+            self.lifecycle.move(state, AgentStatus.WAITING_FOR_INPUT)
+            return [Message.assistant(action.prompt, metadata={"fields": list(action.fields)})]
+        if isinstance(action, Cancel):
+            self.lifecycle.cancel(state, action.reason)
+            return [action.message] if action.message else []
+        if isinstance(action, Handoff):
+            find_agent(self.agents, action.to)
+            marker = action.message or Message(
+                role=Role.SYSTEM, content=f"[{state.agent} handed the conversation to {action.to}]"
+            )
+            payload = {"status": state.status, "handoff": action.to}
+            await self.lifecycle.publish(state, "lifecycle", "status", payload)
+            state.agent = action.to
+            return [marker]
+        raise InvalidPayloadError(
+            f"agent {state.agent} returned {type(action).__name__}; expected "
+            "Respond, Finish, AskInput, Handoff or Cancel"
+        )
+
+    async def _respond(self, active: ActiveRun, action: Respond) -> list[Message]:
+        state = active.state
+        messages = list(action.messages)
+        with_calls = [i for i, m in enumerate(messages) if m.tool_calls]
+        if not with_calls:
+            return messages
+        if with_calls != [len(messages) - 1]:
+            raise InvalidPayloadError("put tool calls only in the last message of a Respond action")
+        calls = messages[-1].tool_calls
+        waiting = [c for c in calls if self.tools.needs_approval(state, c)]
+        if not waiting:
+            return [*messages, *await self.tools.run(state, active.context, calls)]
+        # The call message is held (not written) until every decision is in.
+        await self.approvals.hold(state, messages[-1], waiting)
+        return messages[:-1]
+
+    # -- writing and stopping ------------------------------------------------------------
+
+    async def _commit(self, active: ActiveRun, messages: list[Message]) -> None:
+        active.messages.extend(messages)
+        active.added.extend(messages)
+        await active.writer.save(active.state, messages)
+        for message in messages:
+            if message.role == Role.ASSISTANT:
+                payload = {"id": message.id, "text": message.text[:2000]}
+                await self.lifecycle.publish(active.state, "assistant", "complete", payload)
+
+    async def _take_input(self, active: ActiveRun) -> None:
+        state = active.state
+        self.guardrails.check_input(state, active.new_input)
+        # Kept in the state until a step has seen it, so a pause in between loses nothing.
+        state.pending_input = [*state.pending_input, *(m.to_dict() for m in active.new_input)]
+        await self._commit(active, list(active.new_input))
+        active.new_input = []
+
+    async def _foreign_messages(self, active: ActiveRun) -> None:
+        """Messages others appended to the session while the run went on steer it.
+
+        This is how a message reaches a run in another process: append it to the
+        session, and the run sees it as new input at its next step.
+        """
+        if active.writer.mode != "step":
+            return  # the writer lags behind: other appends cannot be told from ours
+        record = await self.store.get_session(self.tenant, active.state.session_id)
+        if record.last_seq <= active.seen_seq:
+            return
+        entries = await self.store.read_entries(
+            self.tenant, active.state.session_id, after_seq=active.seen_seq
+        )
+        active.seen_seq = record.last_seq
+        own = active.writer.written
+        foreign = [message_of(e) for e in entries if e.kind == "message" and e.seq not in own]
+        active.writer.written = {seq for seq in own if seq > active.seen_seq}
+        if foreign:
+            active.messages.extend(foreign)
+            active.state.pending_input = [
+                *active.state.pending_input,
+                *(m.to_dict() for m in foreign),
+            ]
+
+    async def _cancelled(self, active: ActiveRun) -> None:
+        self.lifecycle.cancel(active.state, "cancel requested")
+        await active.writer.save(active.state)
+        await self.lifecycle.publish(active.state, "lifecycle", "abort", {"reason": "cancelled"})
+
+    async def _limit(self, active: ActiveRun, exc: LimitReachedError) -> None:
+        """Headless: ERROR and raise (with the state); interactive: PAUSED."""
+        state = active.state
+        if state.headless:
+            state.error = ErrorDetails(
+                type="LimitReachedError",
+                message=str(exc),
+                turn=state.turn,
+                data={"limit": exc.name, "current": exc.current, "maximum": exc.maximum},
+            )
+            self.lifecycle.move(state, AgentStatus.ERROR)
+            await active.writer.save(state)
+            payload = {"message": str(exc), "type": "limit"}
+            await self.lifecycle.publish(state, "error", "error", payload)
+            raise LimitReachedError(exc.name, exc.current, exc.maximum, state=state) from exc
+        self.lifecycle.move(state, AgentStatus.PAUSED)
+        await active.writer.save(state)
+        payload = {"status": state.status, "limit": str(exc)}
+        await self.lifecycle.publish(state, "lifecycle", "status", payload)
+
+    async def _fail(self, active: ActiveRun, exc: BaseException) -> None:
+        """End the run in ERROR with ``exc`` as its error details (best effort)."""
+        state = active.state
+        data: dict[str, Any] = {}
+        if isinstance(exc, GuardrailTripped):
+            data = {"guardrail": exc.result.name, "kind": exc.result.kind}
+            exc.state = state
+        state.error = ErrorDetails(
+            type=type(exc).__name__, message=str(exc)[:2000], turn=state.turn, data=data
+        )
+        try:
+            self.lifecycle.move(state, AgentStatus.ERROR)
+            await active.writer.save(state)
+            payload = {"type": type(exc).__name__, "message": str(exc)[:500], **data}
+            await self.lifecycle.publish(state, "error", "error", payload)
+        except StatekeeperError:
+            pass  # the original error is what the caller needs to see
+
+
+def _account(state: RunState, action: Action) -> None:
+    """Record what the action reports: its model call, metadata and guardrail results."""
+    if action.call is not None:
+        call = action.call
+        state.metrics.add(call.model, cost=call.cost, usage=call.usage, latency=call.latency)
+        if state.limits.budget is not None:
+            state.limits.budget.set_current(state.metrics.accumulated_cost)
+        if state.limits.tokens is not None:
+            state.limits.tokens.set_current(state.metrics.usage.total)
+    if action.metadata:
+        state.metadata = {**state.metadata, **action.metadata}
+    if action.guardrails:
+        state.guardrails = [
+            *state.guardrails,
+            *(g.model_copy(update={"turn": state.turn}) for g in action.guardrails),
+        ]
