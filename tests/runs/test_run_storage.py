@@ -10,7 +10,7 @@ import pytest
 from statekeeper.core.messages import Message, utcnow
 from statekeeper.core.metrics import TokenUsage
 from statekeeper.errors import ConflictError, InvalidPayloadError, NotFoundError
-from statekeeper.runs import AskInput, Finish, ModelCall, Respond, Runner
+from statekeeper.runs import AskInput, CheckpointOptions, Finish, ModelCall, Respond, Runner
 from statekeeper.runs.inspect import RunInspector
 from statekeeper.runs.scripted import ScriptedAgent
 from statekeeper.runs.store import CHECKPOINT_KIND
@@ -33,7 +33,7 @@ async def checkpoints(store: Store, session_id: str) -> int:
 
 @pytest.mark.parametrize("mode", ["step", "background", "exit"])
 async def test_write_modes_all_end_with_the_same_transcript(store: Store, mode: Any) -> None:
-    runner = Runner(store, "alice", [chatty(5)], write_mode=mode)
+    runner = Runner(store, "alice", [chatty(5)], checkpoints=CheckpointOptions(write_mode=mode))
     result = await runner.start("a", "go")
     assert result.status == "completed"
     session = await SessionManager(store, "alice").get(result.state.session_id)

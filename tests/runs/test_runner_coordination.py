@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 from statekeeper.core.messages import Message
-from statekeeper.runs import Finish, Respond, Runner, StepInput
+from statekeeper.runs import Coordination, Finish, Respond, Runner, StepInput
 from statekeeper.runs.scripted import ScriptedAgent
 from statekeeper.runtime import CommandLanes, EventBus, FollowupQueue
 from statekeeper.stores import Store
@@ -31,7 +31,12 @@ async def test_steering_reaches_the_next_step(store: Store) -> None:
             return Finish("done")
 
     followups = FollowupQueue(never_started, mode="steer")
-    runner = Runner(store, "alice", [Waiting()], followups=followups, lanes=CommandLanes())
+    runner = Runner(
+        store,
+        "alice",
+        [Waiting()],
+        coordination=Coordination(followups=followups, lanes=CommandLanes()),
+    )
     task = asyncio.create_task(runner.start("a", "first"))
     await in_step.wait()
     session_id = next(iter(followups.sessions()))
@@ -59,7 +64,7 @@ async def test_runs_of_one_session_never_overlap(store: Store) -> None:
             active -= 1
             return Finish("ok")
 
-    runner = Runner(store, "alice", [Counting()], lanes=lanes)
+    runner = Runner(store, "alice", [Counting()], coordination=Coordination(lanes=lanes))
     first = await runner.start("a", "hi")
     session = first.state.session_id
     results = await asyncio.gather(
@@ -72,7 +77,9 @@ async def test_runs_of_one_session_never_overlap(store: Store) -> None:
 
 async def test_runner_events_reach_a_bus_subscriber(store: Store) -> None:
     bus = EventBus(store, "alice")
-    runner = Runner(store, "alice", [ScriptedAgent("a", [Finish("ok")])], events=bus)
+    runner = Runner(
+        store, "alice", [ScriptedAgent("a", [Finish("ok")])], coordination=Coordination(events=bus)
+    )
     result = await runner.start("a", "hi")
     events = [e async for e in _drain(bus, result.run_id)]
     kinds = [(e.stream, e.kind) for e in events]
@@ -138,7 +145,12 @@ async def test_delegated_runs_are_registered_and_settled(store: Store) -> None:
     registry = SubagentRegistry(
         store, "alice", owner_id="test", kill=lambda run_id: runner.cancel(run_id)
     )
-    runner = Runner(store, "alice", [parent_agent, quick, slow], subagents=registry)
+    runner = Runner(
+        store,
+        "alice",
+        [parent_agent, quick, slow],
+        coordination=Coordination(subagents=registry),
+    )
     parent = await runner.start("parent", "go")
 
     done = await runner.delegate(parent.state, "quick", "sum it up")
@@ -190,7 +202,12 @@ async def test_a_cross_process_session_lock_serialises_runners() -> None:
 
     try:
         runners = [
-            Runner(s, "alice", [Counting()], session_locks=RedisLeases(s))  # type: ignore[arg-type]
+            Runner(
+                s,
+                "alice",
+                [Counting()],
+                coordination=Coordination(session_locks=RedisLeases(s)),  # type: ignore[arg-type]
+            )
             for s in (first_store, second_store)
         ]
         seed = await runners[0].start("a", "hi")

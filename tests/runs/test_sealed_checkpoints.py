@@ -9,7 +9,7 @@ import pytest
 from statekeeper.codec import StateCodec, StateTamperedError
 from statekeeper.core.messages import Message
 from statekeeper.errors import InvalidInputError
-from statekeeper.runs import AskInput, Finish, Runner
+from statekeeper.runs import AskInput, CheckpointOptions, Finish, Runner
 from statekeeper.runs.scripted import ScriptedAgent
 from statekeeper.runs.store import CHECKPOINT_KIND
 from statekeeper.stores import Store
@@ -22,8 +22,8 @@ def agent() -> ScriptedAgent:
 
 
 async def test_sealed_checkpoints_round_trip_and_hide_the_state(store: Store) -> None:
-    codec = StateCodec(compress=True, key=KEY)
-    runner = Runner(store, "alice", [agent()], codec=codec)
+    options = CheckpointOptions(codec=StateCodec(compress=True, key=KEY))
+    runner = Runner(store, "alice", [agent()], checkpoints=options)
     asked = await runner.start("a", "hi", metadata={"secret": "s3cr3t"})
     entries = await store.read_entries("alice", asked.state.session_id)
     sealed = [e.payload for e in entries if e.kind == CHECKPOINT_KIND]
@@ -31,17 +31,18 @@ async def test_sealed_checkpoints_round_trip_and_hide_the_state(store: Store) ->
     assert all(set(p) == {"run_id", "sealed"} for p in sealed)
     assert all("s3cr3t" not in p["sealed"] for p in sealed)
 
-    done = await Runner(store, "alice", [agent()], codec=codec).resume(asked.run_id, "Ada")
+    done = await Runner(store, "alice", [agent()], checkpoints=options).resume(asked.run_id, "Ada")
     assert done.status == "completed"
     with pytest.raises(InvalidInputError, match="codec"):
         await Runner(store, "alice", [agent()]).load(asked.run_id)
+    other_key = CheckpointOptions(codec=StateCodec(key=bytes(32)))
     with pytest.raises(StateTamperedError):
-        await Runner(store, "alice", [agent()], codec=StateCodec(key=bytes(32))).load(asked.run_id)
+        await Runner(store, "alice", [agent()], checkpoints=other_key).load(asked.run_id)
 
 
 async def test_a_tampered_sealed_checkpoint_is_refused(store: Store) -> None:
     codec = StateCodec(key=KEY)
-    runner = Runner(store, "alice", [agent()], codec=codec)
+    runner = Runner(store, "alice", [agent()], checkpoints=CheckpointOptions(codec=codec))
     asked = await runner.start("a", "hi")
     state = await runner.load(asked.run_id)
     # Write a checkpoint whose sealed bytes were flipped, as an attacker with the file would.

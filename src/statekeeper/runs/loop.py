@@ -288,6 +288,9 @@ class RunLoop:
         foreign = [message_of(e) for e in entries if e.kind == "message" and e.seq not in own]
         active.writer.written = {seq for seq in own if seq > active.seen_seq}
         if foreign:
+            # The same input guardrails as for input given to the runner: appending to
+            # the session directly must not be a way around them.
+            self.guardrails.check_input(active.state, foreign)
             active.messages.extend(foreign)
             active.state.pending_input = [
                 *active.state.pending_input,
