@@ -310,7 +310,9 @@ class StateCodec:
         self._check_associated(associated_data)
         data = bytes(blob)
         if not data.startswith(ENVELOPE_MAGIC):
-            return self._decode_plain(data)
+            if self._key_id is not None:
+                raise _stripped()
+            return _utf8(data)
         if len(data) < _PREFIX_SIZE:
             raise StateTamperedError(
                 f"encoded state is truncated: {len(data)} bytes, shorter than the envelope "
@@ -341,11 +343,6 @@ class StateCodec:
         if flags & _FLAG_COMPRESSED:
             body = self._decompress(body)
         return _utf8(body)
-
-    def _decode_plain(self, data: bytes) -> str:
-        if self._key_id is not None:
-            raise _stripped()
-        return _utf8(data)
 
     def _decrypt(self, data: bytes, associated_data: bytes) -> bytes:
         end = _PREFIX_SIZE + 1
