@@ -22,7 +22,7 @@ from statekeeper.cli._common import (
     stamp,
     wants_json,
 )
-from statekeeper.cli._runtime_common import clip, reflow, utc
+from statekeeper.cli._runtime_common import clip, utc
 from statekeeper.errors import NotFoundError
 from statekeeper.ids import validate_id
 from statekeeper.runs.store import RunIndex, RunStore
@@ -181,7 +181,6 @@ def _overview(
 
 
 @events_app.command("tail")
-@reflow
 def tail(
     ctx: typer.Context,
     run_id: Annotated[
