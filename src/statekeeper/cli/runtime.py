@@ -21,6 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from statekeeper.cli._common import (
+    FINISHED_RUNS,
     JsonFlag,
     console,
     fail,
@@ -42,9 +43,6 @@ __all__ = ["CLI_OWNER", "lanes", "subagents_app"]
 
 CLI_OWNER = "statekeeper-cli"
 """The worker id of the CLI's subagent registry (it never registers or owns children)."""
-
-_FINISHED_RUNS = frozenset({"completed", "error", "cancelled"})
-
 
 subagents_app = typer.Typer(
     help="List, kill and steer subagent (delegated child) runs.", no_args_is_help=True
@@ -146,7 +144,7 @@ def kill(ctx: typer.Context, run_id: SubagentRunId) -> None:
         return
     if killed.before is None:
         note = "its run is not in the runs index, so there was nothing to cancel"
-    elif killed.before in _FINISHED_RUNS:
+    elif killed.before in FINISHED_RUNS:
         note = f"its run was already {killed.before}"
     elif killed.after == "cancelled":
         note = f"run cancelled (was {killed.before})"
@@ -177,7 +175,7 @@ def _steer_refusal(run_id: str, status: str) -> str | None:
             f"run {run_id} is waiting for input, not running: give it the text with "
             f"`statekeeper runs resume {run_id} --input TEXT --app ...` instead"
         )
-    if status in _FINISHED_RUNS:
+    if status in FINISHED_RUNS:
         return f"run {run_id} is already {status}: no run reads a steering message any more"
     return None
 
