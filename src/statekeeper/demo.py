@@ -36,9 +36,9 @@ async def summarize(messages: list[Message]) -> str:
 
 
 async def run() -> None:
+    """The whole demo: a conversation's life, then a run that waits for approval."""
     try:
         from rich.console import Console
-        from rich.table import Table
     except ImportError as exc:  # pragma: no cover - the demo is run with the dev extra
         raise MissingExtraError("the demo", "cli") from exc
 
@@ -46,90 +46,105 @@ async def run() -> None:
     store = await open_store(f"sqlite:///{DEMO_DB}")
     try:
         manager = SessionManager(store, "demo-user", agent_id="support-bot", max_messages=10)
-        earlier = [r async for r in manager.iter()]
-        if earlier:
-            console.print(
-                f"[green]Found {len(earlier)} session(s) from earlier runs in {DEMO_DB}: "
-                "the data survived the restart.[/]"
-            )
-        else:
-            console.print(f"First run: creating {DEMO_DB}")
-
-        run_no = len({r.metadata.get("run") for r in earlier}) + 1
-        session = await manager.create(
-            title=f"Order 1042 (demo run {run_no})",
-            metadata={"run": run_no, "channel": "web"},
-            messages=[
-                Message.system("You are a courteous support agent for an online shop."),
-                Message.context("Policy: replacements ship after the carrier confirms loss."),
-            ],
-        )
-        first_id = session.id
-        console.print(f"Created session [bold]{first_id}[/]")
-
+        session = await start_session(manager, console)
         await converse(session, console)
-
-        view = await session.view()
-        console.print(
-            f"Boundary: after {manager.max_messages} messages the conversation moved on to "
-            f"[bold]{session.id}[/] (continuation {session.record.continuation_index}, "
-            f"continued_from={session.record.continued_from}); it carried over "
-            f"{sum(1 for m in view.messages if m.category.name in ('SYSTEM', 'CONTEXT'))} "
-            "system/context messages and a transition marker."
-        )
-
-        result = await session.compact(summarize, keep_last=2)
-        console.print(
-            f"Compacted: {result.replaced} messages became one summary; view tokens "
-            f"{result.tokens_before} -> {result.tokens_after} (freed {result.tokens_freed}). "
-            "The originals are still stored."
-        )
-
-        branch = await session.branch()
-        fork_at = branch[len(branch) // 2].seq
-        fork = await session.fork(at=fork_at, title="What if the customer asked for a refund?")
-        await fork.append(Message.user("Actually, I would rather have a refund."))
-        await fork.append(Message.assistant("Understood: I have started refund F-12 instead."))
-        console.print(
-            f"Forked {session.id} at entry {fork_at} into [bold]{fork.id}[/] without copying "
-            f"history; the fork sees {len(await fork.messages())} messages."
-        )
-
-        window = await session.context_window(budget=120)
-        console.print(
-            f"Context window under 120 tokens: {len(window.messages)} messages, "
-            f"{window.tokens} tokens, {len(window.dropped)} dropped, {len(window.elided)} elided."
-        )
-
-        table = Table(title=f"Sessions of demo-user in {DEMO_DB}")
-        for column in ("id", "title", "msgs", "tokens", "compactions", "links"):
-            table.add_column(column)
-        async for record in manager.iter():
-            links = []
-            if record.continued_from:
-                links.append(f"from {record.continued_from[-6:]}")
-            if record.continued_to:
-                links.append(f"to {record.continued_to[-6:]}")
-            if record.forked_from:
-                links.append(f"fork of {record.forked_from.session_id[-6:]}")
-            table.add_row(
-                record.id,
-                record.title or "",
-                str(record.message_count),
-                str(record.total_tokens),
-                str(record.compaction_count),
-                ", ".join(links),
-            )
-        console.print(table)
-        console.print("Active view of the continued session:")
-        for message in await session.messages():
-            console.print(f"  [cyan]{message.role:>9}[/] {message.text[:90]}")
+        await show_session_features(manager, session, console)
+        await print_sessions(manager, session, console)
     finally:
         await store.close()
     await run_demo_run(console)
 
 
-async def converse(session: Session, console: object) -> None:
+async def start_session(manager: SessionManager, console: Any) -> Session:
+    """Say what earlier runs left on disk, then open this run's conversation."""
+    earlier = [r async for r in manager.iter()]
+    if earlier:
+        console.print(
+            f"[green]Found {len(earlier)} session(s) from earlier runs in {DEMO_DB}: "
+            "the data survived the restart.[/]"
+        )
+    else:
+        console.print(f"First run: creating {DEMO_DB}")
+    # Only the conversations carry a run number (the approval run's session does not).
+    numbers = [n for r in earlier if isinstance(n := r.metadata.get("run"), int)]
+    run_no = max(numbers, default=0) + 1
+    session = await manager.create(
+        title=f"Order 1042 (demo run {run_no})",
+        metadata={"run": run_no, "channel": "web"},
+        messages=[
+            Message.system("You are a courteous support agent for an online shop."),
+            Message.context("Policy: replacements ship after the carrier confirms loss."),
+        ],
+    )
+    console.print(f"Created session [bold]{session.id}[/]")
+    return session
+
+
+async def show_session_features(manager: SessionManager, session: Session, console: Any) -> None:
+    """The boundary the conversation crossed, then compaction, a fork and a context window."""
+    view = await session.view()
+    carried = sum(1 for m in view.messages if m.category.name in ("SYSTEM", "CONTEXT"))
+    console.print(
+        f"Boundary: after {manager.max_messages} messages the conversation moved on to "
+        f"[bold]{session.id}[/] (continuation {session.record.continuation_index}, "
+        f"continued_from={session.record.continued_from}); it carried over "
+        f"{carried} system/context messages and a transition marker."
+    )
+
+    result = await session.compact(summarize, keep_last=2)
+    console.print(
+        f"Compacted: {result.replaced} messages became one summary; view tokens "
+        f"{result.tokens_before} -> {result.tokens_after} (freed {result.tokens_freed}). "
+        "The originals are still stored."
+    )
+
+    branch = await session.branch()
+    fork_at = branch[len(branch) // 2].seq
+    fork = await session.fork(at=fork_at, title="What if the customer asked for a refund?")
+    await fork.append(Message.user("Actually, I would rather have a refund."))
+    await fork.append(Message.assistant("Understood: I have started refund F-12 instead."))
+    console.print(
+        f"Forked {session.id} at entry {fork_at} into [bold]{fork.id}[/] without copying "
+        f"history; the fork sees {len(await fork.messages())} messages."
+    )
+
+    window = await session.context_window(budget=120)
+    console.print(
+        f"Context window under 120 tokens: {len(window.messages)} messages, "
+        f"{window.tokens} tokens, {len(window.dropped)} dropped, {len(window.elided)} elided."
+    )
+
+
+async def print_sessions(manager: SessionManager, session: Session, console: Any) -> None:
+    """Every session of the demo user, then the active view of this run's conversation."""
+    from rich.table import Table
+
+    table = Table(title=f"Sessions of demo-user in {DEMO_DB}")
+    for column in ("id", "title", "msgs", "tokens", "compactions", "links"):
+        table.add_column(column)
+    async for record in manager.iter():
+        links = []
+        if record.continued_from:
+            links.append(f"from {record.continued_from[-6:]}")
+        if record.continued_to:
+            links.append(f"to {record.continued_to[-6:]}")
+        if record.forked_from:
+            links.append(f"fork of {record.forked_from.session_id[-6:]}")
+        table.add_row(
+            record.id,
+            record.title or "",
+            str(record.message_count),
+            str(record.total_tokens),
+            str(record.compaction_count),
+            ", ".join(links),
+        )
+    console.print(table)
+    console.print("Active view of the continued session:")
+    for message in await session.messages():
+        console.print(f"  [cyan]{message.role:>9}[/] {message.text[:90]}")
+
+
+async def converse(session: Session, console: Any) -> None:
     """Play the scripted conversation, with one tool call and its result."""
     for turn, (question, answer) in enumerate(SCRIPT):
         await session.append(Message.user(question))

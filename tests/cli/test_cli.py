@@ -484,6 +484,34 @@ def test_gc_keeps_what_is_newer(cli: Cli) -> None:
     assert len(session_ids(cli)) == 2
 
 
+def test_gc_keeps_an_old_session_a_newer_fork_reads(cli: Cli) -> None:
+    async def old(store: Store) -> None:
+        manager = SessionManager(store, "default")
+        await manager.create(session_id="ses-old", messages=[Message.user("first")])
+        parent = await manager.create(session_id="ses-parent", messages=[Message.user("hi")])
+        await parent.fork(session_id="ses-fork")
+
+    async def new(store: Store) -> None:
+        fork = await SessionManager(store, "default").get("ses-fork")
+        await fork.append(Message.user("still here"))
+
+    cli.api(old)
+    cutoff = datetime.now(UTC).isoformat()
+    cli.api(new)
+
+    data = cli.json("gc", "--before", cutoff)
+    assert data["sessions"] == ["ses-old"]
+    assert data["kept_sessions"] == ["ses-parent"]
+    assert session_ids(cli) == {"ses-parent", "ses-fork"}
+    shown = cli.json("sessions", "show", "ses-fork")
+    assert [m["content"] for m in shown["messages"]] == ["hi", "still here"]
+
+    out = cli("gc", "--before", cutoff, "--dry-run").stdout
+    assert "would delete 0 run(s) and 0 session(s)" in out
+    assert "kept 0 older run(s) and 1 older session(s)" in out
+    assert "ses-parent" in out
+
+
 def test_parse_when() -> None:
     now = datetime(2024, 5, 10, 12, 0, tzinfo=UTC)
     assert parse_when("30d", now=now) == now - timedelta(days=30)
@@ -510,3 +538,54 @@ def test_console_script_runs() -> None:
     assert "sessions" in done.stdout
     assert "runs" in done.stdout
     assert "gc" in done.stdout
+
+
+# -- help and the missing extra --------------------------------------------------------------
+
+
+def all_command_paths() -> list[list[str]]:
+    """The path of every group and command of the app (the root is [])."""
+    paths: list[list[str]] = []
+
+    def walk(command: Any, path: list[str]) -> None:
+        paths.append(path)
+        for name, sub in getattr(command, "commands", {}).items():  # a group's commands
+            walk(sub, [*path, name])
+
+    walk(typer.main.get_command(app), [])
+    return paths
+
+
+def test_help_of_every_command_labels_no_flag_as_taking_a_value() -> None:
+    runner = CliRunner()
+    paths = all_command_paths()
+    assert ["gc"] in paths
+    assert ["runs", "resume"] in paths
+    for path in paths:
+        result = runner.invoke(app, [*path, "--help"])
+        assert result.exit_code == 0, (path, result.output)
+        assert "<bool>" not in result.output, path
+        assert "--help" in result.output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "from statekeeper.cli import main; main()",
+        "import runpy; runpy.run_module('statekeeper.cli', run_name='__main__')",
+    ],
+    ids=["console-script", "python-m"],
+)
+def test_without_the_cli_extra_one_clear_line_and_exit_code_1(entry: str) -> None:
+    # None in sys.modules makes `import typer` fail as if typer were not installed.
+    code = f"import sys; sys.modules['typer'] = None; {entry}"
+    done = subprocess.run(
+        [sys.executable, "-c", code, "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1
+    assert done.stdout == ""
+    assert done.stderr == (
+        "error: the statekeeper command line requires the 'cli' extra. "
+        "Install it with: pip install 'statekeeper[cli]'\n"
+    )

@@ -11,69 +11,39 @@
 ``--store`` defaults to ``$STATEKEEPER_STORE`` or ``sqlite:///.statekeeper/state.db``,
 ``--tenant`` to ``$STATEKEEPER_TENANT`` or ``default``. Expected failures print one red
 ``error: ...`` line and exit with code 1; usage errors exit with code 2.
-Needs the ``cli`` extra (typer and rich).
+Needs the ``cli`` extra (typer and rich); without it the command says so in one line.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+import sys
+from typing import TYPE_CHECKING, Any
 
-try:
-    import typer
-except ImportError as exc:  # pragma: no cover - only without the extra
-    from statekeeper.errors import MissingExtraError
+from statekeeper.errors import MissingExtraError
 
-    raise MissingExtraError("the statekeeper command line", "cli") from exc
-
-from statekeeper.cli import runs, sessions
-from statekeeper.cli._common import DEFAULT_STORE, DEFAULT_TENANT, Settings
-from statekeeper.cli.events import events_app
-from statekeeper.cli.retention import gc
-from statekeeper.cli.runtime import lanes, profiles_app, subagents_app
+if TYPE_CHECKING:
+    from statekeeper.cli._app import app
 
 __all__ = ["app", "main"]
 
-app = typer.Typer(
-    name="statekeeper",
-    help="Inspect and manage statekeeper sessions, runs, events, subagents and profiles.",
-    no_args_is_help=True,
-    pretty_exceptions_show_locals=False,
-)
-app.add_typer(sessions.app, name="sessions")
-app.add_typer(runs.app, name="runs")
-app.command("gc")(gc)
-app.add_typer(events_app, name="events")
-app.add_typer(subagents_app, name="subagents")
-app.command("lanes")(lanes)
-app.add_typer(profiles_app, name="profiles")
 
+def __getattr__(name: str) -> Any:
+    # The app is imported on first use, so that importing this package (and `main`)
+    # works without the ``cli`` extra.
+    if name == "app":
+        from statekeeper.cli._app import app
 
-@app.callback()
-def _options(
-    ctx: typer.Context,
-    store: Annotated[
-        str,
-        typer.Option(
-            "--store",
-            envvar="STATEKEEPER_STORE",
-            metavar="URL",
-            help="Store URL: sqlite:///path.db, memory://, postgresql://... (see open_store).",
-        ),
-    ] = DEFAULT_STORE,
-    tenant: Annotated[
-        str,
-        typer.Option(
-            "--tenant", envvar="STATEKEEPER_TENANT", metavar="ID", help="Tenant (user) id."
-        ),
-    ] = DEFAULT_TENANT,
-    json_output: Annotated[
-        bool, typer.Option("--json", help="Machine-readable JSON output for list/show commands.")
-    ] = False,
-) -> None:
-    """Inspect and manage statekeeper sessions and runs."""
-    ctx.obj = Settings(store=store, tenant=tenant, json=json_output)
+        return app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def main() -> None:
     """Entry point of the ``statekeeper`` console script."""
+    try:
+        from statekeeper.cli._app import app
+    except MissingExtraError as exc:
+        # One line, no traceback: the message says what to install (and rich, which
+        # would colour it, may be the missing part).
+        sys.stderr.write(f"error: {exc}\n")
+        raise SystemExit(1) from None
     app(prog_name="statekeeper")

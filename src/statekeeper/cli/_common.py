@@ -31,6 +31,7 @@ from statekeeper.stores import Store, open_store
 __all__ = [
     "DEFAULT_STORE",
     "DEFAULT_TENANT",
+    "FINISHED_RUNS",
     "JsonFlag",
     "OutputFile",
     "Settings",
@@ -51,6 +52,8 @@ __all__ = [
 
 DEFAULT_STORE = "sqlite:///.statekeeper/state.db"
 DEFAULT_TENANT = "default"
+FINISHED_RUNS = frozenset({"completed", "error", "cancelled"})
+"""Run statuses after which nothing runs again (an ERROR run can still be cancelled)."""
 _PIPE_WIDTH = 200  # output that is not a terminal is not squeezed into 80 columns
 
 T = TypeVar("T")

@@ -1,32 +1,14 @@
-"""Helpers shared by the runtime commands (events, subagents, lanes, profiles)."""
+"""Formatting shared by the runtime commands (events, subagents, lanes, profiles)."""
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, TypeVar
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-__all__ = ["clip", "reflow", "span", "utc"]
-
-
-def reflow(func: F) -> F:
-    """Join the lines of each paragraph of a command's docstring.
-
-    Typer keeps the single line breaks of a help text's later paragraphs, which then
-    wrap raggedly; the source keeps them to stay within the line length.
-    """
-    if func.__doc__:
-        paragraphs = inspect.cleandoc(func.__doc__).split("\n\n")
-        func.__doc__ = "\n\n".join(
-            " ".join(line.strip() for line in paragraph.splitlines()) for paragraph in paragraphs
-        )
-    return func
+__all__ = ["clip", "span", "utc"]
 
 
 def utc(when: datetime) -> datetime:
+    """``when`` in UTC; a naive time is taken to be UTC already."""
     return when.astimezone(UTC) if when.tzinfo is not None else when.replace(tzinfo=UTC)
 
 
@@ -46,7 +28,5 @@ def span(seconds: float) -> str:
 
 
 def clip(text: str, width: int) -> str:
+    """``text`` cut to ``width`` characters, ending in an ellipsis when it was longer."""
     return text if len(text) <= width else text[: width - 1] + "…"
-
-
-# -- events ---------------------------------------------------------------------------------

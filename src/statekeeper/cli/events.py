@@ -6,9 +6,9 @@ import asyncio
 import json
 import sys
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -22,7 +22,7 @@ from statekeeper.cli._common import (
     stamp,
     wants_json,
 )
-from statekeeper.cli._runtime_common import clip, reflow, utc
+from statekeeper.cli._runtime_common import clip, utc
 from statekeeper.errors import NotFoundError
 from statekeeper.ids import validate_id
 from statekeeper.runs.store import RunIndex, RunStore
@@ -36,9 +36,6 @@ _PAGE = 500
 _PAYLOAD_WIDTH = 240
 _HIDDEN_KEYS = ("trace_id",)  # on every runner event; kept in --json output
 _OVERVIEW_RUNS = 10
-
-F = TypeVar("F", bound=Callable[..., Any])
-
 
 events_app = typer.Typer(
     help="Read the event logs of runs (one log per run).", no_args_is_help=True
@@ -143,96 +140,171 @@ def _overview(
     found = run(ctx, work)
     if as_json:
         for item in found:
-            index = item.index
-            line = {
-                "run_id": index.run_id,
-                "status": index.status,
-                "agent": index.agent,
-                "session_id": index.session_id,
-                "updated_at": index.updated_at.isoformat(),
-                "last_seq": item.last_seq,
-                "last_event": None if item.event is None else event_json(item.event),
-            }
-            typer.echo(json.dumps(line, ensure_ascii=False, default=str))
-        return
-    out = console()
-    if not found:
-        out.print("No runs.")
-        return
+            typer.echo(json.dumps(_latest_json(item), ensure_ascii=False, default=str))
+    elif found:
+        out = console()
+        out.print(_overview_table(found))
+        out.print(Text("show one run's events: statekeeper events tail --run ID [--follow]"))
+    else:
+        console().print("No runs.")
+
+
+def _latest_json(item: _Latest) -> dict[str, Any]:
+    index = item.index
+    return {
+        "run_id": index.run_id,
+        "status": index.status,
+        "agent": index.agent,
+        "session_id": index.session_id,
+        "updated_at": index.updated_at.isoformat(),
+        "last_seq": item.last_seq,
+        "last_event": None if item.event is None else event_json(item.event),
+    }
+
+
+def _overview_table(found: list[_Latest]) -> Table:
     table = Table(title=f"Latest event of the {len(found)} most recently updated run(s)")
     for column in ("run", "status", "agent", "updated (UTC)", "events", "latest event"):
         table.add_column(column, justify="right" if column == "events" else "left")
     for item in found:
+        event = item.event
+        latest = f"#{event.seq} {event.stream}/{event.kind} {_payload_text(event)}" if event else ""
         table.add_row(
             Text(item.index.run_id),
             Text(item.index.status),
             Text(item.index.agent),
             stamp(item.index.updated_at),
             str(item.last_seq),
-            Text(
-                f"#{item.event.seq} {item.event.stream}/{item.event.kind} "
-                f"{_payload_text(item.event)}".rstrip()
-                if item.event
-                else ""
-            ),
+            Text(latest.rstrip()),
         )
-    out.print(table)
-    out.print(Text("show one run's events: statekeeper events tail --run ID [--follow]"))
+    return table
+
+
+RunOption = Annotated[
+    str | None,
+    typer.Option(
+        "--run",
+        metavar="ID",
+        help="The run whose events to print. Without it: the latest event of each of "
+        "the most recently updated runs (from the runs index).",
+        show_default=False,
+    ),
+]
+FromOption = Annotated[
+    int, typer.Option("--from", min=0, metavar="SEQ", help="Only events after this seq.")
+]
+StreamOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--stream",
+        metavar="S",
+        help="Only events of this stream (repeat for several): lifecycle, tool, "
+        "assistant, error, compaction or a custom stream.",
+        show_default=False,
+    ),
+]
+FollowOption = Annotated[
+    bool | None,
+    typer.Option(
+        "--follow/--no-follow",
+        "-f",
+        help="Keep polling the log and print new events until the run's lifecycle "
+        "end/abort event (or Ctrl-C, which exits with code 0). Default: on when --run "
+        "is given and stdout is a terminal, off otherwise (pipes, scripts).",
+        show_default=False,
+    ),
+]
+IntervalOption = Annotated[
+    float, typer.Option(min=0.01, help="Seconds between two polls while following.")
+]
+LimitOption = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        metavar="N",
+        help="With --run: only the last N of the events already logged (like tail -n; "
+        "events that arrive while following are all printed). Without --run: this "
+        f"many runs (default {_OVERVIEW_RUNS}).",
+        show_default=False,
+    ),
+]
+
+
+@dataclass
+class _Tail:
+    """One ``events tail --run``: prints the log, then follows it if asked to."""
+
+    run_id: str
+    after: int
+    streams: frozenset[str] | None
+    following: bool
+    interval: float
+    limit: int | None
+    as_json: bool
+    ended: bool = False
+    last: int = 0
+    printed: int = 0
+
+    def _wanted(self, event: Event) -> bool:
+        return self.streams is None or event.stream in self.streams
+
+    async def __call__(self, store: Store, tenant: str) -> int:
+        """Print the events; returns how many were printed."""
+        await _check_run(store, tenant, self.run_id)
+        await self._backlog(store, tenant)
+        if self.following:
+            await self._follow(store, tenant)
+        return self.printed
+
+    async def _backlog(self, store: Store, tenant: str) -> None:
+        """Print the last ``limit`` events after ``after`` that are logged already."""
+        backlog: deque[Event] = deque(maxlen=self.limit)
+        # A follower reads from the start, to know whether the run has already ended.
+        start = 0 if self.following else self.after
+        async for page in _pages(store, tenant, self.run_id, start):
+            for event in page:
+                self.ended = self.ended or _terminal(event)
+                if event.seq > self.after and self._wanted(event):
+                    backlog.append(event)
+            self.last = page[-1].seq
+        for event in backlog:
+            _emit(event, self.as_json)
+        self.printed += len(backlog)
+
+    async def _follow(self, store: Store, tenant: str) -> None:
+        """Poll for new events and print them until the run's lifecycle ends."""
+        self.last = max(self.last, self.after)
+        while not self.ended:
+            await pause(self.interval)
+            async for page in _pages(store, tenant, self.run_id, self.last):
+                for event in page:
+                    self.ended = self.ended or _terminal(event)
+                    if self._wanted(event):
+                        _emit(event, self.as_json)
+                        self.printed += 1
+                self.last = page[-1].seq
+
+
+def _need_run(follow: bool | None, from_seq: int) -> None:
+    """Refuse options that only make sense for one run's log."""
+    for given, name in ((follow, "--follow"), (from_seq, "--from")):
+        if given:
+            raise typer.BadParameter(
+                f"{name} needs --run ID: the store keeps one event log per run "
+                "(find run ids with `statekeeper runs list`)",
+                param_hint=name,
+            )
 
 
 @events_app.command("tail")
-@reflow
 def tail(
     ctx: typer.Context,
-    run_id: Annotated[
-        str | None,
-        typer.Option(
-            "--run",
-            metavar="ID",
-            help="The run whose events to print. Without it: the latest event of each of "
-            "the most recently updated runs (from the runs index).",
-            show_default=False,
-        ),
-    ] = None,
-    from_seq: Annotated[
-        int,
-        typer.Option("--from", min=0, metavar="SEQ", help="Only events after this seq."),
-    ] = 0,
-    streams: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--stream",
-            metavar="S",
-            help="Only events of this stream (repeat for several): lifecycle, tool, "
-            "assistant, error, compaction or a custom stream.",
-            show_default=False,
-        ),
-    ] = None,
-    follow: Annotated[
-        bool | None,
-        typer.Option(
-            "--follow/--no-follow",
-            "-f",
-            help="Keep polling the log and print new events until the run's lifecycle "
-            "end/abort event (or Ctrl-C, which exits with code 0). Default: on when --run "
-            "is given and stdout is a terminal, off otherwise (pipes, scripts).",
-            show_default=False,
-        ),
-    ] = None,
-    interval: Annotated[
-        float, typer.Option(min=0.01, help="Seconds between two polls while following.")
-    ] = 0.5,
-    limit: Annotated[
-        int | None,
-        typer.Option(
-            min=1,
-            metavar="N",
-            help="With --run: only the last N of the events already logged (like tail -n; "
-            "events that arrive while following are all printed). Without --run: this "
-            f"many runs (default {_OVERVIEW_RUNS}).",
-            show_default=False,
-        ),
-    ] = None,
+    run_id: RunOption = None,
+    from_seq: FromOption = 0,
+    streams: StreamOption = None,
+    follow: FollowOption = None,
+    interval: IntervalOption = 0.5,
+    limit: LimitOption = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Print a run's events (seq, UTC time, stream/kind, payload) from its event log.
@@ -245,52 +317,14 @@ def tail(
     as_json = wants_json(ctx, json_output)
     wanted = frozenset(streams) if streams else None
     if run_id is None:
-        for given, name in ((follow, "--follow"), (from_seq, "--from")):
-            if given:
-                raise typer.BadParameter(
-                    f"{name} needs --run ID: the store keeps one event log per run "
-                    "(find run ids with `statekeeper runs list`)",
-                    param_hint=name,
-                )
+        _need_run(follow, from_seq)
         _overview(ctx, wanted, limit or _OVERVIEW_RUNS, as_json)
         return
     following = stdout_is_terminal() if follow is None else follow
-    target = run_id
-
-    async def work(store: Store, tenant: str) -> int:
-        await _check_run(store, tenant, target)
-        ended, last = False, 0
-        backlog: deque[Event] = deque(maxlen=limit)
-        # A follower reads from the start, to know whether the run has already ended.
-        async for page in _pages(store, tenant, target, 0 if following else from_seq):
-            for event in page:
-                ended = ended or _terminal(event)
-                if event.seq > from_seq and (wanted is None or event.stream in wanted):
-                    backlog.append(event)
-            last = page[-1].seq
-        for event in backlog:
-            _emit(event, as_json)
-        printed = len(backlog)
-        if not following:
-            return printed
-        last = max(last, from_seq)
-        while not ended:
-            await pause(interval)
-            async for page in _pages(store, tenant, target, last):
-                for event in page:
-                    ended = ended or _terminal(event)
-                    if wanted is None or event.stream in wanted:
-                        _emit(event, as_json)
-                        printed += 1
-                last = page[-1].seq
-        return printed
-
+    job = _Tail(run_id, from_seq, wanted, following, interval, limit, as_json)
     try:
-        printed = run(ctx, work)
+        printed = run(ctx, job)
     except KeyboardInterrupt:
         raise typer.Exit(0) from None
     if printed == 0 and not as_json and not following:
         console().print(Text(f"No events of run {run_id} after seq {from_seq}."))
-
-
-# -- subagents ------------------------------------------------------------------------------

@@ -1,9 +1,11 @@
-"""``statekeeper gc``: delete runs and sessions older than a date or an age."""
+"""``statekeeper gc``: delete runs and sessions older than a date or an age.
+
+What goes and in which order is `statekeeper.runs.retention.sweep`'s policy; this
+module parses the options and prints the report.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Annotated
 
 import typer
@@ -19,30 +21,25 @@ from statekeeper.cli._common import (
     stamp,
     wants_json,
 )
-from statekeeper.runs.store import RunStore
-from statekeeper.sessions import SessionManager
+from statekeeper.runs.retention import Sweep, sweep
 from statekeeper.stores import Store
 
 __all__ = ["gc"]
 
-
-@dataclass
-class _Doomed:
-    runs: list[tuple[str, datetime, str]] = field(default_factory=list)
-    sessions: list[tuple[str, datetime, str]] = field(default_factory=list)
+Before = Annotated[
+    str,
+    typer.Option(
+        "--before",
+        metavar="DATE_OR_AGE",
+        help="ISO 8601 date/time (UTC unless it has a zone) or an age: 30d, 12h, 1d12h.",
+        show_default=False,
+    ),
+]
 
 
 def gc(
     ctx: typer.Context,
-    before: Annotated[
-        str,
-        typer.Option(
-            "--before",
-            metavar="DATE_OR_AGE",
-            help="ISO 8601 date/time (UTC unless it has a zone) or an age: 30d, 12h, 1d12h.",
-            show_default=False,
-        ),
-    ],
+    before: Before,
     sessions: Annotated[
         bool, typer.Option("--sessions/--no-sessions", help="Delete old sessions.")
     ] = True,
@@ -52,58 +49,59 @@ def gc(
     ] = False,
     json_output: JsonFlag = False,
 ) -> None:
-    """Delete runs (last updated) and sessions (last active) older than --before."""
+    """Delete runs (last updated) and sessions (last active) older than --before.
+
+    Runs go first. A session that a newer run uses, or that a newer fork reads its
+    history from, is kept, and so is a run that a newer child run reports to.
+    """
     try:
         when = parse_when(before)
     except typer.BadParameter as exc:
         exc.param_hint = "'--before'"
         raise
 
-    async def work(store: Store, tenant: str) -> _Doomed:
-        doomed = _Doomed()
-        run_store = RunStore(store, tenant)
-        manager = SessionManager(store, tenant)
-        if runs:
-            old = [r for r in await run_store.list(limit=10**9) if r.updated_at < when]
-            doomed.runs = [(r.run_id, r.updated_at, r.status) for r in old]
-        if sessions:
-            doomed.sessions = [
-                (r.id, r.last_active, r.title or "") async for r in manager.iter(active_before=when)
-            ]
-        if not dry_run:  # runs first: deleting one prunes its checkpoints in its session
-            if runs:
-                deleted = set(await run_store.delete_before(when))
-                doomed.runs = [r for r in doomed.runs if r[0] in deleted]
-            if sessions:
-                gone = set(await manager.delete_before(when))
-                doomed.sessions = [s for s in doomed.sessions if s[0] in gone]
-        return doomed
+    async def work(store: Store, tenant: str) -> Sweep:
+        return await sweep(store, tenant, when, runs=runs, sessions=sessions, dry_run=dry_run)
 
-    doomed = run(ctx, work)
+    report = run(ctx, work)
     if wants_json(ctx, json_output):
         print_json(
             {
                 "before": when.isoformat(),
                 "dry_run": dry_run,
-                "runs": [r[0] for r in doomed.runs],
-                "sessions": [s[0] for s in doomed.sessions],
+                "runs": [r.id for r in report.runs],
+                "sessions": [s.id for s in report.sessions],
+                "kept_runs": [r.id for r in report.kept_runs],
+                "kept_sessions": [s.id for s in report.kept_sessions],
             }
         )
         return
+    _print_sweep(report)
+
+
+def _print_sweep(report: Sweep) -> None:
     out = console()
-    verb = "would delete" if dry_run else "deleted"
-    if dry_run and (doomed.runs or doomed.sessions):
-        table = Table(title=f"Older than {stamp(when)} UTC")
+    cutoff = stamp(report.before)
+    if report.dry_run and (report.runs or report.sessions):
+        table = Table(title=f"Older than {cutoff} UTC")
         for column in ("kind", "id", "last change (UTC)", "status / title"):
             table.add_column(column)
-        for run_id, updated, status in doomed.runs:
-            table.add_row("run", Text(run_id), stamp(updated), Text(status))
-        for session_id, active, title in doomed.sessions:
-            table.add_row("session", Text(session_id), stamp(active), Text(title))
+        for kind, items in (("run", report.runs), ("session", report.sessions)):
+            for item in items:
+                table.add_row(kind, Text(item.id), stamp(item.changed_at), Text(item.label))
         out.print(table)
+    verb = "would delete" if report.dry_run else "deleted"
     out.print(
         Text(
-            f"{verb} {len(doomed.runs)} run(s) and {len(doomed.sessions)} session(s) "
-            f"older than {stamp(when)} UTC"
+            f"{verb} {len(report.runs)} run(s) and {len(report.sessions)} session(s) "
+            f"older than {cutoff} UTC"
         )
     )
+    if report.kept_runs or report.kept_sessions:
+        kept = [item.id for item in (*report.kept_runs, *report.kept_sessions)]
+        out.print(
+            Text(
+                f"kept {len(report.kept_runs)} older run(s) and {len(report.kept_sessions)} "
+                f"older session(s) that newer runs or forks still need: {', '.join(kept)}"
+            )
+        )

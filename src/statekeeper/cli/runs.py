@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from statekeeper.cli._common import (
+    FINISHED_RUNS,
     JsonFlag,
     OutputFile,
     console,
@@ -233,68 +234,71 @@ class _Resumed:
     result: RunResult
 
 
-@app.command("resume")
-def resume(
-    ctx: typer.Context,
-    run_id: RunId,
-    app_spec: Annotated[
-        str,
-        typer.Option(
-            "--app",
-            envvar="STATEKEEPER_APP",
-            callback=_check_app,
-            metavar="MODULE:ATTR",
-            help="A function (store, tenant) -> Runner that knows the agents and tools.",
-            show_default=False,
-        ),
-    ],
-    input_text: Annotated[
-        str | None, typer.Option("--input", help="New user input (a run waiting for input).")
-    ] = None,
-    take_over: Annotated[
-        bool,
-        typer.Option(
-            "--take-over",
-            help="Resume even if another live process holds the run (you know it is gone).",
-        ),
-    ] = False,
-    json_output: JsonFlag = False,
-) -> None:
-    """Resume a stopped run from its last checkpoint with the app's agents and tools."""
-    factory = load_app(app_spec)
+AppSpec = Annotated[
+    str,
+    typer.Option(
+        "--app",
+        envvar="STATEKEEPER_APP",
+        callback=_check_app,
+        metavar="MODULE:ATTR",
+        help="A function (store, tenant) -> Runner that knows the agents and tools.",
+        show_default=False,
+    ),
+]
+InputText = Annotated[
+    str | None, typer.Option("--input", help="New user input (a run waiting for input).")
+]
+TakeOver = Annotated[
+    bool,
+    typer.Option(
+        "--take-over",
+        help="Resume even if another live process holds the run (you know it is gone).",
+    ),
+]
 
-    async def work(store: Store, tenant: str) -> _Resumed:
-        made = factory(store, tenant)
-        runner = await made if inspect.isawaitable(made) else made
-        if not isinstance(runner, Runner):
-            fail(f"--app {app_spec} returned {type(runner).__name__}, not a statekeeper Runner")
-        before = (await runner.load(run_id)).status
-        if before == "waiting_for_input" and not input_text:
-            # Checked here too: the runner takes the run's lease before it checks this.
-            fail(f"run {run_id} is waiting for input; pass --input TEXT to resume it")
-        try:
-            new_input = input_text if input_text is not None else ()
-            result = await runner.resume(run_id, new_input, take_over=take_over)
-        except StatekeeperError:
-            raise
-        except Exception as exc:  # the agent or a tool failed: the run recorded it as ERROR
-            fail(f"run {run_id} failed: {type(exc).__name__}: {exc}")
-        return _Resumed(before, result)
 
-    resumed = run(ctx, work)
+async def _resume(
+    factory: Callable[..., Any],
+    store: Store,
+    tenant: str,
+    *,
+    run_id: str,
+    app_spec: str,
+    input_text: str | None,
+    take_over: bool,
+) -> _Resumed:
+    made = factory(store, tenant)
+    runner = await made if inspect.isawaitable(made) else made
+    if not isinstance(runner, Runner):
+        fail(f"--app {app_spec} returned {type(runner).__name__}, not a statekeeper Runner")
+    before = (await runner.load(run_id)).status
+    if before == "waiting_for_input" and not input_text:
+        # Checked here too: the runner takes the run's lease before it checks this.
+        fail(f"run {run_id} is waiting for input; pass --input TEXT to resume it")
+    try:
+        new_input = input_text if input_text is not None else ()
+        result = await runner.resume(run_id, new_input, take_over=take_over)
+    except StatekeeperError:
+        raise
+    except Exception as exc:  # the agent or a tool failed: the run recorded it as ERROR
+        fail(f"run {run_id} failed: {type(exc).__name__}: {exc}")
+    return _Resumed(before, result)
+
+
+def _resumed_json(resumed: _Resumed) -> dict[str, Any]:
     result = resumed.result
-    if wants_json(ctx, json_output):
-        print_json(
-            {
-                "run_id": result.run_id,
-                "previous_status": resumed.before,
-                "status": result.status,
-                "output": result.output,
-                "new_messages": [m.to_dict() for m in result.new_messages],
-                "interruptions": [i.model_dump(mode="json") for i in result.interruptions],
-            }
-        )
-        return
+    return {
+        "run_id": result.run_id,
+        "previous_status": resumed.before,
+        "status": result.status,
+        "output": result.output,
+        "new_messages": [m.to_dict() for m in result.new_messages],
+        "interruptions": [i.model_dump(mode="json") for i in result.interruptions],
+    }
+
+
+def _print_resumed(resumed: _Resumed) -> None:
+    result = resumed.result
     out = console()
     out.print(Text(f"run {result.run_id}: {resumed.before} -> {result.status}"))
     if result.new_messages:
@@ -311,6 +315,36 @@ def resume(
         )
     if result.output is not None:
         out.print(Text(f"output: {json.dumps(result.output, ensure_ascii=False)}"))
+
+
+@app.command("resume")
+def resume(
+    ctx: typer.Context,
+    run_id: RunId,
+    app_spec: AppSpec,
+    input_text: InputText = None,
+    take_over: TakeOver = False,
+    json_output: JsonFlag = False,
+) -> None:
+    """Resume a stopped run from its last checkpoint with the app's agents and tools."""
+    factory = load_app(app_spec)
+
+    async def work(store: Store, tenant: str) -> _Resumed:
+        return await _resume(
+            factory,
+            store,
+            tenant,
+            run_id=run_id,
+            app_spec=app_spec,
+            input_text=input_text,
+            take_over=take_over,
+        )
+
+    resumed = run(ctx, work)
+    if wants_json(ctx, json_output):
+        print_json(_resumed_json(resumed))
+    else:
+        _print_resumed(resumed)
 
 
 @app.command("cancel")
@@ -331,7 +365,7 @@ def cancel(
     out = console()
     if state.status == "cancelled" and before != "cancelled":
         out.print(Text(f"cancelled run {run_id} (was {before})"))
-    elif before in ("completed", "error", "cancelled"):
+    elif before in FINISHED_RUNS:
         out.print(Text(f"run {run_id} is already {before}; nothing to cancel"))
     else:
         owner = f" by {index.owner}" if index.owner else ""

@@ -1,9 +1,8 @@
-"""``statekeeper subagents|lanes|profiles``: the runtime, as the store records it
-(``events tail`` is in `statekeeper.cli.events`).
+"""``statekeeper subagents|lanes``: the runtime, as the store records it (``events tail``
+is in `statekeeper.cli.events`, ``profiles`` in `statekeeper.cli.profiles`).
 
     subagents         list, kill and steer delegated (child) runs
     lanes             runs that hold a session lane now (from the runs index)
-    profiles          list and reset an agent's auth profiles
 
 Everything here works from another process than the one running the agents: kill
 cancels through the runs index (`Runner.cancel`), steer appends to the child's session
@@ -13,16 +12,16 @@ cancels through the runs index (`Runner.cancel`), steer appends to the child's s
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 from rich.text import Text
 
 from statekeeper.cli._common import (
+    FINISHED_RUNS,
     JsonFlag,
     console,
     fail,
@@ -31,30 +30,19 @@ from statekeeper.cli._common import (
     stamp,
     wants_json,
 )
-from statekeeper.cli._runtime_common import clip, reflow, span
+from statekeeper.cli._runtime_common import clip, span
 from statekeeper.core.messages import Message, utcnow
 from statekeeper.errors import NotFoundError
 from statekeeper.runs.runner import Runner
 from statekeeper.runs.store import RunIndex, RunStore, owner_alive
-from statekeeper.runtime.profiles import AuthProfile, AuthProfiles
 from statekeeper.runtime.subagents import SubagentEntry, SubagentRegistry, SubagentStatus
 from statekeeper.sessions import SessionManager
 from statekeeper.stores import Store
 
-__all__ = [
-    "CLI_OWNER",
-    "lanes",
-    "profiles_app",
-    "subagents_app",
-]
+__all__ = ["CLI_OWNER", "lanes", "subagents_app"]
 
 CLI_OWNER = "statekeeper-cli"
 """The worker id of the CLI's subagent registry (it never registers or owns children)."""
-
-_FINISHED_RUNS = frozenset({"completed", "error", "cancelled"})
-
-F = TypeVar("F", bound=Callable[..., Any])
-
 
 subagents_app = typer.Typer(
     help="List, kill and steer subagent (delegated child) runs.", no_args_is_help=True
@@ -124,7 +112,6 @@ class _Killed:
 
 
 @subagents_app.command("kill")
-@reflow
 def kill(ctx: typer.Context, run_id: SubagentRunId) -> None:
     """Cancel a running child run and mark its entry killed.
 
@@ -157,7 +144,7 @@ def kill(ctx: typer.Context, run_id: SubagentRunId) -> None:
         return
     if killed.before is None:
         note = "its run is not in the runs index, so there was nothing to cancel"
-    elif killed.before in _FINISHED_RUNS:
+    elif killed.before in FINISHED_RUNS:
         note = f"its run was already {killed.before}"
     elif killed.after == "cancelled":
         note = f"run cancelled (was {killed.before})"
@@ -188,13 +175,12 @@ def _steer_refusal(run_id: str, status: str) -> str | None:
             f"run {run_id} is waiting for input, not running: give it the text with "
             f"`statekeeper runs resume {run_id} --input TEXT --app ...` instead"
         )
-    if status in _FINISHED_RUNS:
+    if status in FINISHED_RUNS:
         return f"run {run_id} is already {status}: no run reads a steering message any more"
     return None
 
 
 @subagents_app.command("steer")
-@reflow
 def steer(
     ctx: typer.Context,
     run_id: SubagentRunId,
@@ -253,6 +239,30 @@ class _Held:
     alive: bool
 
 
+@dataclass
+class _Lanes:
+    """The runs index seen as session lanes at one moment."""
+
+    now: datetime
+    held: dict[str, list[_Held]] = field(default_factory=dict)
+    """Lane (``session:<id>``) -> the runs with a live lease on it."""
+    expired: list[RunIndex] = field(default_factory=list)
+    """Runs whose owner let the lease run out without releasing it."""
+
+
+def _lanes_of(runs: list[RunIndex], now: datetime) -> _Lanes:
+    found = _Lanes(now)
+    for index in runs:
+        if index.owner is None:
+            continue
+        if index.lease_until is None or index.lease_until <= now:
+            found.expired.append(index)
+            continue
+        held = _Held(index, owner_alive(index.owner))
+        found.held.setdefault(f"session:{index.session_id}", []).append(held)
+    return found
+
+
 def _held_json(held: _Held, now: datetime) -> dict[str, Any]:
     index = held.index
     assert index.lease_until is not None
@@ -270,7 +280,59 @@ def _held_json(held: _Held, now: datetime) -> dict[str, Any]:
     }
 
 
-@reflow
+def _lanes_json(found: _Lanes) -> dict[str, Any]:
+    return {
+        "lanes": [
+            {"lane": lane, "runs": [_held_json(h, found.now) for h in items]}
+            for lane, items in sorted(found.held.items())
+        ],
+        "expired_leases": [
+            {
+                "run_id": index.run_id,
+                "lane": f"session:{index.session_id}",
+                "status": index.status,
+                "owner": index.owner,
+                "lease_until": index.lease_until.isoformat() if index.lease_until else None,
+            }
+            for index in found.expired
+        ],
+    }
+
+
+def _held_notes(held: _Held, first: bool, holders: int) -> str:
+    notes = []
+    if not held.alive:
+        notes.append("owner process is gone")
+    if held.index.cancel_requested:
+        notes.append("cancel requested")
+    if holders > 1 and first:
+        notes.append(f"{holders} runs hold this lane")
+    return ", ".join(notes)
+
+
+def _lanes_table(found: _Lanes) -> Table:
+    now = found.now
+    table = Table(title=f"Held session lanes ({len(found.held)})")
+    columns = ("lane", "run", "status", "agent", "owner", "lease left")
+    for column in (*columns, "last checkpoint", "notes"):
+        table.add_column(column)
+    for lane, items in sorted(found.held.items()):
+        for i, held in enumerate(items):
+            index = held.index
+            assert index.lease_until is not None
+            table.add_row(
+                Text(lane if i == 0 else ""),
+                Text(index.run_id),
+                Text(index.status),
+                Text(index.agent),
+                Text(index.owner or ""),
+                span((index.lease_until - now).total_seconds()),
+                f"{span((now - index.updated_at).total_seconds())} ago",
+                Text(_held_notes(held, i == 0, len(items))),
+            )
+    return table
+
+
 def lanes(ctx: typer.Context, json_output: JsonFlag = False) -> None:
     """Session lanes held now, as the store sees them: runs with a live lease, by session.
 
@@ -285,179 +347,23 @@ def lanes(ctx: typer.Context, json_output: JsonFlag = False) -> None:
     async def work(store: Store, tenant: str) -> list[RunIndex]:
         return await RunStore(store, tenant).list(limit=sys.maxsize)
 
-    runs = run(ctx, work)
-    now = utcnow()
-    groups: dict[str, list[_Held]] = {}
-    expired: list[RunIndex] = []
-    for index in runs:
-        if index.owner is None:
-            continue
-        if index.lease_until is None or index.lease_until <= now:
-            expired.append(index)
-            continue
-        held = _Held(index, owner_alive(index.owner))
-        groups.setdefault(f"session:{index.session_id}", []).append(held)
+    found = _lanes_of(run(ctx, work), utcnow())
     if wants_json(ctx, json_output):
-        print_json(
-            {
-                "lanes": [
-                    {"lane": lane, "runs": [_held_json(h, now) for h in items]}
-                    for lane, items in sorted(groups.items())
-                ],
-                "expired_leases": [
-                    {
-                        "run_id": index.run_id,
-                        "lane": f"session:{index.session_id}",
-                        "status": index.status,
-                        "owner": index.owner,
-                        "lease_until": index.lease_until.isoformat() if index.lease_until else None,
-                    }
-                    for index in expired
-                ],
-            }
-        )
+        print_json(_lanes_json(found))
         return
     out = console()
-    if not groups:
-        out.print("No session lane is held: no run has a live lease.")
+    if found.held:
+        out.print(_lanes_table(found))
     else:
-        table = Table(title=f"Held session lanes ({len(groups)})")
-        columns = ("lane", "run", "status", "agent", "owner", "lease left")
-        for column in (*columns, "last checkpoint", "notes"):
-            table.add_column(column)
-        for lane, items in sorted(groups.items()):
-            for i, held in enumerate(items):
-                index = held.index
-                assert index.lease_until is not None
-                notes = []
-                if not held.alive:
-                    notes.append("owner process is gone")
-                if index.cancel_requested:
-                    notes.append("cancel requested")
-                if len(items) > 1 and i == 0:
-                    notes.append(f"{len(items)} runs hold this lane")
-                table.add_row(
-                    Text(lane if i == 0 else ""),
-                    Text(index.run_id),
-                    Text(index.status),
-                    Text(index.agent),
-                    Text(index.owner or ""),
-                    span((index.lease_until - now).total_seconds()),
-                    f"{span((now - index.updated_at).total_seconds())} ago",
-                    Text(", ".join(notes)),
-                )
-        out.print(table)
-    if expired:
-        ids = ", ".join(index.run_id for index in expired)
-        out.print(
-            Text(f"{len(expired)} run(s) have an expired lease (not released by its owner): {ids}")
-        )
+        out.print("No session lane is held: no run has a live lease.")
+    if found.expired:
+        ids = ", ".join(index.run_id for index in found.expired)
+        count = len(found.expired)
+        out.print(Text(f"{count} run(s) have an expired lease (not released by its owner): {ids}"))
     out.print(
         Text(
             "in-process lane statistics (queued, running, waits): CommandLanes.stats() "
             "in the process that runs the agents",
             style="dim",
-        )
-    )
-
-
-# -- auth profiles --------------------------------------------------------------------------
-
-profiles_app = typer.Typer(
-    help="List and reset an agent's auth profiles (API key rotation).", no_args_is_help=True
-)
-
-AgentOption = Annotated[
-    str, typer.Option("--agent", metavar="AGENT", help="The agent id.", show_default=False)
-]
-
-
-def mask_secret(ref: str) -> str:
-    """A secret reference with only its scheme left: ``env:OPENAI_KEY`` -> ``env:…``."""
-    scheme, sep, _ = ref.partition(":")
-    return f"{scheme}:…" if sep else "…"
-
-
-def _profile_json(profile: AuthProfile, now: datetime) -> dict[str, Any]:
-    data = profile.model_dump(mode="json", exclude={"secret_ref"})
-    return {**data, "secret_ref": mask_secret(profile.secret_ref), "cooling": profile.cooling(now)}
-
-
-def _cooldown(profile: AuthProfile, now: datetime) -> str:
-    until = profile.cooldown_until
-    if until is None:
-        return ""
-    if profile.cooling(now):
-        return f"{stamp(until)} (in {span((until - now).total_seconds())})"
-    return f"{stamp(until)} (over)"
-
-
-@profiles_app.command("list")
-@reflow
-def list_profiles(ctx: typer.Context, agent: AgentOption, json_output: JsonFlag = False) -> None:
-    """List an agent's auth profiles: use, cooldown and failures (secrets show only their
-    scheme, e.g. env:…)."""
-
-    async def work(store: Store, tenant: str) -> list[AuthProfile]:
-        return await AuthProfiles(store, tenant, agent).list()
-
-    profiles = run(ctx, work)
-    now = utcnow()
-    if wants_json(ctx, json_output):
-        print_json({"agent": agent, "items": [_profile_json(p, now) for p in profiles]})
-        return
-    out = console()
-    if not profiles:
-        out.print(Text(f"Agent {agent} has no auth profiles."))
-        return
-    table = Table(title=f"Auth profiles of agent {agent}")
-    columns = ("id", "label", "secret", "uses", "last used (UTC)", "cooldown until (UTC)")
-    for column in (*columns, "failures", "reason"):
-        table.add_column(column, justify="right" if column in ("uses", "failures") else "left")
-    for profile in profiles:
-        table.add_row(
-            Text(profile.id),
-            Text(profile.label),
-            Text(mask_secret(profile.secret_ref)),
-            str(profile.usage_count),
-            stamp(profile.last_used),
-            _cooldown(profile, now),
-            str(profile.failure_count),
-            Text(profile.failure_reason or "", overflow="fold"),
-        )
-    out.print(table)
-
-
-@profiles_app.command("reset")
-def reset_profiles(
-    ctx: typer.Context,
-    agent: AgentOption,
-    profile_id: Annotated[
-        str | None,
-        typer.Argument(help="The profile to reset (default: every profile of the agent)."),
-    ] = None,
-) -> None:
-    """Clear cooldowns and failure streaks of an agent's profiles (one, or all)."""
-
-    async def work(store: Store, tenant: str) -> list[AuthProfile]:
-        profiles = AuthProfiles(store, tenant, agent)
-        if profile_id is not None:
-            before = [await profiles.get(profile_id)]
-        else:
-            before = await profiles.list()
-            if not before:  # reset() would store an empty record for an unknown agent
-                fail(f"agent {agent!r} has no auth profiles")
-        await profiles.reset(profile_id)
-        return before
-
-    before = run(ctx, work)
-    now = utcnow()
-    cooling = sum(1 for p in before if p.cooling(now))
-    failures = sum(p.failure_count for p in before)
-    what = f"profile {profile_id}" if profile_id is not None else f"{len(before)} profile(s)"
-    console().print(
-        Text(
-            f"reset {what} of agent {agent}: cleared {cooling} cooldown(s) "
-            f"and {failures} failure(s) in a row"
         )
     )

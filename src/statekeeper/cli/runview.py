@@ -108,58 +108,9 @@ def print_run(view: RunView) -> None:
 
 def _print_state(state: RunState) -> None:
     out = console()
-    if state.interruptions:
-        table = Table(title="Pending approvals")
-        for column in ("call id", "tool", "arguments", "prompt", "decision"):
-            table.add_column(column, overflow="fold")
-        for item in state.interruptions:
-            table.add_row(
-                Text(item.call_id),
-                Text(item.tool),
-                Text(item.arguments),
-                Text(item.prompt or ""),
-                Text(_decision_of(state, item.call_id)),
-            )
-        out.print(table)
-    if state.tool_use:
-        table = Table(title="Tool calls")
-        table.add_column("tool")
-        table.add_column("calls", justify="right")
-        for tool, count in sorted(state.tool_use.items()):
-            table.add_row(Text(tool), str(count))
-        out.print(table)
-    if state.metrics.models:
-        table = Table(title="Cost and tokens per model")
-        for column in ("model", "calls", "input", "output", "total tokens", "cost"):
-            table.add_column(column, justify="left" if column == "model" else "right")
-        for name, usage in sorted(state.metrics.models.items()):
-            table.add_row(
-                Text(name),
-                str(usage.calls),
-                str(usage.usage.input_tokens),
-                str(usage.usage.output_tokens),
-                str(usage.usage.total),
-                f"{usage.cost:.6f}",
-            )
-        total = state.metrics.usage
-        table.add_row(
-            "total",
-            str(state.metrics.calls),
-            str(total.input_tokens),
-            str(total.output_tokens),
-            str(total.total),
-            f"{state.metrics.accumulated_cost:.6f}",
-            style="bold",
-        )
-        out.print(table)
-    triggered = [g for g in state.guardrails if g.triggered]
-    if triggered:
-        table = Table(title="Triggered guardrails")
-        for column in ("name", "kind", "turn", "info"):
-            table.add_column(column, overflow="fold")
-        for g in triggered:
-            table.add_row(Text(g.name), g.kind, str(g.turn), Text(json.dumps(g.info)))
-        out.print(table)
+    for table in (_approvals(state), _tool_calls(state), _usage(state), _guardrails(state)):
+        if table is not None:
+            out.print(table)
     if state.error is not None:
         error = state.error
         rows: list[tuple[str, object]] = [
@@ -170,3 +121,72 @@ def _print_state(state: RunState) -> None:
             ("data", json.dumps(error.data) if error.data else None),
         ]
         out.print(fields_table(rows, title="Error"), style="red")
+
+
+def _approvals(state: RunState) -> Table | None:
+    if not state.interruptions:
+        return None
+    table = Table(title="Pending approvals")
+    for column in ("call id", "tool", "arguments", "prompt", "decision"):
+        table.add_column(column, overflow="fold")
+    for item in state.interruptions:
+        table.add_row(
+            Text(item.call_id),
+            Text(item.tool),
+            Text(item.arguments),
+            Text(item.prompt or ""),
+            Text(_decision_of(state, item.call_id)),
+        )
+    return table
+
+
+def _tool_calls(state: RunState) -> Table | None:
+    if not state.tool_use:
+        return None
+    table = Table(title="Tool calls")
+    table.add_column("tool")
+    table.add_column("calls", justify="right")
+    for tool, count in sorted(state.tool_use.items()):
+        table.add_row(Text(tool), str(count))
+    return table
+
+
+def _usage(state: RunState) -> Table | None:
+    metrics = state.metrics
+    if not metrics.models:
+        return None
+    table = Table(title="Cost and tokens per model")
+    for column in ("model", "calls", "input", "output", "total tokens", "cost"):
+        table.add_column(column, justify="left" if column == "model" else "right")
+    for name, usage in sorted(metrics.models.items()):
+        table.add_row(
+            Text(name),
+            str(usage.calls),
+            str(usage.usage.input_tokens),
+            str(usage.usage.output_tokens),
+            str(usage.usage.total),
+            f"{usage.cost:.6f}",
+        )
+    total = metrics.usage
+    table.add_row(
+        "total",
+        str(metrics.calls),
+        str(total.input_tokens),
+        str(total.output_tokens),
+        str(total.total),
+        f"{metrics.accumulated_cost:.6f}",
+        style="bold",
+    )
+    return table
+
+
+def _guardrails(state: RunState) -> Table | None:
+    triggered = [g for g in state.guardrails if g.triggered]
+    if not triggered:
+        return None
+    table = Table(title="Triggered guardrails")
+    for column in ("name", "kind", "turn", "info"):
+        table.add_column(column, overflow="fold")
+    for g in triggered:
+        table.add_row(Text(g.name), g.kind, str(g.turn), Text(json.dumps(g.info)))
+    return table

@@ -132,6 +132,94 @@ def _entry_summary(entry: Entry) -> Text:
     return Text(text if len(text) <= 160 else text[:159] + "…")
 
 
+def _shown_json(shown: _Shown) -> dict[str, Any]:
+    record, view = shown.record, shown.view
+    active = {e.id for e in view.branch}
+    data: dict[str, Any] = {
+        "session": record.model_dump(mode="json"),
+        "messages": [
+            {"seq": s, **m.to_dict()} for s, m in zip(view.seqs, view.messages, strict=True)
+        ],
+        "corrupt": [{"seq": e.seq, "id": e.id, **e.payload} for e in view.corrupt],
+    }
+    if shown.entries is not None:
+        data["entries"] = [
+            {
+                "seq": e.seq,
+                "id": e.id,
+                "parent_seq": e.parent_seq,
+                "kind": e.kind,
+                "created_at": e.created_at.isoformat(),
+                "active": e.id in active,
+                "payload": e.payload,
+            }
+            for e in shown.entries
+        ]
+    return data
+
+
+def _record_rows(record: SessionRecord) -> list[tuple[str, object]]:
+    delivery = record.delivery
+    metadata = json.dumps(record.metadata, ensure_ascii=False) if record.metadata else None
+    return [
+        ("id", record.id),
+        ("title", record.title),
+        ("agent", record.agent_id),
+        ("created", stamp(record.created_at) + " UTC"),
+        ("last active", stamp(record.last_active) + " UTC"),
+        ("messages", record.message_count),
+        ("tokens", f"{record.total_tokens} total, {record.fresh_tokens} in the active view"),
+        ("compactions", record.compaction_count or None),
+        ("model override", record.model_override),
+        ("thinking level", record.thinking_level),
+        ("delivery", delivery.model_dump_json(exclude_defaults=True) if delivery else None),
+        ("links", _links(record)),
+        ("continuation", record.continuation_index or None),
+        ("head", f"entry {record.head_seq} of {record.last_seq}"),
+        ("version", record.version),
+        ("metadata", metadata),
+        ("state keys", ", ".join(sorted(record.state))),
+    ]
+
+
+def _entries_table(entries: list[Entry], active: set[str]) -> Table:
+    table = Table(title=f"All entries ({len(entries)}); * = on the active branch")
+    for column in ("seq", "parent", "kind", "id", "created (UTC)", ""):
+        table.add_column(column, justify="right" if column in ("seq", "parent") else "left")
+    table.add_column("summary", overflow="fold")
+    for entry in entries:
+        table.add_row(
+            str(entry.seq),
+            "" if entry.parent_seq is None else str(entry.parent_seq),
+            Text(entry.kind),
+            Text(entry.id),
+            stamp(entry.created_at),
+            "*" if entry.id in active else "",
+            _entry_summary(entry),
+        )
+    return table
+
+
+def _print_shown(shown: _Shown) -> None:
+    record, view = shown.record, shown.view
+    out = console()
+    out.print(fields_table(_record_rows(record), title=f"Session {record.id}"))
+    table = Table(title=f"Active view: {len(view.messages)} messages")
+    table.add_column("seq", justify="right")
+    table.add_column("role")
+    table.add_column("content", overflow="fold")
+    for seq, message in zip(view.seqs, view.messages, strict=True):
+        table.add_row(str(seq), str(message.role), message_text(message))
+    out.print(table)
+    for entry in view.corrupt:
+        out.print(
+            Text(f"entry {entry.seq} ({entry.id}) is unreadable: {entry.payload.get('error')}"),
+            style="red",
+        )
+    if shown.entries is not None:
+        out.print(_entries_table(shown.entries, {e.id for e in view.branch}))
+
+
 @app.command("show")
 def show(
     ctx: typer.Context,
@@ -152,82 +240,10 @@ def show(
         return _Shown(session.record, view, await session.entries() if entries else None)
 
     shown = run(ctx, work)
-    record, view = shown.record, shown.view
-    active = {e.id for e in view.branch}
     if wants_json(ctx, json_output):
-        data: dict[str, Any] = {
-            "session": record.model_dump(mode="json"),
-            "messages": [
-                {"seq": s, **m.to_dict()} for s, m in zip(view.seqs, view.messages, strict=True)
-            ],
-            "corrupt": [{"seq": e.seq, "id": e.id, **e.payload} for e in view.corrupt],
-        }
-        if shown.entries is not None:
-            data["entries"] = [
-                {
-                    "seq": e.seq,
-                    "id": e.id,
-                    "parent_seq": e.parent_seq,
-                    "kind": e.kind,
-                    "created_at": e.created_at.isoformat(),
-                    "active": e.id in active,
-                    "payload": e.payload,
-                }
-                for e in shown.entries
-            ]
-        print_json(data)
-        return
-
-    out = console()
-    delivery = record.delivery
-    rows: list[tuple[str, object]] = [
-        ("id", record.id),
-        ("title", record.title),
-        ("agent", record.agent_id),
-        ("created", stamp(record.created_at) + " UTC"),
-        ("last active", stamp(record.last_active) + " UTC"),
-        ("messages", record.message_count),
-        ("tokens", f"{record.total_tokens} total, {record.fresh_tokens} in the active view"),
-        ("compactions", record.compaction_count or None),
-        ("model override", record.model_override),
-        ("thinking level", record.thinking_level),
-        ("delivery", delivery.model_dump_json(exclude_defaults=True) if delivery else None),
-        ("links", _links(record)),
-        ("continuation", record.continuation_index or None),
-        ("head", f"entry {record.head_seq} of {record.last_seq}"),
-        ("version", record.version),
-        ("metadata", json.dumps(record.metadata, ensure_ascii=False) if record.metadata else None),
-        ("state keys", ", ".join(sorted(record.state))),
-    ]
-    out.print(fields_table(rows, title=f"Session {record.id}"))
-    table = Table(title=f"Active view: {len(view.messages)} messages")
-    table.add_column("seq", justify="right")
-    table.add_column("role")
-    table.add_column("content", overflow="fold")
-    for seq, message in zip(view.seqs, view.messages, strict=True):
-        table.add_row(str(seq), str(message.role), message_text(message))
-    out.print(table)
-    for entry in view.corrupt:
-        out.print(
-            Text(f"entry {entry.seq} ({entry.id}) is unreadable: {entry.payload.get('error')}"),
-            style="red",
-        )
-    if shown.entries is not None:
-        listing = Table(title=f"All entries ({len(shown.entries)}); * = on the active branch")
-        for column in ("seq", "parent", "kind", "id", "created (UTC)", ""):
-            listing.add_column(column, justify="right" if column in ("seq", "parent") else "left")
-        listing.add_column("summary", overflow="fold")
-        for entry in shown.entries:
-            listing.add_row(
-                str(entry.seq),
-                "" if entry.parent_seq is None else str(entry.parent_seq),
-                Text(entry.kind),
-                Text(entry.id),
-                stamp(entry.created_at),
-                "*" if entry.id in active else "",
-                _entry_summary(entry),
-            )
-        out.print(listing)
+        print_json(_shown_json(shown))
+    else:
+        _print_shown(shown)
 
 
 @app.command("fork")
