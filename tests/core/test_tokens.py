@@ -226,3 +226,10 @@ def test_the_fast_piece_count_is_the_full_count(text: str) -> None:
 
     if t._HAS_DENSE.search(text) is None:
         assert t._SIMPLE_PIECES.subn("", text)[1] == sum(1 for _ in t._PIECE.finditer(text))
+
+
+@given(st.text(alphabet=st.characters(max_codepoint=127), max_size=300))
+def test_the_ascii_piece_count_is_the_full_count(text: str) -> None:
+    from statekeeper.core import tokens as t
+
+    assert t._ascii_pieces(text.encode("ascii")) == sum(1 for _ in t._PIECE.finditer(text))

@@ -31,6 +31,7 @@ __all__ = [
     "TextBlock",
     "ToolCallBlock",
     "ToolResultBlock",
+    "default_category",
     "utcnow",
 ]
 
@@ -163,6 +164,11 @@ _DEFAULT_CATEGORY = {
     Role.ASSISTANT: MessageCategory.DIALOG,
     Role.TOOL: MessageCategory.SYSTEM_OUTPUT,
 }
+
+
+def default_category(role: Role | str) -> MessageCategory:
+    """The category a message of ``role`` gets when none is given."""
+    return _DEFAULT_CATEGORY.get(Role(role), MessageCategory.DIALOG)
 
 
 class Message(BaseModel):

@@ -69,6 +69,30 @@ _HAS_DENSE = re.compile(rf"[{_DENSE}]")
 _SIMPLE_PIECES = re.compile(r"\w+|[^\w\s]+")
 
 
+def _ascii_tables() -> tuple[bytes, bytes]:
+    words, marks = bytearray(b" " * 256), bytearray(b" " * 256)
+    for code in range(128):
+        char = chr(code)
+        if re.fullmatch(r"\w", char):
+            words[code] = ord("w")
+        elif not char.isspace():  # the same whitespace as the pattern's \s (\x1c-\x1f too)
+            marks[code] = ord("p")
+    return bytes(words), bytes(marks)
+
+
+_WORDS, _MARKS = _ascii_tables()
+
+
+def _ascii_pieces(data: bytes) -> int:
+    """`_SIMPLE_PIECES`'s count for ASCII text: each run of ``w`` or of ``p`` is a piece.
+
+    Two byte translations and two substring counts, all in C: about a tenth of the regex.
+    """
+    return (b" " + data.translate(_WORDS)).count(b" w") + (b" " + data.translate(_MARKS)).count(
+        b" p"
+    )
+
+
 def _count_message(
     message: Message, count_text: Callable[[str], int], per_message: int, image_tokens: int
 ) -> int:
@@ -132,6 +156,9 @@ class EstimateCounter:
         """Estimated tokens in ``text`` (0 for the empty string)."""
         if not text:
             return 0
+        if text.isascii():
+            data = text.encode("ascii")
+            return max(math.ceil(len(data) / self.bytes_per_token), _ascii_pieces(data))
         by_bytes = math.ceil(len(text.encode("utf-8")) / self.bytes_per_token)
         if _HAS_DENSE.search(text) is None:
             # Without kana / CJK / hangul the lookahead of _PIECE never applies: the same

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
-from statekeeper.core.messages import Message, MessageCategory
+from statekeeper.core.messages import Message, MessageCategory, default_category
 from statekeeper.errors import StoreCorruptError
 from statekeeper.jsoncodec import gc_paused
 from statekeeper.stores.base import Entry, EntryDraft, EntryKind, SessionPatch
@@ -58,9 +58,18 @@ def message_draft(message: Message) -> EntryDraft:
     """The transcript entry that stores ``message``.
 
     The entry's own id and timestamp are the message's, so the payload leaves them out
-    (they would be stored twice: about 15% of a typical message's bytes).
+    (they would be stored twice: about 15% of a typical message's bytes), and so it does
+    fields at their defaults, and a category that is the role's default.
     """
     payload = message.model_dump(mode="json", exclude={"id", "created_at"})
+    # Only top-level defaults: nested ones (a block's "type") are needed to read it back.
+    for key in ("name", "tokens"):
+        if payload[key] is None:
+            del payload[key]
+    if not payload["metadata"]:
+        del payload["metadata"]
+    if payload["category"] == default_category(message.role):
+        del payload["category"]  # reading derives it from the role again
     return EntryDraft(id=message.id, payload=payload, created_at=message.created_at)
 
 

@@ -12,7 +12,6 @@ idempotently.
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
@@ -30,14 +29,6 @@ class Worker:
     def __init__(self, name: str) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self._closed = False
-        self._thread_ids: set[int] = set()
-
-    def on_worker_thread(self) -> bool:
-        """True when called from the worker thread itself."""
-        return threading.get_ident() in self._thread_ids
-
-    def _mark(self) -> None:
-        self._thread_ids.add(threading.get_ident())
 
     async def run(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the worker thread and return its result (or raise its error)."""
@@ -45,11 +36,7 @@ class Worker:
             raise StoreUnavailableError("the store is closed; open a new one")
         loop = asyncio.get_running_loop()
 
-        def call() -> T:
-            self._mark()
-            return fn()
-
-        future = loop.run_in_executor(self._executor, call)
+        future = loop.run_in_executor(self._executor, fn)
         try:
             return await asyncio.shield(future)
         except asyncio.CancelledError:
@@ -65,22 +52,14 @@ class Worker:
         if self._closed:
             raise StoreUnavailableError("the store is closed; open a new one")
 
-        def call() -> T:
-            self._mark()
-            return fn()
-
-        return self._executor.submit(call)
+        return self._executor.submit(fn)
 
     def run_blocking(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the worker thread and wait for it (for use outside an event loop)."""
         if self._closed:
             raise StoreUnavailableError("the store is closed; open a new one")
 
-        def call() -> T:
-            self._mark()
-            return fn()
-
-        return self._executor.submit(call).result()
+        return self._executor.submit(fn).result()
 
     def shutdown(self) -> None:
         """Finish queued work and stop the thread. Idempotent."""

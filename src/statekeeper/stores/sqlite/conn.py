@@ -69,6 +69,7 @@ class SQLiteConnection(ClosingStore):
         self._wal_bytes = 0
         self._checkpoint: concurrent.futures.Future[None] | None = None
         self._conn: sqlite3.Connection | None = None
+        self._checkpointer: sqlite3.Connection | None = None  # used on the worker only
 
     @classmethod
     async def open(cls, path: str | os.PathLike[str], **options: Any) -> Self:
@@ -97,6 +98,9 @@ class SQLiteConnection(ClosingStore):
             await asyncio.wrap_future(self._checkpoint)
         conn, self._conn = self._conn, None
         self._worker.run_blocking(conn.close)
+        if self._checkpointer is not None:
+            self._worker.run_blocking(self._checkpointer.close)
+            self._checkpointer = None
         self._worker.shutdown()
 
     # -- plumbing ------------------------------------------------------------------------
@@ -227,10 +231,17 @@ class SQLiteConnection(ClosingStore):
         self._wal_bytes = 0
 
     def _checkpoint_now(self) -> None:
+        # On a connection of its own, without the store's lock: a PASSIVE checkpoint never
+        # blocks writers, so inline commits go on meanwhile instead of queueing on the
+        # worker behind it (sqlite3 releases the GIL while SQLite works).
         try:
+            if self._checkpointer is None:
+                self._checkpointer = sqlite3.connect(
+                    self.path, isolation_level=None, check_same_thread=False, timeout=0
+                )
             # fetchall: an unfinished PRAGMA statement would hold a read transaction open.
-            self._retry(lambda: self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall())
-        except StoreError:
+            self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        except sqlite3.Error:
             pass  # a later checkpoint will catch up; the WAL stays valid meanwhile
         finally:
             self._checkpoint = None
