@@ -59,3 +59,18 @@ def test_store_options_parse_each_type_once() -> None:
     options.done()
     with pytest.raises(InvalidInputError, match="not a valid bool"):
         StoreOptions("x", {"b": "maybe"}).take("b", bool, False)
+
+
+async def test_sqlite_page_size_applies_to_a_new_file_only(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "big.db"
+    async with open_store(f"sqlite:///{path}?page_size=16384") as store:
+        await store.create_session(SessionRecord(id="s1", tenant="t"))
+    async with open_store(f"sqlite:///{path}?page_size=4096") as store:  # existing: kept
+        assert (await store.get_session("t", "s1")).id == "s1"
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA page_size").fetchone()[0] == 16384
+    conn.close()
+    with pytest.raises(InvalidInputError, match="page_size=5000 is not one of"):
+        await open_store(f"sqlite:///{tmp_path / 'x.db'}?page_size=5000")

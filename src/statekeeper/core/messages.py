@@ -32,6 +32,7 @@ __all__ = [
     "ToolCallBlock",
     "ToolResultBlock",
     "default_category",
+    "stored_message",
     "utcnow",
 ]
 
@@ -301,3 +302,54 @@ class Message(BaseModel):
     def from_dict(cls, data: dict[str, Any]) -> Message:
         """Validate a message from plain JSON data."""
         return cls.model_validate(data)
+
+
+_ROLES = {role.value: role for role in Role}
+_CATEGORIES = {category.value: category for category in MessageCategory}
+_STORED_KEYS = frozenset({"role", "content", "category", "name", "metadata", "tokens"})
+_FIELDS_SET = frozenset(
+    {"role", "content", "category", "id", "created_at", "name", "metadata", "tokens"}
+)
+
+
+def stored_message(payload: dict[str, Any], message_id: str, created_at: datetime) -> Message:
+    """The message a store holds: ``payload`` (decoded JSON) with its entry's id and time.
+
+    Reading 10,000 messages is the common hot path, and a stored payload was validated
+    when it was written, so a plain one (text content, known role and category, nothing
+    extra) is built without running validation again. Anything else is validated in full,
+    so a damaged row still raises `pydantic.ValidationError` instead of loading.
+    """
+    role = _ROLES.get(payload.get("role"))  # type: ignore[arg-type]
+    content = payload.get("content", "")
+    category = payload.get("category")
+    name = payload.get("name")
+    metadata = payload.get("metadata", {})
+    tokens = payload.get("tokens")
+    if (
+        role is None
+        or type(content) is not str
+        or not payload.keys() <= _STORED_KEYS
+        or not (category is None or (type(category) is int and category in _CATEGORIES))
+        or not (name is None or type(name) is str)
+        or type(metadata) is not dict
+        or not (tokens is None or (type(tokens) is int and tokens >= 0))
+        or not 0 < len(message_id) <= 128
+    ):
+        return Message.model_validate({**payload, "id": message_id, "created_at": created_at})
+    message = Message.__new__(Message)
+    fields = {
+        "role": role,
+        "content": content,
+        "category": _CATEGORIES[category] if category is not None else _DEFAULT_CATEGORY[role],
+        "id": message_id,
+        "created_at": created_at,
+        "name": name,
+        "metadata": metadata,
+        "tokens": tokens,
+    }
+    object.__setattr__(message, "__dict__", fields)
+    object.__setattr__(message, "__pydantic_fields_set__", set(_FIELDS_SET))
+    object.__setattr__(message, "__pydantic_extra__", None)
+    object.__setattr__(message, "__pydantic_private__", None)
+    return message

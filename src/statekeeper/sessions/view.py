@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
-from statekeeper.core.messages import Message, MessageCategory, default_category
+from statekeeper.core.messages import Message, MessageCategory, default_category, stored_message
 from statekeeper.errors import StoreCorruptError
 from statekeeper.jsoncodec import gc_paused
 from statekeeper.stores.base import Entry, EntryDraft, EntryKind, SessionPatch
@@ -83,7 +83,7 @@ def appended_counters(messages: Sequence[Message]) -> SessionPatch:
 
 def message_of(entry: Entry) -> Message:
     """The message a ``message`` entry stores."""
-    return Message.model_validate({**entry.payload, "id": entry.id, "created_at": entry.created_at})
+    return stored_message(entry.payload, entry.id, entry.created_at)
 
 
 def active_branch(entries: Sequence[Entry], head_seq: int) -> list[Entry]:

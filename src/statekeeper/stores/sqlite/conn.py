@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Self, TypeVar
 
 from statekeeper.errors import (
+    InvalidInputError,
     SchemaVersionError,
     StoreCorruptError,
     StoreError,
@@ -41,7 +42,8 @@ __all__ = ["SQLiteConnection"]
 T = TypeVar("T")
 _BUSY = {5, 6}  # SQLITE_BUSY, SQLITE_LOCKED
 _CHECKPOINT_BYTES = 4 * 1024 * 1024  # WAL growth between checkpoints (SQLite's default)
-_PAGES_PER_COMMIT = 4 * 4096  # a commit also rewrites a few index and head pages
+_PAGE_SIZES = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
+_PAGES_PER_COMMIT = 4  # a commit also rewrites a few index and head pages
 
 
 class SQLiteConnection(ClosingStore):
@@ -56,7 +58,13 @@ class SQLiteConnection(ClosingStore):
         read_only: bool = False,
         inline_writes: bool = True,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        page_size: int = 4096,
     ) -> None:
+        if page_size not in _PAGE_SIZES:
+            raise InvalidInputError(
+                f"page_size={page_size} is not one of: {', '.join(map(str, _PAGE_SIZES))}"
+            )
+        self.page_size = page_size
         self.path = Path(path)
         self.url = f"sqlite:///{self.path}"
         self.durability = Durability(durability)
@@ -83,7 +91,7 @@ class SQLiteConnection(ClosingStore):
         return store
 
     def __del__(self) -> None:
-        if self._conn is not None:
+        if getattr(self, "_conn", None) is not None:  # (None too if __init__ refused)
             warnings.warn(
                 f"SQLiteStore({self.path}) was not closed; call await store.close()",
                 ResourceWarning,
@@ -132,6 +140,8 @@ class SQLiteConnection(ClosingStore):
 
     def _setup(self, conn: sqlite3.Connection) -> None:
         sync = "FULL" if self.durability is Durability.POWER else "NORMAL"
+        if not self.read_only and conn.execute("PRAGMA page_count").fetchone()[0] == 0:
+            conn.execute(f"PRAGMA page_size={self.page_size}")  # only a new file takes it
         conn.execute(f"PRAGMA synchronous={sync}")
         if not self.read_only:
             conn.execute("PRAGMA journal_mode=WAL").fetchall()
@@ -208,7 +218,7 @@ class SQLiteConnection(ClosingStore):
         # belongs on the worker, not inside an inline commit. SQLite's own automatic
         # checkpoint would run inside whichever commit crosses the threshold, so it is
         # off, and this one starts in the background after about as much WAL growth.
-        self._wal_bytes += size + commits * _PAGES_PER_COMMIT
+        self._wal_bytes += size + commits * _PAGES_PER_COMMIT * self.page_size
         if self._wal_bytes >= _CHECKPOINT_BYTES and self._checkpoint is None:
             self._wal_bytes = 0
             # Submitted to the worker at once: a loop that never yields (appends that all

@@ -408,7 +408,10 @@ async def open_sqlite(location: str, options: StoreOptions) -> SQLiteStore:
     """``sqlite:///relative.db`` or ``sqlite:////absolute.db``.
 
     Options: ``durability=power|process``, ``busy_timeout=<seconds>`` (30), ``mode=rw|ro``,
-    ``max_payload_bytes=<n>``, ``inline_writes=true|false``.
+    ``max_payload_bytes=<n>``, ``inline_writes=true|false``, ``page_size=<bytes>`` (a new
+    file only; 4096. Larger pages waste less space around rows of a few KB, at the cost
+    of more bytes written per commit: 16384 stores the benchmark's mix of 0.4 and 2 KB
+    messages in 1.2x their JSON size instead of 1.4x).
     """
     path = location[1:] if location.startswith("/") else location
     if not path:
@@ -418,6 +421,7 @@ async def open_sqlite(location: str, options: StoreOptions) -> SQLiteStore:
     busy_timeout = options.take("busy_timeout", float, 30.0)
     limit = options.max_payload_bytes()
     inline = options.take("inline_writes", bool, True)
+    page_size = options.take("page_size", int, 4096)
     options.done()
     return await SQLiteStore.open(
         path,
@@ -426,4 +430,5 @@ async def open_sqlite(location: str, options: StoreOptions) -> SQLiteStore:
         read_only=mode == "ro",
         inline_writes=inline,
         max_payload_bytes=limit,
+        page_size=page_size,
     )
