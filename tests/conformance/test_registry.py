@@ -8,8 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from statekeeper.stores import Store
-
-from .backends import (
+from statekeeper.testing import (
     BACKENDS,
     BackendContext,
     backend,
@@ -17,7 +16,7 @@ from .backends import (
     services_required,
     tcp_reachable,
 )
-from .support import ALL_BACKENDS
+from statekeeper.testing.spec.support import ALL_BACKENDS
 
 
 def test_builtin_backends_are_registered() -> None:
