@@ -181,3 +181,11 @@ def test_every_spec_module_runs_here() -> None:
     shims = "\n".join(p.read_text() for p in here.glob("test_*.py"))
     for module in Path(spec.__file__).parent.glob("test_*.py"):
         assert f"from statekeeper.testing.spec.{module.stem} import *" in shims, module.name
+
+
+def test_spec_modules_have_no_module_marks_to_spread() -> None:
+    # A project may import several spec modules into one of its own: a module-level
+    # pytestmark would then mark every test there.
+    for path in Path(spec.__file__).parent.glob("test_*.py"):
+        module = importlib.import_module(f"statekeeper.testing.spec.{path.stem}")
+        assert not hasattr(module, "pytestmark"), path.name

@@ -131,3 +131,54 @@ def test_bad_usage_exits_2_with_the_reason(tmp_path: Path) -> None:
     assert listed.returncode == 0
     assert re.search(r"^  sqlite +base, processes, shared$", listed.stdout, re.MULTILINE)
     assert re.search(r"^  memory +base$", listed.stdout, re.MULTILINE)
+
+
+THIRD_PARTY = {
+    "pyproject.toml": """
+        [tool.pytest.ini_options]
+        asyncio_mode = "auto"
+        asyncio_default_fixture_loop_scope = "function"
+        addopts = "--strict-markers -p no:cacheprovider -rs"
+        filterwarnings = ["error"]
+    """,
+    "conftest.py": """
+        import my_backends  # noqa: F401
+
+        pytest_plugins = ["statekeeper.testing.plugin"]
+    """,
+    "my_backends.py": """
+        from statekeeper.testing import url_backend
+
+        url_backend("mine", "sqlite:///mine.db?durability=process")
+    """,
+    "test_conformance.py": """
+        from statekeeper.testing.spec.test_concurrency import *  # noqa: F403
+        from statekeeper.testing.spec.test_handles import *  # noqa: F403
+        from statekeeper.testing.spec.test_processes import *  # noqa: F403
+    """,
+}
+
+
+@pytest.mark.slow
+def test_a_project_runs_the_spec_in_its_own_pytest_on_the_backends_it_names(
+    tmp_path: Path,
+) -> None:
+    for name, text in THIRD_PARTY.items():
+        (tmp_path / name).write_text(textwrap.dedent(text))
+    chosen = ("--statekeeper-backend", "mine", "--statekeeper-backend", "memory")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", *chosen],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([PACKAGE_ROOT, str(tmp_path)])},
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    # memory runs the base tests and skips the extended ones; mine runs everything.
+    assert re.search(r"^28 passed, 10 skipped", done.stdout, re.MULTILINE), done.stdout
+    assert "SKIPPED [9] " in done.stdout
+    assert "memory lacks the 'shared' capability" in done.stdout
+    assert "memory lacks the 'processes' capability" in done.stdout
+    assert "[sqlite" not in done.stdout  # only the backends it named

@@ -3,7 +3,8 @@
 Load it with ``-p statekeeper.testing.plugin`` (``validate`` does), with
 ``pytest_plugins = ["statekeeper.testing.plugin"]`` in a root ``conftest.py``, or by
 importing its fixtures and hooks into a ``conftest.py``. Each test taking ``store`` then
-runs once per backend: the registered ones, or those a validation selected.
+runs once per backend: those a validation selected, those named with
+``--statekeeper-backend`` (a root-level plugin only), or every registered one.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ __all__ = [
     "StoreOpener",
     "open_test_store",
     "other_handle",
+    "pytest_addoption",
     "pytest_collection_modifyitems",
     "pytest_configure",
     "pytest_generate_tests",
@@ -47,7 +49,7 @@ __all__ = [
 ]
 
 SELECTED = pytest.StashKey[list[Backend]]()
-"""The backends a run tests (set by ``validate``); all registered ones when unset."""
+"""The backends a run tests (set by ``validate``); else ``--statekeeper-backend`` or all."""
 CAPABILITY_PROPERTY = "statekeeper_capability"
 """The user property naming the capability a test checks (`BASE`, or extended ones)."""
 FIXTURE_NEEDS = {"other_handle": SHARED, "store_url": PROCESSES}
@@ -98,8 +100,25 @@ def _lacks(backend: Backend, capability: str) -> str:
 
 
 def selected_backends(config: pytest.Config) -> list[Backend]:
-    """The backends this run tests."""
-    return config.stash.get(SELECTED, None) or list(BACKENDS.values())
+    """The backends this run tests: chosen by ``validate``, or by the command line."""
+    if SELECTED in config.stash:
+        return config.stash[SELECTED]
+    names: list[str] = config.getoption("statekeeper_backends", None) or list(BACKENDS)
+    unknown = sorted(set(names) - set(BACKENDS))
+    if unknown:
+        raise pytest.UsageError(f"unknown backend(s) {unknown}; registered: {sorted(BACKENDS)}")
+    return [BACKENDS[name] for name in names]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """``--statekeeper-backend NAME``: run the store tests on these backends only."""
+    parser.addoption(
+        "--statekeeper-backend",
+        dest="statekeeper_backends",
+        action="append",
+        metavar="NAME",
+        help="run the conformance tests on this registered backend only (repeatable)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -1,4 +1,5 @@
-"""Two handles on the same data, as two processes would hold (the `SHARED` capability).
+"""Two handles on the same data, as two processes would hold (the `SHARED` capability:
+the ``other_handle`` fixture skips the tests on backends without it).
 
 Whatever a handle caches, a write through one handle must be seen by the other, and a
 write made from stale knowledge must be refused, never stored.
@@ -13,11 +14,8 @@ import pytest
 from statekeeper.errors import AlreadyExistsError, ConflictError, NotFoundError
 from statekeeper.stores import Store
 from statekeeper.stores.base import EventDraft, SessionPatch, SessionQuery
-from statekeeper.testing.registry import SHARED, needs
 
 from .support import TENANT, draft, new_session
-
-pytestmark = needs(SHARED)
 
 
 async def chain(store: Store, session_id: str = "s1") -> list[tuple[int, int | None]]:

@@ -24,8 +24,6 @@ from statekeeper.testing.registry import PROCESSES, Backend, needs
 from .appender import KEY, LOG, NAMESPACE, SESSION, TENANT, batch_size
 from .support import new_session
 
-pytestmark = [needs(PROCESSES), pytest.mark.slow]
-
 WRITERS = 8
 APPENDS = 25
 WAIT = 120.0
@@ -91,6 +89,9 @@ def check_events(events: list[Event]) -> None:
         assert [a.kind for a, _ in pairs if a.stream == f"p{w}"] == [str(n) for n in range(APPENDS)]
 
 
+# No module-level pytestmark: a project may import these tests into a module of its own.
+@needs(PROCESSES)
+@pytest.mark.slow
 async def test_eight_processes_appending_to_one_session_lose_nothing(
     store: Store, store_url: str, store_backend: Backend
 ) -> None:
