@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from statekeeper.testing.registry import BASE, Backend
+
+if TYPE_CHECKING:  # only validations run pytest; importing the kit must not need it
+    import pytest
 
 __all__ = ["OUTCOMES", "CaseResult", "Collector", "Report"]
 
@@ -104,24 +107,24 @@ class Collector:
         self._chosen = chosen
         self._results: dict[str, CaseResult] = {}
 
-    def pytest_configure(self, config: Any) -> None:
+    def pytest_configure(self, config: pytest.Config) -> None:
         # Imported here, once pytest has loaded the plugin itself (-p), so that pytest
         # can still rewrite its asserts.
         from statekeeper.testing.plugin import SELECTED
 
         config.stash[SELECTED] = [self._chosen]
 
-    def pytest_collectreport(self, report: Any) -> None:
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:
             self.report.errors.append(f"collecting {report.nodeid}: {report.longreprtext}")
 
-    def pytest_runtest_logreport(self, report: Any) -> None:
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         outcome = _outcome(report)
         if outcome is None:
             return
         from statekeeper.testing.plugin import CAPABILITY_PROPERTY
 
-        capability = dict(report.user_properties).get(CAPABILITY_PROPERTY, BASE)
+        capability = str(dict(report.user_properties).get(CAPABILITY_PROPERTY, BASE))
         detail = report.longrepr[2] if isinstance(report.longrepr, tuple) else ""
         if outcome in BAD:
             detail = report.longreprtext
@@ -132,7 +135,7 @@ class Collector:
         self.report.results = list(self._results.values())
 
 
-def _outcome(report: Any) -> str | None:
+def _outcome(report: pytest.TestReport) -> str | None:
     """The outcome a test report settles, or None when it settles nothing."""
     xfail = hasattr(report, "wasxfail")
     if report.when == "call":
