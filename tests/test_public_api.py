@@ -28,6 +28,7 @@ PACKAGES = [
     "statekeeper.sessions",
     "statekeeper.runs",
     "statekeeper.runtime",
+    "statekeeper.testing",
 ]
 
 KNOWN_UNRESOLVED: dict[str, set[str]] = {
@@ -42,7 +43,7 @@ KNOWN_UNRESOLVED: dict[str, set[str]] = {
     },
 }
 KNOWN_UNDOCUMENTED: dict[str, set[str]] = {
-    "statekeeper.stores": {"BACKENDS", "StoreOpening", "StoreOptions", "register_backend"},
+    "statekeeper.stores": {"BACKENDS", "StoreOpening", "StoreOptions"},
     "statekeeper.sessions": {"Summarizer"},
     "statekeeper.runs": {
         "CURRENT_SCHEMA_VERSION",

@@ -1,5 +1,5 @@
-"""The store conformance suite: one set of behaviour tests run against every backend.
+"""statekeeper's own run of the shipped conformance suite (`statekeeper.testing.spec`).
 
-A backend joins by registering a factory in ``backends.py``; every test that takes the
-``store`` fixture then runs once per registered backend.
+Each module here imports one spec module's tests, so they keep their ids
+(``tests/conformance/test_x.py::test_y[sqlite]``) and run once per built-in backend.
 """

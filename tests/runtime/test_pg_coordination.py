@@ -26,13 +26,7 @@ from statekeeper.stores.postgres.coordination import (
     SessionLockTimeoutError,
     refresh_bus,
 )
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from conformance.backend_postgres import (
-    POSTGRES_URL,
-    drop_schema,
-    skip_unless_reachable,
-)
+from statekeeper.testing.schemes import POSTGRES_URL, drop_schema, skip_unless_reachable
 
 pytest.importorskip("psycopg")
 

@@ -1,4 +1,4 @@
-"""The files:// store: readable layout, damage and recovery, crashes, path safety, processes."""
+"""The files:// store: readable layout, damage and recovery, crashes, path safety."""
 
 from __future__ import annotations
 
@@ -657,65 +657,6 @@ async def test_sigkill_mid_write_leaves_only_whole_entries(root: Path, delay: fl
         assert isinstance(line, dict)
     for line in lines(root / T / "events" / "log.jsonl"):
         assert isinstance(line, dict)
-
-
-APPENDER = """
-    import asyncio, sys
-    from statekeeper.stores import open_store
-    from statekeeper.stores.base import EntryDraft, EventDraft, SessionPatch
-
-    async def main(root, name, count):
-        store = await open_store(f"files://{root}")
-        try:
-            for i in range(int(count)):
-                await store.append_entries(
-                    "alice", "shared", [EntryDraft(id=f"{name}-{i}", payload={"i": i})],
-                    patch=SessionPatch(add={"message_count": 1}),
-                )
-                await store.append_events(
-                    "alice", "log", [EventDraft(stream=name, kind=str(i))] * 2
-                )
-                await store.put_record("alice", "counters", "c", i)
-        finally:
-            await store.close()
-
-    asyncio.run(main(*sys.argv[1:]))
-"""
-
-
-@pytest.mark.slow
-async def test_eight_processes_appending_to_one_session_lose_nothing(root: Path) -> None:
-    store = await reopen(root)
-    created = await store.create_session(SessionRecord(id="shared", tenant=T))
-    await store.close()
-    count = 25
-    procs = [run_python(APPENDER, str(root), f"p{n}", str(count)) for n in range(8)]
-    for proc in procs:
-        _, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err
-
-    store = await reopen(root)
-    try:
-        entries = await store.read_entries(T, "shared")
-        total = 8 * count
-        assert [e.seq for e in entries] == list(range(1, total + 1))
-        assert [e.parent_seq for e in entries] == [None, *range(1, total)]
-        assert sorted(e.id for e in entries) == sorted(
-            f"p{n}-{i}" for n in range(8) for i in range(count)
-        )
-        for n in range(8):  # each writer's entries in its own order
-            mine = [e.payload["i"] for e in entries if e.id.startswith(f"p{n}-")]
-            assert mine == list(range(count))
-        session = await store.get_session(T, "shared")
-        assert (session.last_seq, session.message_count) == (total, total)
-        assert session.version == created.version + total
-        events = await store.read_events(T, "log")
-        assert [e.seq for e in events] == list(range(1, 2 * total + 1))
-        assert all(a.stream == b.stream for a, b in zip(events[::2], events[1::2], strict=True))
-        assert (await store.get_record(T, "counters", "c")).version == total
-        assert store.recoveries == []
-    finally:
-        await store.close()
 
 
 async def test_two_handles_in_one_process_share_locks(root: Path) -> None:

@@ -1,5 +1,5 @@
-"""PostgreSQL store: many processes on one session, racing writers, killed connections,
-newer schemas, exact JSON, options and connection sources.
+"""PostgreSQL store: racing writers, killed connections, newer schemas, exact JSON,
+options and connection sources.
 
 Runs against ``STATEKEEPER_TEST_POSTGRES_URL`` (default
 ``postgresql://postgres@127.0.0.1:5432/test``); skipped when no server answers, failed
@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -38,13 +37,7 @@ from statekeeper.stores.base import EntryDraft, SessionPatch, SessionRecord
 from statekeeper.stores.postgres import PostgresStore
 from statekeeper.stores.postgres.conn import parse_location, retryable, translate
 from statekeeper.stores.postgres.schema import SCHEMA_VERSION
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from conformance.backend_postgres import (
-    POSTGRES_URL,
-    drop_schema,
-    skip_unless_reachable,
-)
+from statekeeper.testing.schemes import POSTGRES_URL, drop_schema, skip_unless_reachable
 
 psycopg = pytest.importorskip("psycopg")
 
@@ -79,72 +72,6 @@ async def admin() -> Any:
 
 def draft(entry_id: str, **payload: Any) -> EntryDraft:
     return EntryDraft(id=entry_id, payload={"text": entry_id, **payload})
-
-
-# -- many processes on one session -------------------------------------------------------
-
-WORKER = textwrap.dedent(
-    """
-    import asyncio, sys, time
-    from statekeeper.stores import open_store
-    from statekeeper.stores.base import EntryDraft, SessionPatch
-
-    async def main(url, schema, worker, count, start):
-        store = await open_store(url, schema=schema, max_size=2)
-        try:
-            await asyncio.sleep(max(0.0, start - time.time()))  # all begin together
-            for i in range(count):
-                size = 1 + i % 3
-                drafts = [
-                    EntryDraft(id=f"w{worker}-{i}-{j}", payload={"w": worker, "i": i, "j": j})
-                    for j in range(size)
-                ]
-                await store.append_entries(
-                    "t", "s1", drafts, patch=SessionPatch(add={"message_count": size})
-                )
-        finally:
-            await store.close()
-
-    url, schema, worker, count, start = sys.argv[1:]
-    asyncio.run(main(url, schema, int(worker), int(count), float(start)))
-    """
-)
-
-
-@pytest.mark.slow
-async def test_eight_processes_appending_to_one_session_lose_nothing(
-    store: PostgresStore, schema: str
-) -> None:
-    await store.create_session(SessionRecord(id="s1", tenant=TENANT))
-    workers, count = 8, 30
-    start = time.time() + 4.0
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    procs = [
-        subprocess.Popen(  # noqa: ASYNC220 - started, then awaited in threads
-            [sys.executable, "-c", WORKER, POSTGRES_URL, schema, str(w), str(count), str(start)],
-            env=env,
-            stderr=subprocess.PIPE,
-        )
-        for w in range(workers)
-    ]
-    for proc in procs:
-        _, err = await asyncio.to_thread(proc.communicate, timeout=120)
-        assert proc.returncode == 0, err.decode()
-
-    entries = await store.read_entries(TENANT, "s1")
-    total = workers * sum(1 + i % 3 for i in range(count))
-    assert [e.seq for e in entries] == list(range(1, total + 1))
-    assert [e.parent_seq for e in entries] == [None, *range(1, total)]
-    assert len({e.id for e in entries}) == total
-    # Each batch landed whole and in order: its entries are consecutive.
-    by_batch: dict[tuple[int, int], list[int]] = {}
-    for e in entries:
-        by_batch.setdefault((e.payload["w"], e.payload["i"]), []).append(e.seq)
-    for seqs in by_batch.values():
-        assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
-    session = await store.get_session(TENANT, "s1")
-    assert (session.head_seq, session.last_seq, session.message_count) == (total, total, total)
-    assert session.version == 1 + workers * count
 
 
 # -- racing writers ---------------------------------------------------------------------

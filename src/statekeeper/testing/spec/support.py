@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -11,7 +12,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from statekeeper.stores import Store
-from statekeeper.stores.base import EntryDraft, SessionRecord
+from statekeeper.stores.base import EntryDraft, SessionQuery, SessionRecord
 
 TENANT = "tenant-a"
 OTHER_TENANT = "tenant-b"
@@ -50,6 +51,26 @@ async def new_session(
 
 async def seqs_of(store: Store, session_id: str, tenant: str = TENANT) -> list[int]:
     return [e.seq for e in await store.read_entries(tenant, session_id)]
+
+
+async def walk(store: Store, tenant: str, **query: Any) -> list[list[str]]:
+    """Follow next_cursor from the first page to the last; the ids of each page."""
+    pages: list[list[str]] = []
+    cursor: str | None = None
+    while True:
+        page = await store.list_sessions(tenant, SessionQuery(cursor=cursor, **query))
+        pages.append([s.id for s in page.items])
+        cursor = page.next_cursor
+        if cursor is None:
+            return pages
+        assert len(pages) < 50, "paging does not end"
+
+
+async def make_sessions(store: Store, stamps: Mapping[str, float]) -> list[SessionRecord]:
+    """Sessions named by the keys, last active at ``at(value)``, as the store has them."""
+    for session_id, seconds in stamps.items():
+        await new_session(store, session_id, last_active=at(seconds))
+    return [await store.get_session(TENANT, session_id) for session_id in stamps]
 
 
 # -- JSON ---------------------------------------------------------------------------------

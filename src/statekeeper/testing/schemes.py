@@ -1,0 +1,170 @@
+"""The built-in URL schemes and the backends statekeeper's own suite runs against.
+
+How each scheme gives every test a fresh store of its own, from a base URL:
+
+- ``memory://``: every open is a new, empty store (so no second handle, no processes);
+- ``sqlite:///<dir>/<name>`` and ``files:///<dir>``: a new temporary folder per store,
+  keeping the URL's last path part (``state.db``, ``root``) and its query options;
+- ``postgresql://`` (or ``postgres://``): a schema per store (``schema=``), dropped after;
+- ``redis://``: a key prefix per store (``prefix=``), whose keys are deleted after.
+
+The server backends skip (or fail under CI, see `require_service`) when their server
+does not answer. Their servers are ``STATEKEEPER_TEST_POSTGRES_URL`` (default
+``postgresql://postgres@127.0.0.1:5432/test``) and ``STATEKEEPER_TEST_REDIS_URL``
+(default ``redis://127.0.0.1:6379/0``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import PurePosixPath
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
+
+from statekeeper.testing.registry import (
+    PROCESSES,
+    SHARED,
+    BackendContext,
+    register_scheme,
+    url_backend,
+)
+from statekeeper.testing.services import require_service, tcp_reachable
+
+__all__ = [
+    "POSTGRES_URL",
+    "REDIS_URL",
+    "delete_prefix",
+    "drop_schema",
+    "postgres_reachable",
+    "skip_unless_reachable",
+]
+
+POSTGRES_URL = os.environ.get(
+    "STATEKEEPER_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
+)
+"""The PostgreSQL server statekeeper's own tests use."""
+REDIS_URL = os.environ.get("STATEKEEPER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+"""The Redis server statekeeper's own tests use."""
+
+
+def _in_folder(url: str, ctx: BackendContext, default: str) -> str:
+    """The URL's last path part and query, moved into the context's own folder."""
+    parts = urlsplit(url)
+    name = PurePosixPath(unquote(parts.path)).name or default
+    location = f"{parts.scheme}:///{quote(str(ctx.tmp_path / name))}"
+    return f"{location}?{parts.query}" if parts.query else location
+
+
+def _with_option(url: str, name: str, value: str) -> str:
+    parts = urlsplit(url)
+    query = dict(parse_qsl(parts.query))
+    query[name] = value
+    return parts._replace(query=urlencode(query)).geturl()
+
+
+def _shown(url: str, default_port: int) -> str:
+    """The URL without credentials or options, for messages."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname or ''}:{parts.port or default_port}{parts.path}"
+
+
+async def _require_server(backend: str, server: str, url: str, default_port: int) -> None:
+    parts = urlsplit(url)
+    if not await tcp_reachable(parts.hostname or "127.0.0.1", parts.port or default_port):
+        shown = _shown(url, default_port)
+        require_service(backend, f"no {server} server reachable at {shown}")
+
+
+# -- PostgreSQL ---------------------------------------------------------------------------
+
+
+async def postgres_reachable(url: str = POSTGRES_URL) -> bool:
+    """Whether the PostgreSQL server of ``url`` answers on its TCP port."""
+    parts = urlsplit(url)
+    return await tcp_reachable(parts.hostname or "127.0.0.1", parts.port or 5432)
+
+
+async def skip_unless_reachable(url: str = POSTGRES_URL) -> None:
+    """Skip (or fail under CI) the current test when the PostgreSQL server is down."""
+    await _require_server("postgres", "PostgreSQL", url, 5432)
+
+
+_require_postgres = skip_unless_reachable
+
+
+async def drop_schema(schema: str, url: str = POSTGRES_URL) -> None:
+    """Drop a PostgreSQL schema and everything in it."""
+    import psycopg
+    from psycopg import sql
+
+    conninfo = url.split("?", 1)[0]  # statekeeper's own options mean nothing to libpq
+    async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
+        await conn.execute(
+            sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema))
+        )
+
+
+async def _drop_postgres(url: str, ctx: BackendContext) -> None:
+    await drop_schema(ctx.unique, url)
+
+
+# -- Redis --------------------------------------------------------------------------------
+
+
+async def delete_prefix(url: str, prefix: str) -> None:
+    """Delete every key under ``prefix/`` (SCAN + UNLINK of that prefix only, never FLUSHDB)."""
+    from redis.asyncio import Redis
+
+    client = Redis.from_url(url.split("?", 1)[0])
+    try:
+        batch: list[bytes] = []
+        async for key in client.scan_iter(match=f"{prefix}/*", count=1000):
+            batch.append(key)
+            if len(batch) >= 500:
+                await client.unlink(*batch)
+                batch.clear()
+        if batch:
+            await client.unlink(*batch)
+    finally:
+        await client.aclose()
+
+
+async def _require_redis(url: str) -> None:
+    await _require_server("redis", "Redis", url, 6379)
+
+
+async def _drop_redis(url: str, ctx: BackendContext) -> None:
+    await delete_prefix(url, ctx.unique)
+
+
+# -- registration -------------------------------------------------------------------------
+
+SERVED = (SHARED, PROCESSES)
+"""What every built-in backend that keeps its data outside the process can do."""
+
+register_scheme("memory", lambda url, ctx: url)
+register_scheme("sqlite", lambda url, ctx: _in_folder(url, ctx, "state.db"), capabilities=SERVED)
+register_scheme("files", lambda url, ctx: _in_folder(url, ctx, "root"), capabilities=SERVED)
+for _name in ("postgresql", "postgres"):
+    register_scheme(
+        _name,
+        lambda url, ctx: _with_option(url, "schema", ctx.unique),
+        capabilities=SERVED,
+        prepare=_require_postgres,
+        drop=_drop_postgres,
+    )
+register_scheme(
+    "redis",
+    lambda url, ctx: _with_option(url, "prefix", ctx.unique),
+    capabilities=SERVED,
+    prepare=_require_redis,
+    drop=_drop_redis,
+)
+
+# statekeeper's own matrix, in the order its tests run.
+url_backend("memory", "memory://")
+url_backend("sqlite", "sqlite:///state.db")  # default durability: fsync on every commit
+url_backend("sqlite-worker", "sqlite:///state.db?inline_writes=false")  # all on the worker
+url_backend("sqlite-process", "sqlite:///state.db?durability=process")  # synchronous=NORMAL
+url_backend("files", "files:///root")
+url_backend("postgres", POSTGRES_URL)
+url_backend("redis", REDIS_URL)
