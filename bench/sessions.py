@@ -145,6 +145,28 @@ async def measure(durability: str, history: int, folder: Path) -> dict[str, Any]
     }
 
 
+async def concurrency(folder: Path, writers: int = 8, appends: int = 400) -> float:
+    """Appends/s of ``writers`` tasks on as many sessions, over one task's, with ``power``."""
+    async with open_store(f"sqlite:///{folder / 'concurrent.db'}", durability="power") as store:
+        manager = SessionManager(store, "bench", max_messages=None)
+        sessions = [await manager.create() for _ in range(writers)]
+
+        async def write(session: Any, count: int, offset: int) -> None:
+            for n in range(count):
+                await session.append(as_message(message_dict(offset + n)))
+
+        rates = []
+        for _ in range(2):  # alternate: single, then concurrent, twice
+            started = time.perf_counter()
+            await write(sessions[0], appends, 0)
+            single = appends / (time.perf_counter() - started)
+            started = time.perf_counter()
+            share = appends // writers
+            await asyncio.gather(*(write(s, share, 0) for s in sessions))
+            rates.append(share * writers / (time.perf_counter() - started) / single)
+    return statistics.median(rates)
+
+
 async def run() -> list[tuple[str, int, dict[str, Any]]]:
     """Every measurement, in one process."""
     results = []
@@ -154,6 +176,7 @@ async def run() -> list[tuple[str, int, dict[str, Any]]]:
                 results.append(
                     (durability, history, await measure(durability, history, Path(folder)))
                 )
+        results.append(("power", 8, {"concurrency": [await concurrency(Path(folder))]}))
     return results
 
 
@@ -168,6 +191,8 @@ def report(results: list[tuple[str, int, dict[str, Any]]]) -> list[str]:
         f"{'append ratio':>20} {'load ratio':>20} {'bytes/payload':>13}"
     )
     for durability, history, r in results:
+        if "concurrency" in r:
+            continue
         print(
             f"{durability:<10} {history:>7} {r['append_us']:>8.0f} {r['raw_append_us']:>7.0f} "
             f"{_spread(r['append']):>20} {_spread(r['load']):>20} {r['bytes'][0]:>13.2f}"
@@ -183,6 +208,13 @@ def report(results: list[tuple[str, int, dict[str, Any]]]) -> list[str]:
         print(f"{name:<36} {value:6.2f}  (target <= {limit})  {verdict}")
         if value > limit:
             failed.append(name)
+    speedup = by["power", 8]["concurrency"][0]
+    verdict = "met" if speedup >= 3.0 else "MISSED"
+    print(
+        f"{'power: 8 writers / 1 writer, appends/s':<36} {speedup:6.2f}  (target >= 3.0)  {verdict}"
+    )
+    if speedup < 3.0:
+        failed.append("power: 8 writers / 1 writer")
     for durability in ("power", "process"):
         growth = (
             by[durability, HISTORIES[-1]]["append_us"] / by[durability, HISTORIES[0]]["append_us"]

@@ -34,6 +34,7 @@ from statekeeper.errors import (
 )
 from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES
 from statekeeper.stores.base import ClosingStore, Durability
+from statekeeper.stores.sqlite.group import GroupCommit, Queued
 from statekeeper.stores.sqlite.schema import MIGRATIONS, SCHEMA_VERSION
 from statekeeper.stores.worker import Worker
 
@@ -78,6 +79,9 @@ class SQLiteConnection(ClosingStore):
         self._checkpoint: concurrent.futures.Future[None] | None = None
         self._conn: sqlite3.Connection | None = None
         self._checkpointer: sqlite3.Connection | None = None  # used on the worker only
+        self._group = GroupCommit(
+            self._worker, self._commit_batch, enabled=self.durability is Durability.POWER
+        )
 
     @classmethod
     async def open(cls, path: str | os.PathLike[str], **options: Any) -> Self:
@@ -270,6 +274,10 @@ class SQLiteConnection(ClosingStore):
     async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         if self.read_only:
             raise StoreReadOnlyError(f"{self.path} was opened read-only")
+        if self._group.wanted():
+            grouped = await self._group.submit(fn)
+            self._note_write(0)
+            return grouped
 
         def call() -> T:
             db = self._db
@@ -287,6 +295,45 @@ class SQLiteConnection(ClosingStore):
         result = await self._run(call, inline=True)
         self._note_write(0)
         return result
+
+    def _commit_batch(self, batch: list[Queued]) -> None:
+        """Run queued writes in one transaction (one fsync), each in a savepoint of its own.
+
+        Runs on the worker. A write that raises is rolled back alone and gets its error;
+        if the transaction itself fails, every write in it gets that error.
+        """
+
+        def run() -> None:
+            db = self._db
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                for item in batch:
+                    db.execute("SAVEPOINT w")
+                    try:
+                        item.result = item.fn(db)
+                    except Exception as exc:
+                        if not db.in_transaction:
+                            raise  # SQLite gave up the whole transaction
+                        db.execute("ROLLBACK TO w")
+                        item.error = (
+                            _translate(exc, str(self.path))
+                            if isinstance(exc, sqlite3.Error)
+                            else exc
+                        )
+                    db.execute("RELEASE w")
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+
+        try:
+            self._retry(run)
+        except Exception as exc:
+            for item in batch:
+                item.result, item.error = None, exc
+        if any(item.error is not None for item in batch):
+            self._write_failed()
 
     def _write_failed(self) -> None:
         """Called after a write transaction rolled back (caches may be ahead of the disk)."""

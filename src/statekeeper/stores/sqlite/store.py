@@ -115,17 +115,14 @@ class SQLiteStore(SQLiteRecordsAndEvents):
             "WHERE sk=? AND version=?",
             (record.agent_id, _us(record.last_active), record.version, doc, sk, old_version),
         )
-        if cursor.rowcount != 1:
-            return False
-        self._heads[record.tenant, record.id] = (sk, record)
-        return True
+        return cursor.rowcount == 1
 
     # -- sessions ------------------------------------------------------------------------
 
     async def create_session(self, record: SessionRecord) -> SessionRecord:
         record = new_session_record(record, self.max_payload_bytes)
 
-        def create(db: sqlite3.Connection) -> SessionRecord:
+        def create(db: sqlite3.Connection) -> int:
             try:
                 cursor = db.execute(
                     "INSERT INTO sessions (tenant, id, agent_id, active_us, created_us, version,"
@@ -143,10 +140,10 @@ class SQLiteStore(SQLiteRecordsAndEvents):
             except sqlite3.IntegrityError:
                 raise AlreadyExistsError(f"session {record.id!r} already exists") from None
             assert cursor.lastrowid is not None
-            self._heads[record.tenant, record.id] = (cursor.lastrowid, record)
-            return record
+            return cursor.lastrowid
 
-        return await self._write(create)
+        self._engine.remember(record.tenant, await self._write(create), record)
+        return record
 
     async def get_session(self, tenant: str, session_id: str) -> SessionRecord:
         check_tenant_and_id(tenant, session_id)
