@@ -233,6 +233,15 @@ class AppendEngine:
 
     async def submit(self, tenant: str, session_id: str, plan: Plan, ids: Sequence[str]) -> Any:
         """Plan and commit a change (batched with concurrent ones); its result."""
+        if (tenant, session_id) not in self._slots:
+            # Nobody else writes this session through this handle: no queue, no future.
+            # Callers arriving meanwhile find the slot and queue behind its lock.
+            slot = self._slot(tenant, session_id)
+            try:
+                async with slot.lock:
+                    return await self._apply_alone(tenant, session_id, plan, ids)
+            finally:
+                self._release(tenant, session_id, slot)
         done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         # A batch may finish after its leader was cancelled: nobody reads that result.
         done.add_done_callback(_consume)
@@ -256,6 +265,37 @@ class AppendEngine:
         finally:
             self._release(tenant, session_id, slot)
         return await done
+
+    async def _apply_alone(
+        self, tenant: str, session_id: str, plan: Plan, ids: Sequence[str]
+    ) -> Any:
+        """`_apply_batch` for a batch of one, returning its result or raising its error."""
+        cached = self.heads.get((tenant, session_id))
+        proved = cached is None  # errors count only against a head the backend returned
+        if cached is None:
+            state = await self._load(tenant, session_id, ids)
+        else:
+            state = Snapshot(cached[0], cached[1], {})
+        while True:
+            try:
+                planned = plan(state.record, state.existing)
+            except Exception:
+                if proved:
+                    raise
+                state, proved = await self._load(tenant, session_id, ids), True
+                continue
+            if planned.session is state.record:  # nothing to write (a replay)
+                if proved:
+                    return planned.result
+                state, proved = await self._load(tenant, session_id, ids), True
+                continue
+            unknown = [i for i in ids if i not in state.existing]
+            current = await self._commit(
+                tenant, session_id, state, planned.session, planned.writes, unknown
+            )
+            if current is None:
+                return planned.result
+            state, proved = current, True
 
     async def _apply(self, tenant: str, session_id: str, batch: list[_Change]) -> None:
         """Plan and commit a batch; every change in it gets its result or error."""
