@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import sqlite3
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 
 from statekeeper.core.messages import utcnow
@@ -54,6 +55,7 @@ from statekeeper.stores.sqlite.schema import SEQ_BITS
 __all__ = ["SQLiteStore"]
 
 
+_EXACT_US = 2**52  # times whose float seconds convert exactly (see rules.from_micros)
 _SELECT = "SELECT rid & 4294967295, id, parent_seq, kind, created_us, payload FROM entries"
 
 
@@ -311,10 +313,21 @@ class SQLiteStore(SQLiteRecordsAndEvents):
         return None
 
     def _entries(self, db: sqlite3.Connection, sql: str, params: Sequence[Any]) -> list[Entry]:
+        # The loop that reads whole transcripts: the usual row is decoded right here,
+        # anything else (not a JSON object, a time far from now) by `_entry`.
         out: list[Entry] = []
+        append, timestamp = out.append, datetime.fromtimestamp
         with gc_paused():
-            for row in db.execute(sql, params):
-                out.append(self._entry(*row))
+            for seq, entry_id, parent, kind, created_us, text in db.execute(sql, params):
+                try:
+                    payload = loads(text)
+                except ValueError:
+                    payload = None
+                if type(payload) is dict and -_EXACT_US < created_us < _EXACT_US:
+                    created = timestamp(created_us / 1e6, UTC)
+                    append(Entry(seq, entry_id, parent, kind, created, payload))
+                else:
+                    append(self._entry(seq, entry_id, parent, kind, created_us, text))
         return out
 
     @staticmethod
