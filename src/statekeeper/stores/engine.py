@@ -38,9 +38,15 @@ from typing import Any, NamedTuple, Protocol
 from statekeeper.core.messages import utcnow
 from statekeeper.ids import validate_id
 from statekeeper.stores.base import AppendResult, Entry, EntryDraft, SessionPatch, SessionRecord
-from statekeeper.stores.rules import apply_patch, check_session_record, check_version, plan_append
+from statekeeper.stores.rules import (
+    apply_patch,
+    check_session_record,
+    check_tenant_and_id,
+    check_version,
+    plan_append,
+)
 
-__all__ = ["AppendEngine", "HeadBackend", "Planned", "Snapshot", "Write"]
+__all__ = ["AppendEngine", "EngineWrites", "HeadBackend", "Planned", "Snapshot", "Write"]
 
 _MAX_CACHED_HEADS = 10_000
 
@@ -380,6 +386,47 @@ class AppendEngine:
         else:
             self.remember(tenant, current.token, current.record)
         return current
+
+
+class EngineWrites:
+    """Mixin for backends: `append_entries` and `update_session` through ``self._engine``."""
+
+    _engine: AppendEngine
+
+    async def append_entries(
+        self,
+        tenant: str,
+        session_id: str,
+        drafts: Sequence[EntryDraft],
+        *,
+        expected_version: int | None = None,
+        patch: SessionPatch | None = None,
+        move_head: bool = True,
+    ) -> AppendResult:
+        """See `statekeeper.stores.base.TranscriptStore.append_entries`."""
+        check_tenant_and_id(tenant, session_id)
+        return await self._engine.append(
+            tenant,
+            session_id,
+            drafts,
+            expected_version=expected_version,
+            patch=patch,
+            move_head=move_head,
+        )
+
+    async def update_session(
+        self,
+        tenant: str,
+        session_id: str,
+        patch: SessionPatch,
+        *,
+        expected_version: int | None = None,
+    ) -> SessionRecord:
+        """See `statekeeper.stores.base.SessionStore.update_session`."""
+        check_tenant_and_id(tenant, session_id)
+        return await self._engine.update(
+            tenant, session_id, patch, expected_version=expected_version
+        )
 
 
 def _consume(future: asyncio.Future[Any]) -> None:

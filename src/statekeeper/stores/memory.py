@@ -18,10 +18,8 @@ from statekeeper.errors import AlreadyExistsError, NotFoundError
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES, decode_json, encode_json
 from statekeeper.stores.base import (
-    AppendResult,
     ClosingStore,
     Entry,
-    EntryDraft,
     Event,
     EventDraft,
     Page,
@@ -30,7 +28,7 @@ from statekeeper.stores.base import (
     SessionRecord,
     VersionedRecord,
 )
-from statekeeper.stores.engine import AppendEngine, Snapshot, Write
+from statekeeper.stores.engine import AppendEngine, EngineWrites, Snapshot, Write
 from statekeeper.stores.options import StoreOptions
 from statekeeper.stores.rules import (
     apply_patch,
@@ -75,7 +73,7 @@ class _Record:
         return self.expires_at is None or self.expires_at > now
 
 
-class MemoryStore(ClosingStore):
+class MemoryStore(EngineWrites, ClosingStore):
     """A store that keeps everything in this process's memory."""
 
     def __init__(self, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> None:
@@ -112,19 +110,6 @@ class MemoryStore(ClosingStore):
     async def get_session(self, tenant: str, session_id: str) -> SessionRecord:
         return self._session(tenant, session_id)
 
-    async def update_session(
-        self,
-        tenant: str,
-        session_id: str,
-        patch: SessionPatch,
-        *,
-        expected_version: int | None = None,
-    ) -> SessionRecord:
-        check_tenant_and_id(tenant, session_id)
-        return await self._engine.update(
-            tenant, session_id, patch, expected_version=expected_version
-        )
-
     async def list_sessions(self, tenant: str, query: SessionQuery) -> Page:
         validate_id(tenant, "tenant")
         rows = sorted(
@@ -148,26 +133,6 @@ class MemoryStore(ClosingStore):
         self._engine.forget(tenant, session_id)
 
     # -- transcripts ---------------------------------------------------------------------
-
-    async def append_entries(
-        self,
-        tenant: str,
-        session_id: str,
-        drafts: Sequence[EntryDraft],
-        *,
-        expected_version: int | None = None,
-        patch: SessionPatch | None = None,
-        move_head: bool = True,
-    ) -> AppendResult:
-        check_tenant_and_id(tenant, session_id)
-        return await self._engine.append(
-            tenant,
-            session_id,
-            drafts,
-            expected_version=expected_version,
-            patch=patch,
-            move_head=move_head,
-        )
 
     async def load_head(self, tenant: str, session_id: str, ids: Sequence[str]) -> Snapshot:
         """The engine's read primitive."""

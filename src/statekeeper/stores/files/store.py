@@ -23,7 +23,6 @@ from statekeeper.stores.base import (
     Event,
     EventDraft,
     Page,
-    SessionPatch,
     SessionQuery,
     SessionRecord,
     VersionedRecord,
@@ -175,20 +174,6 @@ class FileStore(FileTranscripts, ClosingStore):
     async def get_session(self, tenant: str, session_id: str) -> SessionRecord:
         check_tenant_and_id(tenant, session_id)
         return await self._in_session(tenant, session_id, lambda ctx: ctx.head.record)
-
-    async def update_session(
-        self,
-        tenant: str,
-        session_id: str,
-        patch: SessionPatch,
-        *,
-        expected_version: int | None = None,
-    ) -> SessionRecord:
-        check_tenant_and_id(tenant, session_id)
-
-        return await self._engine.update(
-            tenant, session_id, patch, expected_version=expected_version
-        )
 
     async def list_sessions(self, tenant: str, query: SessionQuery) -> Page:
         validate_id(tenant, "tenant")

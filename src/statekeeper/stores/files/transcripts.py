@@ -13,8 +13,8 @@ from typing import TypeVar
 from statekeeper.core.messages import utcnow
 from statekeeper.errors import NotFoundError
 from statekeeper.ids import validate_id
-from statekeeper.stores.base import AppendResult, Entry, EntryDraft, SessionPatch, SessionRecord
-from statekeeper.stores.engine import AppendEngine, Snapshot, Write
+from statekeeper.stores.base import Entry, SessionPatch, SessionRecord
+from statekeeper.stores.engine import AppendEngine, EngineWrites, Snapshot, Write
 from statekeeper.stores.files.layout import Layout, read_at
 from statekeeper.stores.files.logs import EPOCH, entry_line, header_line, new_gen
 from statekeeper.stores.files.sessions import SessionCtx, SessionFiles
@@ -31,7 +31,7 @@ __all__ = ["FileTranscripts"]
 T = TypeVar("T")
 
 
-class FileTranscripts:
+class FileTranscripts(EngineWrites):
     """Transcript entries in ``<tenant>/sessions/<id>.jsonl`` (see `statekeeper.stores.files`)."""
 
     _files: Layout
@@ -42,26 +42,6 @@ class FileTranscripts:
         raise NotImplementedError  # FileStore's
 
     # -- transcripts ---------------------------------------------------------------------
-
-    async def append_entries(
-        self,
-        tenant: str,
-        session_id: str,
-        drafts: Sequence[EntryDraft],
-        *,
-        expected_version: int | None = None,
-        patch: SessionPatch | None = None,
-        move_head: bool = True,
-    ) -> AppendResult:
-        check_tenant_and_id(tenant, session_id)
-        return await self._engine.append(
-            tenant,
-            session_id,
-            drafts,
-            expected_version=expected_version,
-            patch=patch,
-            move_head=move_head,
-        )
 
     def _snapshot(self, ctx: SessionCtx, ids: Sequence[str]) -> Snapshot:
         """The head and stored entries among ``ids``, under the session's lock."""

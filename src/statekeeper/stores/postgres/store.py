@@ -32,7 +32,6 @@ from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES
 from statekeeper.stores.base import (
     Durability,
     Page,
-    SessionPatch,
     SessionQuery,
     SessionRecord,
 )
@@ -146,20 +145,6 @@ class PostgresStore(PostgresTranscripts, PostgresRecordsAndEvents):
         sk, record = await self._run(get, idempotent=True)
         self._engine.remember(tenant, sk, record)
         return record
-
-    async def update_session(
-        self,
-        tenant: str,
-        session_id: str,
-        patch: SessionPatch,
-        *,
-        expected_version: int | None = None,
-    ) -> SessionRecord:
-        check_tenant_and_id(tenant, session_id)
-
-        return await self._engine.update(
-            tenant, session_id, patch, expected_version=expected_version
-        )
 
     async def list_sessions(self, tenant: str, query: SessionQuery) -> Page:
         validate_id(tenant, "tenant")

@@ -25,12 +25,11 @@ from statekeeper.errors import (
     PayloadTooLargeError,
     StatekeeperError,
     StoreCorruptError,
-    StoreUnavailableError,
 )
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES, gc_paused, loads
-from statekeeper.stores.base import AppendResult, Entry, EntryDraft, SessionPatch, SessionRecord
-from statekeeper.stores.engine import AppendEngine, Snapshot, Write
+from statekeeper.stores.base import Entry, SessionPatch, SessionRecord
+from statekeeper.stores.engine import AppendEngine, EngineWrites, Snapshot, Write
 from statekeeper.stores.postgres.conn import (
     Careful,
     Connection,
@@ -57,7 +56,7 @@ Key = tuple[str, str]
 T = TypeVar("T")
 
 
-class PostgresTranscripts(PostgresBase):
+class PostgresTranscripts(EngineWrites, PostgresBase):
     """The head cache and the `TranscriptStore` half of `PostgresStore`."""
 
     def __init__(
@@ -113,28 +112,6 @@ class PostgresTranscripts(PostgresBase):
         return (record.agent_id, record.last_active, record.version, meta, doc)
 
     # -- appends -------------------------------------------------------------------------
-
-    async def append_entries(
-        self,
-        tenant: str,
-        session_id: str,
-        drafts: Sequence[EntryDraft],
-        *,
-        expected_version: int | None = None,
-        patch: SessionPatch | None = None,
-        move_head: bool = True,
-    ) -> AppendResult:
-        check_tenant_and_id(tenant, session_id)
-        if self._source is None:
-            raise StoreUnavailableError(f"{self!r} is closed; open a new store")
-        return await self._engine.append(
-            tenant,
-            session_id,
-            drafts,
-            expected_version=expected_version,
-            patch=patch,
-            move_head=move_head,
-        )
 
     async def load_head(self, tenant: str, session_id: str, ids: Sequence[str]) -> Snapshot:
         """The engine's read primitive: the head and stored entries among ``ids``."""

@@ -46,7 +46,6 @@ stored forms), `heads` (the append engine's read and commit primitives), `record
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from typing import Any
 
 from statekeeper.core.messages import utcnow
@@ -57,15 +56,13 @@ from statekeeper.errors import (
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES, gc_paused
 from statekeeper.stores.base import (
-    AppendResult,
     Entry,
-    EntryDraft,
     Page,
     SessionPatch,
     SessionQuery,
     SessionRecord,
 )
-from statekeeper.stores.engine import AppendEngine
+from statekeeper.stores.engine import AppendEngine, EngineWrites
 from statekeeper.stores.options import StoreOptions
 from statekeeper.stores.redis.base import (
     DEFAULT_SOCKET_TIMEOUT,
@@ -104,7 +101,7 @@ __all__ = ["RedisStore", "open_redis"]
 _NO_PATCH = SessionPatch()
 
 
-class RedisStore(RedisRecords):
+class RedisStore(EngineWrites, RedisRecords):
     """A store in a Redis server.
 
     ``RedisStore(client, prefix=...)`` uses a redis-py asyncio client you own (and keep
@@ -173,20 +170,6 @@ class RedisStore(RedisRecords):
         self._engine.remember(tenant, to_bytes(generation), record)
         return record
 
-    async def update_session(
-        self,
-        tenant: str,
-        session_id: str,
-        patch: SessionPatch,
-        *,
-        expected_version: int | None = None,
-    ) -> SessionRecord:
-        check_tenant_and_id(tenant, session_id)
-
-        return await self._engine.update(
-            tenant, session_id, patch, expected_version=expected_version
-        )
-
     async def list_sessions(self, tenant: str, query: SessionQuery) -> Page:
         validate_id(tenant, "tenant")
         position = decode_cursor(query.cursor) if query.cursor is not None else None
@@ -236,26 +219,6 @@ class RedisStore(RedisRecords):
             raise session_not_found(session_id)
 
     # -- transcripts ---------------------------------------------------------------------
-
-    async def append_entries(
-        self,
-        tenant: str,
-        session_id: str,
-        drafts: Sequence[EntryDraft],
-        *,
-        expected_version: int | None = None,
-        patch: SessionPatch | None = None,
-        move_head: bool = True,
-    ) -> AppendResult:
-        check_tenant_and_id(tenant, session_id)
-        return await self._engine.append(
-            tenant,
-            session_id,
-            drafts,
-            expected_version=expected_version,
-            patch=patch,
-            move_head=move_head,
-        )
 
     async def read_entries(
         self,

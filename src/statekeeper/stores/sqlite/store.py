@@ -29,15 +29,13 @@ from statekeeper.errors import (
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import encode_json, gc_paused, loads
 from statekeeper.stores.base import (
-    AppendResult,
     Entry,
-    EntryDraft,
     Page,
     SessionPatch,
     SessionQuery,
     SessionRecord,
 )
-from statekeeper.stores.engine import AppendEngine, Snapshot, Write
+from statekeeper.stores.engine import AppendEngine, EngineWrites, Snapshot, Write
 from statekeeper.stores.options import StoreOptions
 from statekeeper.stores.rules import (
     apply_patch,
@@ -69,7 +67,7 @@ _CHECKPOINT_BYTES = 4 * 1024 * 1024  # WAL growth between checkpoints (SQLite's 
 _PAGES_PER_COMMIT = 4 * 4096  # a commit also rewrites a few index and head pages
 
 
-class SQLiteStore(SQLiteRecordsAndEvents):
+class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
     """A store in one SQLite file. Open with ``await SQLiteStore.open(path)``."""
 
     def __init__(self, path: str | os.PathLike[str], **options: Any) -> None:
@@ -151,20 +149,6 @@ class SQLiteStore(SQLiteRecordsAndEvents):
         check_tenant_and_id(tenant, session_id)
         return await self._read(lambda db: self._head(db, tenant, session_id)[1], inline=True)
 
-    async def update_session(
-        self,
-        tenant: str,
-        session_id: str,
-        patch: SessionPatch,
-        *,
-        expected_version: int | None = None,
-    ) -> SessionRecord:
-        check_tenant_and_id(tenant, session_id)
-
-        return await self._engine.update(
-            tenant, session_id, patch, expected_version=expected_version
-        )
-
     async def list_sessions(self, tenant: str, query: SessionQuery) -> Page:
         validate_id(tenant, "tenant")
         where = ["tenant=?"]
@@ -230,27 +214,6 @@ class SQLiteStore(SQLiteRecordsAndEvents):
         await self._write(delete)
 
     # -- transcripts ---------------------------------------------------------------------
-
-    async def append_entries(
-        self,
-        tenant: str,
-        session_id: str,
-        drafts: Sequence[EntryDraft],
-        *,
-        expected_version: int | None = None,
-        patch: SessionPatch | None = None,
-        move_head: bool = True,
-    ) -> AppendResult:
-        check_tenant_and_id(tenant, session_id)
-
-        return await self._engine.append(
-            tenant,
-            session_id,
-            drafts,
-            expected_version=expected_version,
-            patch=patch,
-            move_head=move_head,
-        )
 
     def _existing(self, db: sqlite3.Connection, sk: int, ids: Sequence[str]) -> dict[str, Entry]:
         if not ids:
