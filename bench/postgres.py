@@ -1,19 +1,20 @@
-"""Appends per second on PostgreSQL against raw psycopg inserts, in one process.
+"""Sessions on PostgreSQL against the plainest raw psycopg code doing the same job.
 
-Three patterns, each run through the store and through raw psycopg in the same run:
-- 1 writer: one task appending to one session;
-- 8 writers, 8 sessions: eight tasks, each appending to a session of its own;
-- 8 writers, 1 session: eight tasks appending to the same session
-  (``expected_version=None``: the database orders them).
+Our side goes through the public API only: ``Session.append(message)`` (one message per
+call) and ``Session.messages()`` of a `SessionManager` (``max_messages=None``) on
+``open_store("postgresql://...", schema=...)``. The baseline is what a developer writes
+without us: one async psycopg connection in autocommit mode, a plain table
+``messages(id bigserial PRIMARY KEY, session_id text, data text)`` and one ``INSERT`` of
+``json.dumps(message_dict)`` per message, each its own transaction; loading is a
+``SELECT`` of the session's rows in id order plus ``json.loads`` of each.
 
-Each pattern runs ``ROUNDS`` times, ours and raw alternating, and the best round of each
-counts, so a burst of load from another process on the host does not decide the ratio.
-
-Ours: ``store.append_entries`` of one ~500-byte message with the counters patch a
-``Session.append`` sends (one transaction each: the entry and the session head). Raw: the
-same JSON payload inserted into a table shaped like ours, one autocommit ``INSERT`` per
-message, with seq and parent computed in the client (no head, no ordering, nothing
-checked). Both use 8 pooled connections at most. Target: within 2x of raw.
+Messages are the realistic mix of `bench.common` (two ~400 B chat turns, then a ~2 KB
+tool output). Each measured append adds one message to a session that already holds
+``HISTORY`` messages (filled in batches first). The two sides take turns in batches;
+each batch gives one ratio (ours time / raw time), reported as median [min-max]. Table
+bytes (``pg_total_relation_size``: heap, TOAST and indexes) are compared with the
+payload, the JSON of the messages. Extra information: 8 writers on 8 sessions against 8
+raw writers on 8 connections, one round of ``PER_WRITER`` appends each per ratio.
 
 The server comes from ``STATEKEEPER_BENCH_POSTGRES_URL`` (else
 ``STATEKEEPER_TEST_POSTGRES_URL``, else ``postgresql://postgres@127.0.0.1:5432/test``);
@@ -25,36 +26,33 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import time
 import uuid
-from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from statekeeper.core.messages import Message
+from bench.common import (
+    Ratios,
+    Verdicts,
+    as_message,
+    interleave,
+    message_dict,
+    payload_bytes,
+    spread,
+)
+from statekeeper.sessions import Session, SessionManager
 from statekeeper.stores import open_store
-from statekeeper.stores.base import EntryDraft, SessionPatch, SessionRecord, Store
 
 URL = os.environ.get(
     "STATEKEEPER_BENCH_POSTGRES_URL",
     os.environ.get("STATEKEEPER_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"),
 )
-APPENDS = 1_600  # per measurement, split between the writers
-ROUNDS = 3  # ours and raw alternate; the best round of each counts (the host is shared)
-TARGET = 2.0
-PATTERNS = (("1 writer", 1, 1), ("8 writers, 8 sessions", 8, 8), ("8 writers, 1 session", 8, 1))
-"""(name, writers, sessions)"""
-TEXT = (
-    "The customer asked about order {n}: it left the depot on Tuesday, the carrier "
-    "expects delivery on Thursday, and a replacement can be sent once the carrier "
-    "confirms the parcel is lost. They also asked whether the confirmation e-mail goes "
-    "to the address on the order, which it does. "
-)
-
-
-def message(n: int) -> Message:
-    """A realistic chat message of about 500 bytes of JSON."""
-    return Message(role="user" if n % 2 == 0 else "assistant", content=TEXT.format(n=n))
+HISTORY = 10_000
+FILL = 500  # messages per append while filling the history
+BATCHES, BATCH = 20, 25  # measured appends: BATCHES * BATCH per side (+ 1 warm-up batch)
+LOADS = 7
+WRITERS, PER_WRITER, ROUNDS = 8, 25, 5
+TARGETS = {"append": 1.2}
+"""Upper limits of ours / raw at ``HISTORY`` messages (issue: faster than the incumbent)."""
 
 
 async def reachable() -> str | None:
@@ -70,116 +68,167 @@ async def reachable() -> str | None:
     return None
 
 
-async def timed(writers: int, work: Callable[[int], Awaitable[None]]) -> float:
-    """Appends per second of ``writers`` tasks each running ``work(writer)``."""
-    start = time.perf_counter()
-    await asyncio.gather(*(work(w) for w in range(writers)))
-    return APPENDS / (time.perf_counter() - start)
+class Raw:
+    """The baseline: a plain table, one autocommit INSERT (one transaction) per message."""
+
+    def __init__(self, conn: Any, schema: str) -> None:
+        self.conn = conn
+        self.table = f'"{schema}".messages'
+        self.insert = f"INSERT INTO {self.table} (session_id, data) VALUES (%s, %s)".encode()
+        self.select = f"SELECT data FROM {self.table} WHERE session_id = %s ORDER BY id".encode()
+
+    async def create(self) -> None:
+        await self.conn.execute(
+            f"CREATE TABLE {self.table} "
+            "(id bigserial PRIMARY KEY, session_id text NOT NULL, data text NOT NULL)".encode()
+        )
+
+    async def fill(self, session_id: str, dicts: list[dict[str, str]]) -> None:
+        async with self.conn.transaction(), self.conn.cursor() as cursor:
+            await cursor.executemany(self.insert, [(session_id, json.dumps(d)) for d in dicts])
+
+    async def append(self, session_id: str, data: dict[str, str]) -> None:
+        await self.conn.execute(self.insert, (session_id, json.dumps(data)))
+
+    async def load(self, session_id: str) -> list[Any]:
+        cursor = await self.conn.execute(self.select, (session_id,))
+        return [json.loads(text) for (text,) in await cursor.fetchall()]
 
 
-async def ours(store: Store, writers: int, sessions: int, tag: str) -> float:
-    """Appends per second through the store."""
-    ids = [f"{tag}-{s}" for s in range(sessions)]
-    for session_id in ids:
-        await store.create_session(SessionRecord(id=session_id, tenant="bench"))
-    per_writer = APPENDS // writers
-    # Built before the clock starts, as raw's JSON texts are.
-    patch = SessionPatch(add={"total_tokens": 120, "fresh_tokens": 120, "message_count": 1})
-    drafts = [
-        [
-            EntryDraft(id=m.id, payload=m.to_dict(), created_at=m.created_at)
-            for m in (message(w * per_writer + i) for i in range(per_writer))
-        ]
-        for w in range(writers)
-    ]
+async def measure(schema: str) -> dict[str, Any]:
+    """Append, load and table bytes at ``HISTORY`` messages, then the concurrent writers."""
+    import psycopg
 
-    async def work(w: int) -> None:
-        for draft in drafts[w]:
-            await store.append_entries("bench", ids[w % sessions], [draft], patch=patch)
+    filler = [message_dict(n) for n in range(HISTORY)]
+    appended = (BATCHES + 1) * BATCH
+    fresh = [message_dict(HISTORY + n) for n in range(appended)]
+    async with (
+        open_store(URL, schema=schema) as store,
+        await psycopg.AsyncConnection.connect(URL, autocommit=True) as conn,
+    ):
+        raw = Raw(conn, schema)
+        await raw.create()
+        manager = SessionManager(store, "bench", max_messages=None)
+        session = await manager.create()
+        for start in range(0, HISTORY, FILL):
+            await session.append(*(as_message(d) for d in filler[start : start + FILL]))
+        await raw.fill("s1", filler)
+        await conn.execute(b"CHECKPOINT")  # both histories on disk before the clock starts
 
-    return await timed(writers, work)
+        async def ours(n: int) -> None:  # our side builds its message from the dict
+            await session.append(as_message(fresh[n]))
+
+        async def raw_append(n: int) -> None:
+            await raw.append("s1", fresh[n])
+
+        append = await interleave(ours, raw_append, BATCHES, BATCH)
+
+        loaded: list[Any] = []
+
+        async def ours_load(n: int) -> None:
+            loaded[:] = await session.messages()
+
+        async def raw_load(n: int) -> None:
+            loaded[:] = await raw.load("s1")
+
+        load = await interleave(ours_load, raw_load, LOADS, 1)
+        assert len(loaded) == HISTORY + appended
+        assert len(await session.messages()) == HISTORY + appended
+
+        payload = payload_bytes(filler + fresh)
+        sizes = await table_sizes(conn, schema)
+        bytes_raw = sizes.pop("messages") / payload
+        bytes_ours = sum(sizes.values()) / payload
+
+        concurrent = await writers(manager, raw, schema)
+    return {
+        "append": append,
+        "load": load,
+        "concurrent": concurrent,
+        "bytes": {"ours": bytes_ours, "raw": bytes_raw},
+    }
 
 
-async def raw(pool: Any, schema: str, writers: int, sessions: int, base: int) -> float:
-    """Appends per second of plain inserts of the same payloads."""
-    per_writer = APPENDS // writers
-    texts = [
-        [json.dumps(message(w * per_writer + i).to_dict()) for i in range(per_writer)]
-        for w in range(writers)
-    ]
-    sql = (
-        f'INSERT INTO "{schema}".raw (session_sk, seq, id, parent_seq, kind, created_at, payload)'
-        " VALUES (%s, %s, %s, %s, 'message', now(), %s)"
-    ).encode()
-
-    async def work(w: int) -> None:
-        session = base + w % sessions
-        writers_here = writers // sessions
-        async with pool.connection() as conn:
-            for i, text in enumerate(texts[w]):
-                # Seqs interleave between the writers of a session, as ours would.
-                seq = i * writers_here + w // sessions + 1
-                await conn.execute(sql, (session, seq, uuid.uuid4().hex, seq - 1 or None, text))
-
-    return await timed(writers, work)
+async def table_sizes(conn: Any, schema: str) -> dict[str, int]:
+    """Bytes of each table of the schema: heap, TOAST and indexes."""
+    cursor = await conn.execute(
+        b"SELECT c.relname, pg_total_relation_size(c.oid) FROM pg_class c"
+        b" JOIN pg_namespace n ON n.oid = c.relnamespace"
+        b" WHERE n.nspname = %s AND c.relkind = 'r'",
+        (schema,),
+    )
+    return {name: size for name, size in await cursor.fetchall()}
 
 
-async def run() -> list[tuple[str, dict[str, float]]]:
-    """Every measurement (an empty list, after printing why, if there is no server)."""
+async def writers(manager: SessionManager, raw: Raw, schema: str) -> Ratios:
+    """``WRITERS`` tasks on as many sessions against as many raw writers, each its connection."""
+    import psycopg
+
+    sessions: list[Session] = [await manager.create() for _ in range(WRITERS)]
+    dicts = [message_dict(n) for n in range(PER_WRITER)]
+    conns = [await psycopg.AsyncConnection.connect(URL, autocommit=True) for _ in range(WRITERS)]
+    raws = [Raw(conn, schema) for conn in conns]
+
+    async def ours_writer(session: Session) -> None:
+        for data in dicts:
+            await session.append(as_message(data))
+
+    async def raw_writer(w: int) -> None:
+        for data in dicts:
+            await raws[w].append(f"w{w}", data)
+
+    async def ours(n: int) -> None:
+        await asyncio.gather(*(ours_writer(s) for s in sessions))
+
+    async def raw_round(n: int) -> None:
+        await asyncio.gather(*(raw_writer(w) for w in range(WRITERS)))
+
+    try:
+        return await interleave(ours, raw_round, ROUNDS, 1)
+    finally:
+        for conn in conns:
+            await conn.close()
+
+
+async def run() -> dict[str, Any] | None:
+    """Every measurement (None, after printing why, if there is no server)."""
     reason = await reachable()
     if reason is not None:
         print(f"postgres benchmark skipped: {reason}")
-        return []
+        return None
     import psycopg
-    from psycopg_pool import AsyncConnectionPool
 
     schema = f"skbench_{uuid.uuid4().hex[:12]}"
-    store = await open_store(URL, schema=schema, min_size=8, max_size=8)
-    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-        URL, min_size=8, max_size=8, kwargs={"autocommit": True}, open=False
-    )
-    await pool.open(wait=True)
-    results = []
     try:
-        async with pool.connection() as conn:
-            await conn.execute(
-                f'CREATE TABLE "{schema}".raw (LIKE "{schema}".entries INCLUDING ALL)'.encode()
-            )
-        await ours(store, 1, 1, "warm-up")
-        await raw(pool, schema, 1, 1, 1)
-        for n, (name, writers, sessions) in enumerate(PATTERNS):
-            best = {"ours": 0.0, "raw": 0.0}
-            for r in range(ROUNDS):
-                tag = f"p{n}r{r}"
-                best["ours"] = max(best["ours"], await ours(store, writers, sessions, tag))
-                base = 1000 * (n + 1) + 10 * r
-                best["raw"] = max(best["raw"], await raw(pool, schema, writers, sessions, base))
-            results.append((name, best))
+        return await measure(schema)
     finally:
-        await store.close()
-        await pool.close()
         async with await psycopg.AsyncConnection.connect(URL, autocommit=True) as conn:
-            await conn.execute(f'DROP SCHEMA "{schema}" CASCADE'.encode())
-    return results
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'.encode())
 
 
-def report(results: list[tuple[str, dict[str, float]]]) -> list[str]:
-    """Print the table and the verdicts; return the failed targets."""
-    if not results:
+def report(results: dict[str, Any] | None) -> list[str]:
+    """Print the table and the verdicts; return the missed targets."""
+    if results is None:
         print("postgres benchmark: no results (skipped)")
         return []
-    print(f"{'pattern':<24} {'ours/s':>9} {'raw/s':>9} {'raw/ours':>9}")
-    failed = []
-    for name, row in results:
-        ratio = row["raw"] / row["ours"]
-        verdict = "ok" if ratio <= TARGET else "MISSED"
-        print(
-            f"{name:<24} {row['ours']:>9.0f} {row['raw']:>9.0f} {ratio:>9.2f}"
-            f"  (target <= {TARGET})  {verdict}"
-        )
-        if ratio > TARGET:
-            failed.append(f"postgres {name}: appends vs raw")
-    return failed
+    rows = [
+        (f"append at {HISTORY:,}", results["append"]),
+        (f"load {HISTORY + (BATCHES + 1) * BATCH:,} messages", results["load"]),
+        (f"{WRITERS} writers x {PER_WRITER} appends", results["concurrent"]),
+    ]
+    print(f"{'operation':<28} {'ours ms':>9} {'raw ms':>9} {'ours/raw':>20}")
+    for name, r in rows:
+        print(f"{name:<28} {r.ours_us / 1e3:>9.3f} {r.raw_us / 1e3:>9.3f} {spread(r):>20}")
+    print()
+    verdicts = Verdicts()
+    verdicts.at_most(
+        f"append at {HISTORY:,} vs raw INSERT per txn", results["append"], TARGETS["append"]
+    )
+    verdicts.info("load vs SELECT + json.loads", results["load"])
+    verdicts.info(f"{WRITERS} writers on {WRITERS} sessions vs raw", results["concurrent"])
+    verdicts.info("table bytes / payload, ours", results["bytes"]["ours"])
+    verdicts.info("table bytes / payload, raw", results["bytes"]["raw"])
+    return verdicts.missed
 
 
 def main() -> None:

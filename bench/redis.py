@@ -1,140 +1,170 @@
-"""Append throughput of the Redis store against raw redis-py, in one process.
+"""Sessions on Redis against the plainest raw redis-py code doing the same job.
 
-Three scenarios, each run with our store and with the baseline in the same run:
-- 1 writer on 1 session;
-- 8 concurrent writers, each on its own session;
-- 8 concurrent writers on the same session.
+Our side goes through the public API only: ``Session.append(message)`` (one message per
+call) and ``Session.messages()`` of a `SessionManager` (``max_messages=None``) on
+``open_store("redis://...", prefix=...)``. The baseline is what a developer writes
+without us: redis-py's asyncio client, ``RPUSH key json.dumps(message_dict)`` per
+message, and loading is ``LRANGE key 0 -1`` plus ``json.loads`` of each item.
 
-Ours: ``store.append_entries`` of one ~500-byte chat message with a ``message_count``
-counter patch (a compare-and-set append: entry, id index, head and listing index in one
-script). Raw: redis-py's asyncio client writing the same payload comparably, as a
-MULTI/EXEC of INCR (the seq) and HSET (the payload under that writer's next field), one
-transaction per append. Both use one client (connection pool) per side, no pipelining
-across appends. Each figure is the best of three rounds; the target is raw / ours <= 2.
+Messages are the realistic mix of `bench.common` (two ~400 B chat turns, then a ~2 KB
+tool output). Each measured append adds one message to a session that already holds
+``HISTORY`` messages (filled in batches first). The two sides take turns in batches;
+each batch gives one ratio (ours time / raw time), reported as median [min-max]. Memory
+(``MEMORY USAGE`` of every key of each side) is compared with the payload, the JSON of
+the messages. Extra information: 8 writers on 8 sessions against 8 raw writers on 8
+lists, one round of ``PER_WRITER`` appends each per ratio.
 
 The server is ``STATEKEEPER_BENCH_REDIS_URL`` (default ``redis://127.0.0.1:6379/0``);
 every key is written under a fresh prefix and deleted afterwards. Run it as a module
-(``python -m bench.redis``): as a script, this file would shadow the ``redis`` package.
+(``python -m bench redis``): as a script, this file would shadow the ``redis`` package.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
-import time
 import uuid
-from collections.abc import Awaitable, Callable
+from typing import Any
 
 from redis.asyncio import Redis
 
-from statekeeper.core.messages import Message
-from statekeeper.jsoncodec import encode_json
+from bench.common import (
+    Ratios,
+    Verdicts,
+    as_message,
+    interleave,
+    message_dict,
+    payload_bytes,
+    spread,
+)
+from statekeeper.sessions import Session, SessionManager
 from statekeeper.stores import open_store
-from statekeeper.stores.base import EntryDraft, SessionPatch, SessionRecord, Store
 
 URL = os.environ.get("STATEKEEPER_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
-APPENDS = 1_600
-ROUNDS = 3
-TARGET = 2.0
-SCENARIOS = (("1 writer, 1 session", 1, False), ("8 writers, 8 sessions", 8, False))
-SCENARIOS += (("8 writers, 1 session", 8, True),)
-TEXT = (
-    "The customer asked about order {n}: it left the depot on Tuesday, the carrier "
-    "expects delivery on Thursday, and a replacement can be sent once the carrier "
-    "confirms the parcel is lost. They also asked whether the confirmation e-mail goes "
-    "to the address on the order, which it does. "
-)
-_PATCH = SessionPatch(add={"message_count": 1})
+HISTORY = 10_000
+FILL = 500  # messages per append while filling the history
+BATCHES, BATCH = 20, 50  # measured appends: BATCHES * BATCH per side (+ 1 warm-up batch)
+LOADS = 7
+WRITERS, PER_WRITER, ROUNDS = 8, 40, 5
+TARGETS = {"append": 1.5}
+"""Upper limits of ours / raw at ``HISTORY`` messages (issue: faster than the incumbent)."""
 
 
-def payload(n: int) -> dict[str, object]:
-    """A realistic chat message of about 500 bytes of JSON."""
-    return Message(role="user" if n % 2 else "assistant", content=TEXT.format(n=n)).to_dict()
+async def memory(client: Redis, pattern: str) -> int:
+    """Bytes Redis holds for every key matching ``pattern`` (``MEMORY USAGE``, exact)."""
+    total = 0
+    async for key in client.scan_iter(match=pattern, count=1000):
+        total += await client.memory_usage(key, samples=0) or 0
+    return total
 
 
-async def _timed(writers: int, write: Callable[[int, int], Awaitable[object]]) -> float:
-    """Appends per second of ``writers`` concurrent loops calling ``write(writer, n)``."""
-    each = APPENDS // writers
-
-    async def loop(writer: int) -> None:
-        for n in range(each):
-            await write(writer, n)
-
-    start = time.perf_counter()
-    await asyncio.gather(*(loop(w) for w in range(writers)))
-    return each * writers / (time.perf_counter() - start)
-
-
-async def ours(store: Store, round_id: str, writers: int, same: bool) -> float:
-    sessions = [f"{round_id}-s{w}" for w in range(1 if same else writers)]
-    for session_id in sessions:
-        await store.create_session(SessionRecord(id=session_id, tenant="bench"))
-    bodies = [payload(n) for n in range(APPENDS)]
-
-    async def write(writer: int, n: int) -> object:
-        draft = EntryDraft(payload=bodies[n])
-        session_id = sessions[0 if same else writer]
-        return await store.append_entries("bench", session_id, [draft], patch=_PATCH)
-
-    return await _timed(writers, write)
-
-
-async def raw(client: Redis, prefix: str, writers: int, same: bool) -> float:
-    texts = [encode_json(payload(n)) for n in range(APPENDS)]
-
-    async def write(writer: int, n: int) -> object:
-        key = f"{prefix}/raw/{0 if same else writer}"
-        async with client.pipeline(transaction=True) as pipe:
-            pipe.incr(f"{key}/seq")
-            pipe.hset(f"{key}/entries", f"{writer}-{n}", texts[n])
-            return await pipe.execute()
-
-    return await _timed(writers, write)
-
-
-async def _clean(client: Redis, prefix: str) -> None:
-    async for key in client.scan_iter(match=f"{prefix}/*", count=1000):
+async def clean(client: Redis, pattern: str) -> None:
+    """Delete every key matching ``pattern``."""
+    async for key in client.scan_iter(match=pattern, count=1000):
         await client.unlink(key)
 
 
-async def run() -> list[tuple[str, dict[str, float]]]:
-    """Every measurement, in one process (ours and raw interleaved, best of three)."""
+async def measure(client: Redis, prefix: str) -> dict[str, Any]:
+    """Append, load and memory at ``HISTORY`` messages, then the concurrent writers."""
+    raw_key = f"{prefix}-raw/s1"
+    filler = [message_dict(n) for n in range(HISTORY)]
+    appended = (BATCHES + 1) * BATCH
+    fresh = [message_dict(HISTORY + n) for n in range(appended)]
+    async with open_store(URL, prefix=prefix) as store:
+        manager = SessionManager(store, "bench", max_messages=None)
+        session = await manager.create()
+        for start in range(0, HISTORY, FILL):
+            chunk = filler[start : start + FILL]
+            await session.append(*(as_message(d) for d in chunk))
+            await client.rpush(raw_key, *(json.dumps(d) for d in chunk))
+
+        async def ours(n: int) -> None:  # our side builds its message from the dict
+            await session.append(as_message(fresh[n]))
+
+        async def raw(n: int) -> None:
+            await client.rpush(raw_key, json.dumps(fresh[n]))
+
+        append = await interleave(ours, raw, BATCHES, BATCH)
+
+        loaded: list[Any] = []
+
+        async def ours_load(n: int) -> None:
+            loaded[:] = await session.messages()
+
+        async def raw_load(n: int) -> None:
+            loaded[:] = [json.loads(text) for text in await client.lrange(raw_key, 0, -1)]
+
+        load = await interleave(ours_load, raw_load, LOADS, 1)
+        assert len(loaded) == HISTORY + appended
+        assert len(await session.messages()) == HISTORY + appended
+
+        payload = payload_bytes(filler + fresh)
+        bytes_ours = await memory(client, f"{prefix}/*") / payload
+        bytes_raw = await memory(client, f"{prefix}-raw/*") / payload
+
+        concurrent = await writers(manager, client, f"{prefix}-raw")
+    return {
+        "append": append,
+        "load": load,
+        "concurrent": concurrent,
+        "bytes": {"ours": bytes_ours, "raw": bytes_raw},
+    }
+
+
+async def writers(manager: SessionManager, client: Redis, raw_prefix: str) -> Ratios:
+    """``WRITERS`` tasks on as many sessions against as many raw writers on as many lists."""
+    sessions: list[Session] = [await manager.create() for _ in range(WRITERS)]
+    keys = [f"{raw_prefix}/w{w}" for w in range(WRITERS)]
+    dicts = [message_dict(n) for n in range(PER_WRITER)]
+
+    async def ours_writer(session: Session) -> None:
+        for data in dicts:
+            await session.append(as_message(data))
+
+    async def raw_writer(key: str) -> None:
+        for data in dicts:
+            await client.rpush(key, json.dumps(data))
+
+    async def ours(n: int) -> None:
+        await asyncio.gather(*(ours_writer(s) for s in sessions))
+
+    async def raw(n: int) -> None:
+        await asyncio.gather(*(raw_writer(k) for k in keys))
+
+    return await interleave(ours, raw, ROUNDS, 1)
+
+
+async def run() -> dict[str, Any]:
+    """Every measurement, in one process; every key is deleted afterwards."""
     prefix = f"skbench{uuid.uuid4().hex[:10]}"
-    store = await open_store(URL, prefix=prefix)
-    client = Redis.from_url(URL, protocol=2)
-    results = []
+    client = Redis.from_url(URL)
     try:
-        for name, writers, same in SCENARIOS:
-            best = {"ours": 0.0, "raw": 0.0}
-            for attempt in range(ROUNDS):
-                round_id = f"{writers}{'same' if same else 'many'}{attempt}"
-                best["ours"] = max(best["ours"], await ours(store, round_id, writers, same))
-                best["raw"] = max(
-                    best["raw"], await raw(client, f"{prefix}/{round_id}", writers, same)
-                )
-                await _clean(client, prefix)
-            results.append((name, best))
+        return await measure(client, prefix)
     finally:
-        await _clean(client, prefix)
+        await clean(client, f"{prefix}/*")
+        await clean(client, f"{prefix}-raw/*")
         await client.aclose()
-        await store.close()
-    return results
 
 
-def report(results: list[tuple[str, dict[str, float]]]) -> list[str]:
-    """Print the table and the verdicts; return the failed targets."""
-    print(f"{'scenario':<24} {'ours/s':>9} {'raw/s':>9} {'raw/ours':>9}")
-    failed = []
-    for name, r in results:
-        ratio = r["raw"] / r["ours"]
-        verdict = "ok" if ratio <= TARGET else "MISSED"
-        print(
-            f"{name:<24} {r['ours']:>9.0f} {r['raw']:>9.0f} {ratio:>9.2f}  "
-            f"(target <= {TARGET})  {verdict}"
-        )
-        if ratio > TARGET:
-            failed.append(f"redis append, {name}")
-    return failed
+def report(results: dict[str, Any]) -> list[str]:
+    """Print the table and the verdicts; return the missed targets."""
+    rows = [
+        (f"append at {HISTORY:,}", results["append"]),
+        (f"load {HISTORY + (BATCHES + 1) * BATCH:,} messages", results["load"]),
+        (f"{WRITERS} writers x {PER_WRITER} appends", results["concurrent"]),
+    ]
+    print(f"{'operation':<28} {'ours ms':>9} {'raw ms':>9} {'ours/raw':>20}")
+    for name, r in rows:
+        print(f"{name:<28} {r.ours_us / 1e3:>9.3f} {r.raw_us / 1e3:>9.3f} {spread(r):>20}")
+    print()
+    verdicts = Verdicts()
+    verdicts.at_most(f"append at {HISTORY:,} vs raw RPUSH", results["append"], TARGETS["append"])
+    verdicts.info("load vs LRANGE + json.loads", results["load"])
+    verdicts.info(f"{WRITERS} writers on {WRITERS} sessions vs raw", results["concurrent"])
+    verdicts.info("memory / payload, ours", results["bytes"]["ours"])
+    verdicts.info("memory / payload, raw", results["bytes"]["raw"])
+    return verdicts.missed
 
 
 def main() -> None:
