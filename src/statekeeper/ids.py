@@ -22,8 +22,14 @@ MAX_ID_LENGTH = 128
 _ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]*")
 
 
+_KNOWN_VALID: set[str] = set()  # ids seen valid lately: an append checks a few of them
+_KNOWN_LIMIT = 4096
+
+
 def validate_id(value: object, kind: str = "id") -> str:
     """Return ``value`` if it is a valid id, else raise `InvalidIdError` naming the problem."""
+    if type(value) is str and value in _KNOWN_VALID:
+        return value
     if not isinstance(value, str):
         raise InvalidIdError(f"{kind} must be a string, got {type(value).__name__}")
     if not value:
@@ -38,6 +44,10 @@ def validate_id(value: object, kind: str = "id") -> str:
             f"{kind} {shown!r} is not allowed: use letters, digits and . _ : @ - "
             "(starting with a letter or digit, no '..')"
         )
+    if type(value) is str:  # not a subclass: its equality could lie
+        if len(_KNOWN_VALID) >= _KNOWN_LIMIT:
+            _KNOWN_VALID.clear()
+        _KNOWN_VALID.add(value)
     return value
 
 
