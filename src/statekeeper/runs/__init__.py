@@ -1,4 +1,7 @@
-"""Runs: run state, the runner, approvals, limits, delegation and resume."""
+"""Runs: run state, the runner, approvals, limits, delegation and resume.
+
+See ``docs/runs.md``; its reference table describes every name here.
+"""
 
 from statekeeper.runs.agent import (
     Action,

@@ -1,4 +1,7 @@
-"""Sessions and transcripts on top of a store."""
+"""Sessions and transcripts on top of a store.
+
+See ``docs/sessions.md``; its reference table describes every name here.
+"""
 
 from statekeeper.sessions.compaction import CompactionResult, Summarizer
 from statekeeper.sessions.manager import AppendOutcome, Session, SessionManager

@@ -8,8 +8,10 @@
     files:///path/to/dir              plain JSON / JSONL files a person can read
 
 SQLite options go in the query string: ``durability=power|process``,
-``busy_timeout=<seconds>``, ``mode=ro`` (read-only), ``max_payload_bytes=<n>``.
+``busy_timeout=<seconds>``, ``mode=ro`` (read-only), ``max_payload_bytes=<n>``,
+``inline_writes=true|false``, ``page_size=<bytes>`` (new files only).
 Backends load lazily, so an optional backend's driver is imported only when used.
+Every name here is described in ``docs/stores.md``.
 """
 
 from __future__ import annotations
