@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
+from store_slices import RecordsOnly
 
 from statekeeper.errors import (
     AlreadyExistsError,
@@ -24,7 +25,8 @@ from statekeeper.runtime.profiles import (
     AuthProfiles,
     resolve_secret,
 )
-from statekeeper.stores import Store, open_store
+from statekeeper.stores import open_store
+from statekeeper.stores.base import RecordStore
 
 TENANT = "alice"
 START = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
@@ -41,12 +43,15 @@ class Clock:
         self.now += timedelta(seconds=seconds)
 
 
-@pytest.fixture(params=["memory", "sqlite"])
-async def profile_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    url = "memory://" if request.param == "memory" else f"sqlite:///{tmp_path / 's.db'}"
+@pytest.fixture(params=["memory", "sqlite", "records-only"])
+async def profile_store(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[RecordStore]:
+    """A store; "records-only" has nothing but a `RecordStore`'s methods (all it needs)."""
+    url = f"sqlite:///{tmp_path / 's.db'}" if request.param == "sqlite" else "memory://"
     store = await open_store(url)
     try:
-        yield store
+        yield RecordsOnly(store) if request.param == "records-only" else store
     finally:
         await store.close()
 
@@ -57,7 +62,7 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-async def profiles(profile_store: Store, clock: Clock) -> AuthProfiles:
+async def profiles(profile_store: RecordStore, clock: Clock) -> AuthProfiles:
     keys = AuthProfiles(profile_store, TENANT, "bot", clock=clock)
     for n in (1, 2, 3):
         await keys.add(f"env:OPENAI_KEY_{n}", label=f"key {n}", profile_id=f"k{n}")
@@ -87,7 +92,7 @@ async def test_a_rate_limit_rotates_to_the_next_profile(profiles: AuthProfiles) 
 
 
 async def test_cooldown_doubles_per_failure_in_a_row_up_to_the_maximum(
-    profile_store: Store, clock: Clock
+    profile_store: RecordStore, clock: Clock
 ) -> None:
     keys = AuthProfiles(profile_store, TENANT, "bot", clock=clock, max_cooldown=500)
     await keys.add("env:A", profile_id="a")
@@ -153,7 +158,7 @@ async def test_reset_clears_cooldowns(profiles: AuthProfiles) -> None:
     assert all(p.cooldown_until is None and p.failure_count == 0 for p in await profiles.list())
 
 
-async def test_state_survives_a_restart(profile_store: Store, clock: Clock) -> None:
+async def test_state_survives_a_restart(profile_store: RecordStore, clock: Clock) -> None:
     before = AuthProfiles(profile_store, TENANT, "bot", clock=clock)
     await before.add("env:A", profile_id="a")
     await before.add("env:B", profile_id="b")
@@ -171,7 +176,7 @@ async def test_state_survives_a_restart(profile_store: Store, clock: Clock) -> N
 
 
 async def test_two_instances_picking_at_once_take_different_profiles(
-    profile_store: Store, clock: Clock
+    profile_store: RecordStore, clock: Clock
 ) -> None:
     keys = [AuthProfiles(profile_store, TENANT, "bot", clock=clock) for _ in range(4)]
     for n in range(4):
@@ -184,7 +189,7 @@ async def test_two_instances_picking_at_once_take_different_profiles(
 class SlowReads:
     """A store whose reads let other tasks run first: every picker reads the same version."""
 
-    def __init__(self, inner: Store) -> None:
+    def __init__(self, inner: RecordStore) -> None:
         self.inner = inner
         self.conflicts = 0
 
@@ -205,10 +210,10 @@ class SlowReads:
 
 
 async def test_racing_pickers_conflict_and_retry_instead_of_sharing_a_profile(
-    profile_store: Store, clock: Clock
+    profile_store: RecordStore, clock: Clock
 ) -> None:
     slow = SlowReads(profile_store)
-    keys = [AuthProfiles(cast(Store, slow), TENANT, "bot", clock=clock) for _ in range(3)]
+    keys = [AuthProfiles(cast(RecordStore, slow), TENANT, "bot", clock=clock) for _ in range(3)]
     for n in range(3):
         await keys[0].add(f"env:K{n}", profile_id=f"k{n}")
     picked = await asyncio.gather(*(k.pick() for k in keys))
@@ -229,7 +234,7 @@ async def test_add_remove_and_errors(profiles: AuthProfiles) -> None:
     assert generated.id.startswith("key_")
 
 
-async def test_no_profiles_is_a_typed_error(profile_store: Store) -> None:
+async def test_no_profiles_is_a_typed_error(profile_store: RecordStore) -> None:
     with pytest.raises(NotFoundError, match="no auth profiles"):
         await AuthProfiles(profile_store, TENANT, "bot").pick()
     assert await AuthProfiles(profile_store, TENANT, "bot").next_free_at() is None
@@ -264,12 +269,12 @@ def test_resolve_secret(monkeypatch: pytest.MonkeyPatch) -> None:
         resolve_secret("env:SK_TEST_MISSING")
 
 
-async def test_a_newer_stored_format_is_refused(profile_store: Store) -> None:
+async def test_a_newer_stored_format_is_refused(profile_store: RecordStore) -> None:
     await profile_store.put_record(TENANT, NAMESPACE, "bot", {"format": 99, "profiles": []})
     with pytest.raises(SchemaVersionError):
         await AuthProfiles(profile_store, TENANT, "bot").list()
 
 
-def test_cooldown_settings_are_checked(profile_store: Store) -> None:
+def test_cooldown_settings_are_checked(profile_store: RecordStore) -> None:
     with pytest.raises(InvalidInputError):
         AuthProfiles(profile_store, TENANT, "bot", base_cooldown=10, max_cooldown=5)

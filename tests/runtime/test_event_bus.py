@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
+from store_slices import EventLogOnly
 
 from statekeeper.errors import InvalidInputError, InvalidPayloadError, PayloadTooLargeError
 from statekeeper.runtime import events as events_module
@@ -21,29 +22,31 @@ from statekeeper.runtime.events import (
     UnknownEventKindError,
     WaitTimeoutError,
 )
-from statekeeper.stores import Store, open_store
+from statekeeper.stores import open_store
+from statekeeper.stores.base import EventLogStore
 
 TENANT = "alice"
 RUN = "run-1"
 
 
-@pytest.fixture(params=["memory", "sqlite", "inprocess"])
+@pytest.fixture(params=["memory", "sqlite", "inprocess", "log-only"])
 def bus_kind(request: pytest.FixtureRequest) -> str:
+    """ "log-only": a store with nothing but an `EventLogStore`'s methods (all a bus needs)."""
     return str(request.param)
 
 
 @pytest.fixture
-async def bus_store(bus_kind: str, tmp_path: Path) -> AsyncIterator[Store]:
+async def bus_store(bus_kind: str, tmp_path: Path) -> AsyncIterator[EventLogStore]:
     url = f"sqlite:///{tmp_path / 's.db'}" if bus_kind == "sqlite" else "memory://"
     store = await open_store(url)
     try:
-        yield store
+        yield EventLogOnly(store) if bus_kind == "log-only" else store
     finally:
         await store.close()
 
 
 @pytest.fixture
-async def bus(bus_store: Store, bus_kind: str) -> AsyncIterator[EventBus]:
+async def bus(bus_store: EventLogStore, bus_kind: str) -> AsyncIterator[EventBus]:
     opened = EventBus(bus_store, TENANT, persist=bus_kind != "inprocess")
     try:
         yield opened
@@ -221,7 +224,7 @@ async def test_a_lagged_all_runs_subscriber_says_what_it_dropped(bus: EventBus) 
     ids=["nan", "bytes", "object", "set", "list"],
 )
 async def test_a_non_json_payload_is_refused_and_uses_no_seq(
-    bus: EventBus, bus_store: Store, bus_kind: str, payload: Any
+    bus: EventBus, bus_store: EventLogStore, bus_kind: str, payload: Any
 ) -> None:
     sub = bus.subscribe(RUN)
     await bus.publish(RUN, "lifecycle", "start")
@@ -282,7 +285,7 @@ async def test_an_oversized_event_in_a_concurrent_batch_fails_alone(tmp_path: Pa
 class SlowAppends:
     """A store whose first append writes, then answers only when released."""
 
-    def __init__(self, inner: Store) -> None:
+    def __init__(self, inner: EventLogStore) -> None:
         self.inner = inner
         self.written = asyncio.Event()
         self.release = asyncio.Event()
@@ -299,12 +302,12 @@ class SlowAppends:
 
 
 async def test_a_publish_cancelled_after_its_write_still_reaches_subscribers(
-    bus_store: Store, bus_kind: str
+    bus_store: EventLogStore, bus_kind: str
 ) -> None:
     if bus_kind == "inprocess":
         pytest.skip("an in-process publish never waits")
     slow = SlowAppends(bus_store)
-    bus = EventBus(cast(Store, slow), TENANT)
+    bus = EventBus(cast(EventLogStore, slow), TENANT)
     sub = bus.subscribe(RUN)
     leader = asyncio.create_task(bus.publish(RUN, "lifecycle", "start"))
     await slow.written.wait()
@@ -369,7 +372,7 @@ async def test_an_aborted_run_completes_too(bus: EventBus) -> None:
 
 
 async def test_a_new_bus_rebuilds_snapshots_and_waits_from_the_log(
-    bus_store: Store, bus_kind: str
+    bus_store: EventLogStore, bus_kind: str
 ) -> None:
     if bus_kind == "inprocess":
         pytest.skip("an in-process log does not outlive its bus")
@@ -383,7 +386,7 @@ async def test_a_new_bus_rebuilds_snapshots_and_waits_from_the_log(
 
 
 async def test_two_buses_sharing_a_store_number_one_log(
-    bus_store: Store, bus_kind: str, tmp_path: Path
+    bus_store: EventLogStore, bus_kind: str, tmp_path: Path
 ) -> None:
     if bus_kind == "inprocess":
         pytest.skip("in-process logs are not shared")

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from store_slices import RecordsOnly
 
 from statekeeper.core.messages import Message
 from statekeeper.errors import (
@@ -24,7 +25,8 @@ from statekeeper.runtime.subagents import (
     SubagentRegistry,
     SubagentStatus,
 )
-from statekeeper.stores import Store, open_store
+from statekeeper.stores import open_store
+from statekeeper.stores.base import RecordStore
 
 TENANT = "alice"
 START = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
@@ -55,12 +57,15 @@ class Controls:
         self.steered.append((run_id, message))
 
 
-@pytest.fixture(params=["memory", "sqlite"])
-async def registry_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    url = "memory://" if request.param == "memory" else f"sqlite:///{tmp_path / 's.db'}"
+@pytest.fixture(params=["memory", "sqlite", "records-only"])
+async def registry_store(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[RecordStore]:
+    """A store; "records-only" has nothing but a `RecordStore`'s methods (all it needs)."""
+    url = f"sqlite:///{tmp_path / 's.db'}" if request.param == "sqlite" else "memory://"
     store = await open_store(url)
     try:
-        yield store
+        yield RecordsOnly(store) if request.param == "records-only" else store
     finally:
         await store.close()
 
@@ -76,7 +81,7 @@ def controls() -> Controls:
 
 
 @pytest.fixture
-def registry(registry_store: Store, clock: Clock, controls: Controls) -> SubagentRegistry:
+def registry(registry_store: RecordStore, clock: Clock, controls: Controls) -> SubagentRegistry:
     return SubagentRegistry(
         registry_store,
         TENANT,
@@ -168,7 +173,7 @@ async def test_kill_calls_the_callback_and_marks_killed(
 
 
 async def test_a_run_that_completes_while_being_killed_keeps_its_outcome(
-    registry_store: Store, clock: Clock
+    registry_store: RecordStore, clock: Clock
 ) -> None:
     async def kill_but_it_finishes_first(run_id: str) -> None:
         await registry.complete(run_id, "finished anyway")
@@ -198,7 +203,7 @@ async def test_steer_calls_the_callback(registry: SubagentRegistry, controls: Co
     assert len(controls.steered) == 2
 
 
-async def test_without_callbacks(registry_store: Store) -> None:
+async def test_without_callbacks(registry_store: RecordStore) -> None:
     bare = SubagentRegistry(registry_store, TENANT, owner_id="w")
     await spawn(bare, "r1")
     with pytest.raises(InvalidInputError, match="steer"):
@@ -217,7 +222,7 @@ async def test_forget_a_finished_entry(registry: SubagentRegistry) -> None:
 
 
 async def test_heartbeat_touches_only_this_owners_running_runs(
-    registry_store: Store, registry: SubagentRegistry, clock: Clock
+    registry_store: RecordStore, registry: SubagentRegistry, clock: Clock
 ) -> None:
     other = SubagentRegistry(registry_store, TENANT, owner_id="worker-b", clock=clock)
     await spawn(registry, "mine")
@@ -231,7 +236,7 @@ async def test_heartbeat_touches_only_this_owners_running_runs(
 
 
 async def test_recover_fails_orphans_of_stale_or_dead_owners(
-    registry_store: Store, clock: Clock
+    registry_store: RecordStore, clock: Clock
 ) -> None:
     gone = SubagentRegistry(registry_store, TENANT, owner_id="worker-old", clock=clock)
     alive = SubagentRegistry(registry_store, TENANT, owner_id="worker-alive", clock=clock)
@@ -261,7 +266,7 @@ async def test_recover_fails_orphans_of_stale_or_dead_owners(
     assert (await new.recover()).failed == []  # nothing left to settle
 
 
-async def test_recover_resumes_what_can_resume(registry_store: Store, clock: Clock) -> None:
+async def test_recover_resumes_what_can_resume(registry_store: RecordStore, clock: Clock) -> None:
     gone = SubagentRegistry(registry_store, TENANT, owner_id="worker-old", clock=clock)
     for run_id in ("keep", "drop", "broken"):
         await spawn(gone, run_id)
@@ -289,7 +294,7 @@ async def test_recover_resumes_what_can_resume(registry_store: Store, clock: Clo
 
 
 async def test_two_registries_settling_one_orphan_one_wins(
-    registry_store: Store, clock: Clock
+    registry_store: RecordStore, clock: Clock
 ) -> None:
     gone = SubagentRegistry(registry_store, TENANT, owner_id="worker-old", clock=clock)
     await spawn(gone, "orphan")
@@ -327,7 +332,7 @@ async def test_two_registries_settling_one_orphan_one_wins(
 
 
 async def test_two_registries_failing_one_orphan_one_wins(
-    registry_store: Store, clock: Clock
+    registry_store: RecordStore, clock: Clock
 ) -> None:
     gone = SubagentRegistry(registry_store, TENANT, owner_id="worker-old", clock=clock)
     await spawn(gone, "orphan")

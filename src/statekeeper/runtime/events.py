@@ -1,13 +1,9 @@
 """The event bus: typed, per-run ordered events with replay, for UIs, polling and waits.
 
-Built-in streams (another kind on these raises `UnknownEventKindError`; other stream
-names are custom and take any kind)::
-
-    lifecycle   start, end, abort, status     status needs payload["status"]: str
-    tool        call_start, result, error     needs payload["tool"]: str
-    assistant   partial, complete             needs payload["text"]: str
-    error       error                         needs payload["message"]: str
-    compaction  start, complete
+The module split: what an event is and which are valid (`statekeeper.runtime.event_types`,
+pure), how one subscriber buffers and catches up (`statekeeper.runtime.subscriptions`),
+and here the bus, which publishes, logs, fans out and answers waits. The names of the
+other two are re-exported here.
 
 **Seqs** are per run, from 1, without gaps or repeats: from the store's event log (log id
 = run id, shared by every process on the store), or with ``persist=False`` from an
@@ -15,21 +11,11 @@ in-memory log per run. A non-JSON payload raises `InvalidPayloadError` before an
 stored and uses no seq. Publishes to a run that arrive while a write to it is under way
 are written together, as one batch.
 
-**Subscribers** get events in seq order. A run subscriber may pass ``from_seq``: it
-replays the logged events after it, then goes on live with no gap and no repeat. An
-all-runs subscriber (``run_id=None``) is live only; replay is per run.
-
-**Slow subscribers** never block a publisher and hold at most ``buffer`` events. A full
-run subscriber drops its buffer and catches up from the log on its next read
-(``catch_up=True``, the default): its consumer still sees every event, in order. With
-``catch_up=False``, and for all-runs subscribers, a full buffer detaches the subscriber:
-it delivers what it holds, then raises `SubscriberLaggedError` with the last seq
-delivered (per run), so a new subscription ``from_seq`` there misses nothing.
-
 **Other processes'** events reach a run subscriber here when it sees a gap in the seqs
-(this process published after them), on `Subscription.poll` / `EventBus.refresh`, or
-with ``wait_for(poll_interval=...)``; replay always sees them. All-runs subscribers get
-this process's events only.
+(this process published after them), on `Subscription.poll` / `EventBus.refresh`, with
+``wait_for(poll_interval=...)``, or live with `statekeeper.runtime.coordination.feed_bus`
+and a backend's event feed; replay always sees them. All-runs subscribers get this
+process's events only.
 """
 
 # ruff: noqa: ASYNC109 (wait_for's timeout is the documented API)
@@ -37,18 +23,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import datetime
-from typing import Any, Final, Self
+from typing import Any
 
 from statekeeper.core.messages import utcnow
-from statekeeper.errors import InvalidInputError, InvalidPayloadError, StatekeeperError
+from statekeeper.errors import InvalidInputError, StatekeeperError
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import encode_json, loads
-from statekeeper.stores.base import Event, EventDraft, Store
+from statekeeper.runtime.event_types import (
+    STREAM_KINDS,
+    BusEvent,
+    RunSnapshot,
+    SubscriberLaggedError,
+    UnknownEventKindError,
+    WaitTimeoutError,
+    check_event,
+)
+from statekeeper.runtime.subscriptions import Subscription, poll_every
+from statekeeper.stores.base import Event, EventDraft, EventLogStore
 
 __all__ = [
     "STREAM_KINDS",
@@ -62,232 +57,7 @@ __all__ = [
     "check_event",
 ]
 
-STREAM_KINDS: Final[Mapping[str, frozenset[str]]] = {
-    "lifecycle": frozenset({"start", "end", "abort", "status"}),
-    "tool": frozenset({"call_start", "result", "error"}),
-    "assistant": frozenset({"partial", "complete"}),
-    "error": frozenset({"error"}),
-    "compaction": frozenset({"start", "complete"}),
-}
-_NEEDS: Final = {"tool": "tool", "assistant": "text", "error": "message", "lifecycle": None}
-_RULES: Final = {
-    (stream, kind): "status" if kind == "status" else _NEEDS.get(stream)
-    for stream, kinds in STREAM_KINDS.items()
-    for kind in kinds
-}
-_NAME = re.compile(r"[a-z][a-z0-9_.-]{0,63}")
-_TERMINAL: Final = frozenset({"end", "abort"})
 _PAGE = 256
-
-
-class UnknownEventKindError(InvalidInputError):
-    """A kind that the named built-in stream does not have, or an invalid stream name."""
-
-
-class SubscriberLaggedError(StatekeeperError):
-    """A subscriber fell ``buffer`` events behind and was detached, after delivering
-    what it held. ``last_seq``: the last seq a run subscriber delivered; ``positions``:
-    run id -> seq after which events were dropped (resubscribe there with ``from_seq``).
-    An all-runs subscriber also misses later events of any run: resubscribe each run
-    of interest from the last seq its consumer saw.
-    """
-
-    def __init__(self, run_id: str | None, last_seq: int | None, positions: dict[str, int]):
-        super().__init__(
-            f"subscriber to {f'run {run_id!r}' if run_id else 'all runs'} fell behind its "
-            f"buffer and was detached; resubscribe with from_seq (dropped after: {positions})"
-        )
-        self.run_id, self.last_seq, self.positions = run_id, last_seq, positions
-
-
-class WaitTimeoutError(StatekeeperError, TimeoutError):
-    """No matching event arrived before the timeout."""
-
-
-@dataclass(frozen=True, slots=True)
-class BusEvent:
-    """One event of a run. Treat ``payload`` as read-only: subscribers share it."""
-
-    run_id: str
-    seq: int
-    stream: str
-    kind: str
-    ts: datetime
-    payload: dict[str, Any]
-
-    def to_json(self) -> dict[str, Any]:
-        """JSON data for a wire (the UI stream)."""
-        return {name: getattr(self, name) for name in self.__slots__} | {"ts": self.ts.isoformat()}
-
-    @property
-    def terminal(self) -> bool:
-        """True for lifecycle end or abort: the run is over."""
-        return self.stream == "lifecycle" and self.kind in _TERMINAL
-
-
-@dataclass(slots=True)
-class RunSnapshot:
-    """What the events of a run say so far (for wait/poll without reading the log)."""
-
-    run_id: str
-    last_seq: int = 0
-    status: str | None = None
-    """"running" after start, payload["status"] of status/end events, "aborted" on abort."""
-    ended: bool = False
-    updated_at: datetime | None = None
-    last_assistant: str | None = None
-    last_error: str | None = None
-    last_by_stream: dict[str, BusEvent] = field(default_factory=dict)
-
-    def apply(self, event: BusEvent) -> None:
-        """Fold in the next event."""
-        self.last_seq, self.updated_at = event.seq, event.ts
-        self.last_by_stream[event.stream] = event
-        payload = event.payload
-        if event.stream == "lifecycle":
-            if event.kind == "start":
-                self.status = str(payload.get("status", "running"))
-            elif event.kind in ("status", "end"):
-                self.status = str(payload.get("status", "completed"))
-            elif event.kind == "abort":
-                self.status = "aborted"
-            self.ended = self.ended or event.kind in _TERMINAL
-        elif event.stream == "assistant" and event.kind == "complete":
-            self.last_assistant = payload["text"]
-        elif event.stream == "error":
-            self.last_error = payload["message"]
-
-
-def check_event(stream: str, kind: str, payload: Mapping[str, Any]) -> None:
-    """Raise a typed error unless ``stream``, ``kind`` and ``payload`` make a valid event."""
-    try:
-        key = _RULES[stream, kind]
-    except (KeyError, TypeError):
-        if (kinds := STREAM_KINDS.get(stream) if isinstance(stream, str) else None) is not None:
-            raise UnknownEventKindError(
-                f"stream {stream!r} has no kind {kind!r}; use one of {', '.join(sorted(kinds))}"
-            ) from None
-        for what, name in (("stream", stream), ("event kind", kind)):
-            if not isinstance(name, str) or not _NAME.fullmatch(name):
-                raise UnknownEventKindError(
-                    f"invalid {what} {name!r}: use [a-z][a-z0-9_.-]*"
-                ) from None
-        key = None
-    if not isinstance(payload, Mapping):
-        raise InvalidPayloadError(f"an event payload must be a JSON object, not {type(payload)}")
-    if key is not None and not isinstance(payload.get(key), str):
-        raise InvalidPayloadError(f"{stream}/{kind} events need payload[{key!r}] as a string")
-
-
-class Subscription:
-    """An async iterator of a bus's events; close it (or use ``async with``) when done."""
-
-    def __init__(
-        self,
-        bus: EventBus,
-        run_id: str | None,
-        streams: frozenset[str] | None,
-        from_seq: int | None,
-        buffer: int,
-        catch_up: bool,
-    ) -> None:
-        self.run_id, self.streams = run_id, streams
-        self._bus, self._limit = bus, buffer
-        self._catch_up = catch_up and run_id is not None
-        self._live: deque[BusEvent] = deque()
-        self._replay: deque[BusEvent] = deque()
-        self._pos = from_seq  # run subscribers: the last seq read or delivered
-        if from_seq is None and run_id is not None and (snap := bus._snapshots.get(run_id)):
-            self._pos = snap.last_seq  # live from here (what a poll reads after)
-        self._replaying = from_seq is not None
-        self._waiter: asyncio.Future[None] | None = None
-        self._closed = False
-        self._lagged = False
-        self._dropped: dict[str, int] = {}  # the first event that did not fit, as a position
-
-    def _wants(self, event: BusEvent) -> bool:
-        return self.streams is None or event.stream in self.streams
-
-    def _push(self, event: BusEvent) -> None:
-        """Called by the bus for each live event; never blocks, never grows past the limit."""
-        if len(self._live) < self._limit:
-            self._live.append(event)
-        elif self._catch_up:
-            if self._pos is None:
-                self._pos = self._live[0].seq - 1
-            self._live.clear()  # re-read from the log instead of holding events
-            self._replaying = True
-        else:
-            self._lagged = True
-            self._dropped = {event.run_id: event.seq - 1}
-            self._bus._detach(self)
-        self._wake()
-
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
-    def __aiter__(self) -> Self:
-        return self
-
-    async def __anext__(self) -> BusEvent:
-        while True:
-            if self._closed:
-                raise StopAsyncIteration
-            if self._replay:
-                return self._replay.popleft()
-            if self._replaying and self.run_id is not None:
-                page = await self._bus._read(self.run_id, self._pos or 0)
-                if page:
-                    self._pos = page[-1].seq
-                    self._replay.extend(e for e in page if self._wants(e))
-                else:
-                    self._replaying = False
-                continue
-            if self._live:
-                event = self._live.popleft()
-                if self.run_id is not None:  # run subscribers get every event, to see gaps
-                    if self._pos is not None and event.seq != self._pos + 1:
-                        # <= pos: the replay delivered it; > pos + 1: another process
-                        # logged the events between, so read them from the log.
-                        self._replaying = event.seq > self._pos
-                        continue
-                    self._pos = event.seq
-                    if not self._wants(event):
-                        continue
-                return event
-            if self._lagged:
-                self.close()
-                raise SubscriberLaggedError(self.run_id, self._pos, self._dropped)
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-
-    def poll(self) -> None:
-        """Read the log for events other processes logged (run subscribers only)."""
-        self._replaying = self.run_id is not None
-        self._wake()
-
-    def close(self) -> None:
-        """Stop receiving; a pending ``__anext__`` ends the iteration. Idempotent."""
-        self._closed = True
-        self._bus._detach(self)
-        self._wake()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.close()
-
 
 _Pending = list[tuple[EventDraft, asyncio.Future[BusEvent]]]
 
@@ -300,7 +70,8 @@ class EventBus:
     """Publish and subscribe to the events of runs, for one tenant.
 
     Args:
-        store: where events are logged (log id = run id) when ``persist`` is true.
+        store: where events are logged (log id = run id) when ``persist`` is true:
+            any `EventLogStore` (a whole `Store` is one).
         persist: False keeps each run's log in this process's memory only (until
             `delete_run`), for tests and ephemeral runs.
         buffer: the default number of events a subscriber may hold before it lags.
@@ -310,7 +81,7 @@ class EventBus:
 
     def __init__(
         self,
-        store: Store | None,
+        store: EventLogStore | None,
         tenant: str,
         *,
         persist: bool = True,
@@ -540,7 +311,7 @@ class EventBus:
             async with asyncio.timeout(timeout):
                 with self.subscribe(run_id, streams, from_seq=after_seq) as sub:
                     if poll_interval is not None:
-                        poller = asyncio.create_task(_poll(sub, poll_interval))
+                        poller = asyncio.create_task(poll_every(sub, poll_interval))
                     async for event in sub:
                         if predicate(event):
                             return event
@@ -584,9 +355,3 @@ class EventBus:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         for sub in [*self._all, *(s for subs in self._by_run.values() for s in subs)]:
             sub.close()
-
-
-async def _poll(sub: Subscription, interval: float) -> None:
-    while True:
-        await asyncio.sleep(interval)
-        sub.poll()

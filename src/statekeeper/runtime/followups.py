@@ -29,6 +29,9 @@ Wiring with command lanes, so that runs of one session never overlap::
     async def run_agent(sid, msg):  # runs started elsewhere do the same
         with followups.active(sid, run_id):
             ...  # at each step: add followups.take_steering(sid) to the run's input
+
+Modes, policies, outcomes and errors are in `statekeeper.runtime.followup_types`
+(re-exported here); this module holds the behaviour.
 """
 
 from __future__ import annotations
@@ -39,15 +42,25 @@ import json
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
-from enum import StrEnum
 from functools import partial
-from typing import TypeVar
 
 from statekeeper.core.messages import Message
-from statekeeper.errors import InvalidInputError, StatekeeperError
+from statekeeper.errors import InvalidInputError
 from statekeeper.ids import validate_id
+from statekeeper.runtime.followup_types import (
+    DropPolicy,
+    DropReason,
+    ErrorCallback,
+    FollowupMode,
+    FollowupQueueClosedError,
+    FollowupQueueFullError,
+    StartRun,
+    SubmitOutcome,
+    SubmitStatus,
+    parse_choice,
+)
 
 __all__ = [
     "DropPolicy",
@@ -61,92 +74,6 @@ __all__ = [
 ]
 
 _logger = logging.getLogger(__name__)
-
-StartRun = Callable[[str, Message], Awaitable[object]]
-"""``start_run(session_id, message)``: run the agent on the session with that message."""
-ErrorCallback = Callable[[str, Message, Exception], object]
-"""``on_error(session_id, message, error)``: a run started by the drain failed."""
-
-
-class FollowupMode(StrEnum):
-    """What a follow-up does when a run is active for its session."""
-
-    STEER = "steer"
-    """Join the active run at its next step (`FollowupQueue.take_steering`)."""
-    QUEUE = "queue"
-    """Wait for the active run to end, then become a run of its own."""
-
-
-class DropPolicy(StrEnum):
-    """What to do with a new follow-up when ``max_pending`` are already pending."""
-
-    OLDEST = "oldest"
-    NEWEST = "newest"
-    REJECT = "reject"
-
-
-class SubmitStatus(StrEnum):
-    """What `FollowupQueue.submit` did with a message."""
-
-    STARTED = "started"
-    """The session was idle: a run was started with it."""
-    STEERED = "steered"
-    """Pending for the active run to take at its next step."""
-    QUEUED = "queued"
-    """Pending until the active run ends; then it is a run of its own."""
-    DEDUPLICATED = "deduplicated"
-    """The same message was already pending: dropped."""
-    DROPPED = "dropped"
-    """Dropped: see the outcome's ``reason``."""
-
-
-class DropReason(StrEnum):
-    """Why a follow-up was dropped."""
-
-    DUPLICATE = "duplicate"
-    TOO_FAST = "too_fast"
-    QUEUE_FULL = "queue_full"
-
-
-@dataclass(frozen=True, slots=True)
-class SubmitOutcome:
-    """The result of `FollowupQueue.submit`."""
-
-    status: SubmitStatus
-    session_id: str
-    message: Message
-    mode: FollowupMode
-    """The mode the message was handled in."""
-    reason: DropReason | None = None
-    """Why it was not accepted (DEDUPLICATED and DROPPED only)."""
-    evicted: Message | None = None
-    """The oldest pending follow-up, dropped to make room (policy ``oldest``)."""
-    pending: int = 0
-    """Follow-ups pending for the session after this call."""
-
-    @property
-    def accepted(self) -> bool:
-        """True if the message will reach a run."""
-        return self.reason is None
-
-
-class FollowupQueueFullError(StatekeeperError):
-    """A session already has ``max_pending`` follow-ups and the drop policy is ``reject``."""
-
-    def __init__(self, session_id: str, max_pending: int) -> None:
-        super().__init__(
-            f"session {session_id!r} already has {max_pending} pending follow-ups; "
-            "retry after the active run ends, or raise max_pending"
-        )
-        self.session_id = session_id
-        self.max_pending = max_pending
-
-
-class FollowupQueueClosedError(StatekeeperError):
-    """The follow-up queue is closed and accepts no new messages."""
-
-    def __init__(self) -> None:
-        super().__init__("the follow-up queue is closed; create a new FollowupQueue")
 
 
 @dataclass(slots=True)
@@ -226,13 +153,13 @@ class FollowupQueue:
         if not min_interval >= 0:
             raise InvalidInputError(f"min_interval must be >= 0 seconds, got {min_interval!r}")
         self._start_run = start_run
-        self._mode = _parse(FollowupMode, mode, "mode")
+        self._mode = parse_choice(FollowupMode, mode, "mode")
         self._key: Callable[[Message], Hashable] | None = (
             (_text_key if dedup else None) if isinstance(dedup, bool) else dedup
         )
         self._max_pending = max_pending
         self._min_interval = float(min_interval)
-        self._policy = _parse(DropPolicy, drop_policy, "drop_policy")
+        self._policy = parse_choice(DropPolicy, drop_policy, "drop_policy")
         self._on_error = on_error
         self._clock = clock
         self._sessions: dict[str, _Session] = {}
@@ -248,7 +175,7 @@ class FollowupQueue:
         if mode is None:
             self._modes.pop(session_id, None)
         else:
-            self._modes[session_id] = _parse(FollowupMode, mode, "mode")
+            self._modes[session_id] = parse_choice(FollowupMode, mode, "mode")
 
     def mode(self, session_id: str) -> FollowupMode:
         """The default mode of a session."""
@@ -317,7 +244,7 @@ class FollowupQueue:
         validate_id(session_id, "session id")
         if not isinstance(message, Message):
             raise InvalidInputError(f"message must be a Message, got {type(message).__name__}")
-        chosen = self.mode(session_id) if mode is None else _parse(FollowupMode, mode, "mode")
+        chosen = self.mode(session_id) if mode is None else parse_choice(FollowupMode, mode, "mode")
         state = self._sessions.get(session_id)
         key = self._key(message) if self._key is not None else object()
         reason: DropReason | None = None
@@ -465,14 +392,3 @@ class FollowupQueue:
             self._on_error(session_id, message, exc)
         except Exception:
             _logger.exception("the on_error callback of the follow-up queue failed")
-
-
-_E = TypeVar("_E", bound=StrEnum)
-
-
-def _parse(kind: type[_E], value: _E | str, what: str) -> _E:
-    try:
-        return kind(value)
-    except ValueError:
-        allowed = ", ".join(member.value for member in kind)
-        raise InvalidInputError(f"{what} must be one of {allowed}; got {value!r}") from None

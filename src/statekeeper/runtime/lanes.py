@@ -10,6 +10,9 @@ Lanes are created on first use and forgotten once idle unless configured, so one
 when the queue is empty: nothing polls or sleeps. A task runs in its worker's own empty
 `contextvars` context (pass what it needs as arguments), and must not wait for a later
 task of its own lane, which could never start: use another lane (``"nested"``) for that.
+
+The errors, callback and stats types are in `statekeeper.runtime.lane_types` (re-exported
+here); this module holds the behaviour.
 """
 
 from __future__ import annotations
@@ -20,12 +23,21 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from functools import partial
 from types import TracebackType
 from typing import Any, TypeVar
 
 from statekeeper.errors import InvalidInputError, StatekeeperError
+from statekeeper.runtime.lane_types import (
+    DEFAULT_WARN_AFTER,
+    MAX_LANE_NAME_LENGTH,
+    LaneClearedError,
+    LanesClosedError,
+    LaneStats,
+    WaitCallback,
+    WaitInfo,
+    validate_lane,
+)
 
 __all__ = [
     "DEFAULT_WARN_AFTER",
@@ -41,64 +53,8 @@ __all__ = [
 
 T = TypeVar("T")
 
-MAX_LANE_NAME_LENGTH = 200
-DEFAULT_WARN_AFTER = 2.0
-"""Seconds a task may wait to start before it counts as having waited too long."""
-
 _logger = logging.getLogger(__name__)
 _QUEUED, _RUNNING, _DONE = 0, 1, 2  # states of a lane task
-
-
-class LaneClearedError(StatekeeperError):
-    """The task's lane was cleared (`CommandLanes.clear`) before the task started."""
-
-    def __init__(self, lane: str) -> None:
-        super().__init__(
-            f"lane {lane!r} was cleared before this task started; submit it again if it is "
-            "still needed"
-        )
-        self.lane = lane
-
-
-class LanesClosedError(StatekeeperError):
-    """The lanes are closed: new work is refused, and queued work may have been dropped."""
-
-    def __init__(self, detail: str = "the command lanes are closed") -> None:
-        super().__init__(f"{detail}; create a new CommandLanes to run more work")
-
-
-@dataclass(frozen=True, slots=True)
-class WaitInfo:
-    """What the wait callback gets when a task started later than its threshold."""
-
-    lane: str
-    waited: float
-    """Seconds between enqueueing and starting."""
-    ahead: int
-    """Tasks queued (not yet started) ahead of it when it was enqueued."""
-    running: int
-    """Tasks of the lane that were running when it was enqueued."""
-
-
-WaitCallback = Callable[[WaitInfo], object]
-
-
-@dataclass(frozen=True, slots=True)
-class LaneStats:
-    """Counters of one lane, or of all lanes together (forgotten lanes included).
-
-    ``cancelled`` counts tasks withdrawn or cancelled by their caller, cleared, or dropped
-    at close; ``waited`` counts tasks that started later than their wait threshold, and
-    ``max_wait`` is the longest wait before a start, in seconds.
-    """
-
-    queued: int = 0
-    running: int = 0
-    completed: int = 0
-    failed: int = 0
-    cancelled: int = 0
-    waited: int = 0
-    max_wait: float = 0.0
 
 
 class _Lane:
@@ -193,16 +149,6 @@ class _LaneTask(asyncio.Future[T]):
 
 def _closed_error() -> LanesClosedError:
     return LanesClosedError("the lanes were closed before this task finished")
-
-
-def validate_lane(name: object) -> str:
-    """Return ``name`` if it is a valid lane name, else raise `InvalidInputError`."""
-    if isinstance(name, str) and 0 < len(name) <= MAX_LANE_NAME_LENGTH and name.isprintable():
-        return name
-    raise InvalidInputError(
-        f"invalid lane name {repr(name)[:60]}: use 1 to {MAX_LANE_NAME_LENGTH} printable "
-        "characters, e.g. 'main' or 'session:<id>'"
-    )
 
 
 def _positive(value: int, what: str) -> int:

@@ -35,7 +35,7 @@ from statekeeper.errors import (
 )
 from statekeeper.ids import new_id, validate_id
 from statekeeper.retry import retry_on_conflict
-from statekeeper.stores.base import Store
+from statekeeper.stores.base import RecordStore
 
 __all__ = [
     "NAMESPACE",
@@ -130,6 +130,7 @@ class AuthProfiles:
     """The auth profiles of one agent, persisted in ``store`` for ``tenant``.
 
     Args:
+        store: any `RecordStore` (a whole `Store` is one): only its records are used.
         clock: the time source (inject one in tests).
         base_cooldown: seconds of rest after a first failure; doubles per failure in a row.
         max_cooldown: the longest computed rest, in seconds.
@@ -137,7 +138,7 @@ class AuthProfiles:
 
     def __init__(
         self,
-        store: Store,
+        store: RecordStore,
         tenant: str,
         agent_id: str,
         *,

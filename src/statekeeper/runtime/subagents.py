@@ -35,7 +35,7 @@ from statekeeper.errors import (
 )
 from statekeeper.ids import validate_id
 from statekeeper.retry import retry_on_conflict
-from statekeeper.stores.base import Store, VersionedRecord
+from statekeeper.stores.base import RecordStore, VersionedRecord
 
 __all__ = [
     "NAMESPACE",
@@ -119,6 +119,7 @@ class SubagentRegistry:
     """The subagent runs of one tenant, as seen by one worker (``owner_id``).
 
     Args:
+        store: any `RecordStore` (a whole `Store` is one): only its records are used.
         kill: cancels a child run (given its run id); without it `kill` only records.
         steer: injects a message into a running child run.
         clock: the time source (inject one in tests).
@@ -126,7 +127,7 @@ class SubagentRegistry:
 
     def __init__(
         self,
-        store: Store,
+        store: RecordStore,
         tenant: str,
         *,
         owner_id: str,
