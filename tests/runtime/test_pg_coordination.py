@@ -1,10 +1,12 @@
-"""Cross-process session locks (advisory locks) and event wake-ups (LISTEN / NOTIFY),
-with real subprocesses against the PostgreSQL test server (skipped without one, failed
-instead under ``CI=true``)."""
+"""PostgreSQL coordination with real subprocesses against the test server (skipped
+without one, failed instead under ``CI=true``): advisory locks across processes and after
+a process dies, and LISTEN / NOTIFY feeds (another process's appends, schemas kept apart,
+reconnection). What every implementation must do is in ``test_coordination_contract.py``."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import subprocess
@@ -16,17 +18,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from services import POSTGRES_URL, drop_postgres_schema, require
 
-from statekeeper.runtime import EventBus
+from statekeeper.runtime import EventBus, EventNotice, SessionLockTimeoutError, feed_bus
 from statekeeper.stores import open_store
-from statekeeper.stores.postgres.coordination import (
-    EventNotice,
-    PgEventListener,
-    PgSessionLocks,
-    SessionLockTimeoutError,
-    refresh_bus,
-)
-from statekeeper.testing.schemes import POSTGRES_URL, drop_schema, skip_unless_reachable
+from statekeeper.stores.postgres.coordination import PgEventFeed, PgSessionLocks
 
 pytest.importorskip("psycopg")
 
@@ -36,19 +32,19 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
 
 @pytest.fixture
 async def locks() -> AsyncIterator[PgSessionLocks]:
-    await skip_unless_reachable()
+    await require(POSTGRES_URL)
     async with PgSessionLocks.from_url(POSTGRES_URL, namespace=f"t{uuid.uuid4().hex}") as made:
         yield made
 
 
 @pytest.fixture
 async def schema() -> AsyncIterator[str]:
-    await skip_unless_reachable()
+    await require(POSTGRES_URL)
     name = f"sktest_{uuid.uuid4().hex[:12]}"
     try:
         yield name
     finally:
-        await drop_schema(name)
+        await drop_postgres_schema(name)
 
 
 def spawn(code: str, *args: str) -> subprocess.Popen[bytes]:
@@ -83,7 +79,7 @@ COUNTER = """
         counter, log = Path(folder, "counter"), Path(folder, "log")
         async with PgSessionLocks.from_url(url, namespace=namespace) as locks:
             for _ in range(rounds):
-                async with locks.hold("t", "s1", timeout=60):
+                async with locks.hold("t", "s1", wait=60):
                     start = time.time()
                     value = int(counter.read_text())  # read, pause, write: racy unless
                     await asyncio.sleep(0.003)        # the lock keeps others out
@@ -139,16 +135,16 @@ async def test_a_lock_held_by_a_process_that_dies_is_released(locks: PgSessionLo
         line = await asyncio.to_thread(proc.stdout.readline)
         assert line.strip() == b"held", proc.stderr.read() if proc.stderr else b""
         with pytest.raises(SessionLockTimeoutError):
-            async with locks.hold("t", "s1", timeout=0):
+            async with locks.hold("t", "s1", wait=0):
                 pass
         with pytest.raises(SessionLockTimeoutError):
-            async with locks.hold("t", "s1", timeout=0.3):
+            async with locks.hold("t", "s1", wait=0.3):
                 pass
-        async with locks.hold("t", "s2", timeout=0):  # other sessions are free
+        async with locks.hold("t", "s2", wait=0):  # other sessions are free
             pass
         proc.kill()  # no clean-up code runs: the server sees the connection drop
         started = time.monotonic()
-        async with locks.hold("t", "s1", timeout=20) as held:
+        async with locks.hold("t", "s1", wait=20) as held:
             await held.check()
         assert time.monotonic() - started < 20
     finally:
@@ -157,46 +153,6 @@ async def test_a_lock_held_by_a_process_that_dies_is_released(locks: PgSessionLo
         for stream in (proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()
-
-
-async def test_locks_of_one_process_exclude_each_other_and_are_released(
-    locks: PgSessionLocks,
-) -> None:
-    async with locks.hold("t", "s1"):
-        with pytest.raises(SessionLockTimeoutError):
-            async with locks.hold("t", "s1", timeout=0.2):
-                pass
-        async with locks.hold("t", "s2", timeout=0):
-            pass
-    async with locks.hold("t", "s1", timeout=0):  # released by the block's end
-        pass
-
-    # A waiter cancelled while it waits leaves nothing locked.
-    async with locks.hold("t", "s1"):
-        waiter = asyncio.ensure_future(locks.hold("t", "s1").__aenter__())
-        await asyncio.sleep(0.2)
-        waiter.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await waiter
-    async with locks.hold("t", "s1", timeout=1):
-        pass
-
-
-async def test_many_tasks_take_turns_on_one_lock(locks: PgSessionLocks) -> None:
-    inside = 0
-    most = 0
-
-    async def worker() -> None:
-        nonlocal inside, most
-        for _ in range(3):
-            async with locks.hold("t", "busy", timeout=30):
-                inside += 1
-                most = max(most, inside)
-                await asyncio.sleep(0.005)
-                inside -= 1
-
-    await asyncio.gather(*(worker() for _ in range(5)))
-    assert most == 1
 
 
 def test_lock_keys_are_stable_and_ids_are_checked() -> None:
@@ -233,37 +189,31 @@ APPENDER = """
 """
 
 
-async def wait_until(condition: object, seconds: float = 15.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.02)
-
-
-async def test_event_appends_in_another_process_are_notified(schema: str) -> None:
+async def test_appends_of_another_process_are_noticed_for_the_feeds_schema_only(
+    schema: str,
+) -> None:
     channel = f"sk_{uuid.uuid4().hex[:16]}"
-    # The schema exists before the writer starts (a notice names it).
-    await (await open_store(POSTGRES_URL, schema=schema)).close()
-    notices: list[EventNotice] = []
-    async with PgEventListener.from_url(POSTGRES_URL, notices.append, channel=channel):
-        await finish(spawn(APPENDER, POSTGRES_URL, schema, channel, "run-1:3,run-2:1,run-1:1"))
-        await wait_until(lambda: len(notices) >= 3)
-    assert [(n.schema, n.tenant, n.log_id, n.seq) for n in notices] == [
-        (schema, "t", "run-1", 3),
-        (schema, "t", "run-2", 1),
-        (schema, "t", "run-1", 4),
-    ]
+    other = f"{schema}_b"
+    for name in (schema, other):  # the schemas exist before the writers start
+        await (await open_store(POSTGRES_URL, schema=name)).close()
+    feed = PgEventFeed.from_url(POSTGRES_URL, channel=channel, schema=schema)
+    try:
+        async with contextlib.aclosing(feed.notices("t")) as notices:
+            assert (await asyncio.wait_for(anext(notices), 15)).resync
+            await finish(spawn(APPENDER, POSTGRES_URL, other, channel, "run-1:5"))
+            await finish(spawn(APPENDER, POSTGRES_URL, schema, channel, "run-1:3,run-2:1"))
+            got = [await asyncio.wait_for(anext(notices), 15) for _ in range(2)]
+    finally:
+        await drop_postgres_schema(other)
+    assert [(n.tenant, n.log_id, n.last_seq) for n in got] == [("t", "run-1", 3), ("t", "run-2", 1)]
 
 
 async def test_a_bus_subscriber_wakes_for_another_process_events(schema: str) -> None:
     channel = f"sk_{uuid.uuid4().hex[:16]}"
-    store = await open_store(POSTGRES_URL, schema=schema)
-    try:
+    async with open_store(POSTGRES_URL, schema=schema) as store:
         bus = EventBus(store, "t")
-        async with (
-            PgEventListener.from_url(POSTGRES_URL, refresh_bus(bus), channel=channel),
-            bus.subscribe("run-1", from_seq=0) as sub,
-        ):
+        feed = PgEventFeed.from_url(POSTGRES_URL, channel=channel, schema=schema)
+        async with feed_bus(bus, feed), bus.subscribe("run-1", from_seq=0) as sub:
             writer = spawn(APPENDER, POSTGRES_URL, schema, channel, "run-1:2")
             try:
                 got = [await asyncio.wait_for(anext(sub), 15) for _ in range(2)]
@@ -273,28 +223,31 @@ async def test_a_bus_subscriber_wakes_for_another_process_events(schema: str) ->
             ("run-1", 1, {"i": 0}),
             ("run-1", 2, {"i": 1}),
         ]
-    finally:
-        await store.close()
 
 
-async def test_a_listener_reconnects_and_says_it_may_have_missed_some(schema: str) -> None:
+async def test_a_feed_reconnects_and_says_it_may_have_missed_some(schema: str) -> None:
     import psycopg
 
     channel = f"sk_{uuid.uuid4().hex[:16]}"
     await (await open_store(POSTGRES_URL, schema=schema)).close()
-    notices: list[EventNotice] = []
-
-    async def collect(notice: EventNotice) -> None:  # a coroutine callback works too
-        notices.append(notice)
-
-    listener = PgEventListener.from_url(POSTGRES_URL, collect, channel=channel, retry_every=0.1)
-    async with listener:
+    feed = PgEventFeed.from_url(POSTGRES_URL, channel=channel, schema=schema, retry_every=0.1)
+    async with contextlib.aclosing(feed.notices("t")) as notices:
+        assert (await asyncio.wait_for(anext(notices), 15)).resync
         async with await psycopg.AsyncConnection.connect(POSTGRES_URL, autocommit=True) as conn:
             await conn.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = %s",
                 (f'LISTEN "{channel}"',),
             )
-        await wait_until(lambda: any(n.log_id is None for n in notices))
+        notice: EventNotice = await asyncio.wait_for(anext(notices), 15)
+        assert notice.resync  # listening again: what came meanwhile may be lost
         await finish(spawn(APPENDER, POSTGRES_URL, schema, channel, "run-9:2"))
-        await wait_until(lambda: any(n.log_id == "run-9" for n in notices))
-    assert [n.seq for n in notices if n.log_id == "run-9"] == [2]
+        notice = await asyncio.wait_for(anext(notices), 15)
+    assert (notice.log_id, notice.last_seq) == ("run-9", 2)
+
+
+async def test_a_feed_that_cannot_connect_fails_at_once() -> None:
+    from statekeeper.errors import StoreUnavailableError
+
+    feed = PgEventFeed.from_url("postgresql://nobody@127.0.0.1:1/none", connect_timeout=2)
+    with pytest.raises(StoreUnavailableError):
+        await anext(feed.notices("t"))

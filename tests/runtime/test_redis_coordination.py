@@ -12,9 +12,11 @@ import textwrap
 import time
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+import redis.exceptions as rx
 from redis.asyncio import Redis
 
 from statekeeper.errors import InvalidInputError
@@ -217,7 +219,7 @@ async def test_a_held_lease_is_renewed_beyond_its_ttl(store: RedisStore) -> None
         with pytest.raises(LeaseBusyError):
             await leases.acquire("t", "s1", wait=0.1)
         assert not lease.lost
-        lease.check()
+        await lease.check()
     assert lease.lost  # released
     assert await leases.holder_fence("t", "s1") is None
 
@@ -230,7 +232,7 @@ async def test_a_lease_taken_away_is_reported_lost(store: RedisStore) -> None:
         await asyncio.sleep(0.4)
         assert lease.lost
         with pytest.raises(LeaseLostError):
-            lease.check()
+            await lease.check()
     assert await leases.holder_fence("t", "s1") == successor.fence  # not released by us
 
 
@@ -275,6 +277,7 @@ async def test_events_from_another_process_arrive_in_order_and_resume_without_ga
     # after="0": every notice of this test's fresh prefix, so the follower cannot miss
     # the first batches however late it starts (a pinned "$" would race the child).
     notices = feed.notices("t", after="0")
+    assert (await asyncio.wait_for(anext(notices), 10)).resync  # listening from here
     first_notice = asyncio.ensure_future(anext(notices))
     proc = await spawn(prefix, "events", total)
     live = asyncio.create_task(collect(feed, 0, total))
@@ -284,12 +287,18 @@ async def test_events_from_another_process_arrive_in_order_and_resume_without_ga
     assert await asyncio.wait_for(collect(feed, 73, total), 60) == list(range(74, total + 1))
 
     notice = await asyncio.wait_for(first_notice, 10)
-    covered = set(range(notice.first, notice.last + 1))
+    assert notice.first_seq is not None
+    assert notice.last_seq is not None
+    covered = set(range(notice.first_seq, notice.last_seq + 1))
+    assert notice.position is not None
     async with contextlib.aclosing(feed.notices("t", after=notice.position)) as rest:
+        assert (await anext(rest)).resync
         async for later in rest:
             assert later.log_id == "run-1"
-            covered |= set(range(later.first, later.last + 1))
-            if later.last == total:
+            assert later.first_seq is not None
+            assert later.last_seq is not None
+            covered |= set(range(later.first_seq, later.last_seq + 1))
+            if later.last_seq == total:
                 break
     assert covered == set(range(1, total + 1))
     await notices.aclose()
@@ -306,45 +315,34 @@ async def test_a_follower_waits_for_the_first_event_of_a_new_log(store: RedisSto
     assert await asyncio.wait_for(waiting, 10) == [1, 2]
 
 
-async def test_a_bus_is_fed_live_with_another_process_events(prefix: str) -> None:
-    """Stores on one Redis stand for two processes: events one publishes reach a
-    subscriber of the other's bus as they are appended, in order, without polling."""
-    from statekeeper.runtime import EventBus
-    from statekeeper.stores.redis.coordination import RedisEventFeed, feed_bus
+async def test_a_feed_that_loses_redis_resyncs_and_reads_on_from_where_it_was(
+    store: RedisStore,
+    prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    feed_store = await open_store(REDIS_URL, prefix=prefix)  # the feed's own connections
+    assert isinstance(feed_store, RedisStore)
+    feed = RedisEventFeed(feed_store, block=0.1, retry_every=0.01)
+    real_xread, failures = feed_store.client.xread, [rx.ConnectionError("network down")] * 2
 
-    here = await open_store(REDIS_URL, prefix=prefix)
-    there = await open_store(REDIS_URL, prefix=prefix)
-    feed_store = await open_store(REDIS_URL, prefix=prefix)  # the feed's blocking reads
-    bridge: asyncio.Task[None] | None = None
-    stop = asyncio.Event()
+    async def flaky_xread(*args: Any, **kwargs: Any) -> Any:
+        if failures:  # the first reads fail as a dropped connection does
+            raise failures.pop()
+        return await real_xread(*args, **kwargs)
+
     try:
-        publisher, reader = EventBus(here, "t"), EventBus(there, "t")
-        feed = RedisEventFeed(feed_store, block=0.2)  # type: ignore[arg-type]
-        # after="0": every notice of this (fresh) prefix, so the feed cannot miss a
-        # notice appended before its first read ("$" would start from whenever it runs).
-        bridge = asyncio.create_task(feed_bus(feed, reader, "t", after="0", stop=stop))
-        sub = reader.subscribe("run-x", from_seq=0)
-        got: list[int] = []
-
-        async def collect() -> None:
-            async for event in sub:
-                got.append(event.seq)
-                if len(got) == 5:
-                    return
-
-        collecting = asyncio.create_task(collect())
-        while sub._waiter is None:  # noqa: ASYNC110  (yield until the subscriber waits)
-            await asyncio.sleep(0)
-        for i in range(5):
-            await publisher.publish("run-x", "assistant", "partial", {"text": str(i)})
-        async with asyncio.timeout(10):
-            await collecting
-        assert got == [1, 2, 3, 4, 5]
-        sub.close()
+        async with contextlib.aclosing(feed.notices("t")) as notices:
+            assert (await asyncio.wait_for(anext(notices), 10)).resync
+            await store.append_events("t", "run-1", [EventDraft(stream="s", kind="k")])
+            monkeypatch.setattr(feed_store.client, "xread", flaky_xread)
+            resyncs = 0
+            while (notice := await asyncio.wait_for(anext(notices), 10)).resync:
+                resyncs += 1  # one after each reconnection
+            assert resyncs == 2
+            # ... and the notice appended before the failures was not skipped
+            assert (notice.log_id, notice.first_seq, notice.last_seq) == ("run-1", 1, 1)
+        assert not failures
+        assert "lost Redis" in caplog.text
     finally:
-        if bridge is not None:
-            stop.set()
-            async with asyncio.timeout(10):
-                await bridge  # ends after its current read (block=0.2 s)
-        for opened in (here, there, feed_store):
-            await opened.close()
+        await feed_store.close()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, overload
@@ -11,6 +10,7 @@ from pydantic import JsonValue
 
 from statekeeper.core.messages import Message
 from statekeeper.runs.state import Interruption, RunState
+from statekeeper.runtime.coordination import SessionLocks  # re-exported: one protocol
 
 __all__ = [
     "EventSink",
@@ -27,15 +27,6 @@ class EventSink(Protocol):
     async def publish(
         self, run_id: str, stream: str, kind: str, payload: dict[str, Any]
     ) -> object: ...
-
-
-class SessionLocks(Protocol):
-    """Per-session mutual exclusion across processes and machines (e.g. `RedisLeases`,
-    or PostgreSQL advisory locks): a worker that dies releases its lock."""
-
-    def hold(
-        self, tenant: str, session_id: str
-    ) -> contextlib.AbstractAsyncContextManager[object]: ...
 
 
 @dataclass

@@ -1,5 +1,15 @@
-"""Runtime coordination: lanes, follow-ups, the event bus, subagents, auth profiles."""
+"""Runtime coordination: lanes, follow-ups, the event bus, subagents, auth profiles, and
+the protocols of cross-process session locks and event feeds (`coordination`)."""
 
+from statekeeper.runtime.coordination import (
+    EventFeed,
+    EventNotice,
+    HeldLock,
+    SessionLockLostError,
+    SessionLocks,
+    SessionLockTimeoutError,
+    feed_bus,
+)
 from statekeeper.runtime.events import (
     STREAM_KINDS,
     BusEvent,
@@ -52,15 +62,21 @@ __all__ = [
     "DropPolicy",
     "DropReason",
     "EventBus",
+    "EventFeed",
+    "EventNotice",
     "FollowupMode",
     "FollowupQueue",
     "FollowupQueueClosedError",
     "FollowupQueueFullError",
+    "HeldLock",
     "LaneClearedError",
     "LaneStats",
     "LanesClosedError",
     "Recovery",
     "RunSnapshot",
+    "SessionLockLostError",
+    "SessionLockTimeoutError",
+    "SessionLocks",
     "SubagentEntry",
     "SubagentFinishedError",
     "SubagentRegistry",
@@ -73,5 +89,6 @@ __all__ = [
     "WaitInfo",
     "WaitTimeoutError",
     "check_event",
+    "feed_bus",
     "resolve_secret",
 ]

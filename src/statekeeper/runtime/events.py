@@ -153,8 +153,15 @@ class EventBus:
             else:
                 del self._pending[run_id]
 
-    def refresh(self, run_id: str) -> None:
-        """Make the run's subscribers read what other processes logged; drop its snapshot."""
+    def refresh(self, run_id: str | None = None) -> None:
+        """Make the run's subscribers (None: every run's) read what other processes
+        logged, and drop the cached snapshots concerned."""
+        if run_id is None:
+            for subs in self._by_run.values():
+                for sub in subs:
+                    sub.poll()
+            self._snapshots.clear()
+            return
         for sub in self._by_run.get(validate_id(run_id, "run id"), ()):
             sub.poll()
         self._snapshots.pop(run_id, None)

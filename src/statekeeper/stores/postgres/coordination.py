@@ -1,11 +1,14 @@
-"""Coordination between processes through PostgreSQL: session locks and event wake-ups.
+"""Coordination between processes through PostgreSQL: session locks and event feeds.
+
+Both implement the protocols of `statekeeper.runtime.coordination`: `PgSessionLocks` is a
+`SessionLocks`, `PgEventFeed` an `EventFeed`.
 
 `PgSessionLocks` serialises work on a session across processes and machines with
 PostgreSQL advisory locks::
 
-    locks = PgSessionLocks.from_url("postgresql://app@db/agents")
-    async with locks.hold(tenant, session_id, timeout=30):
-        ...  # no other holder of (tenant, session_id) on this server runs meanwhile
+    async with PgSessionLocks.from_url("postgresql://app@db/agents") as locks:
+        async with locks.hold(tenant, session_id, wait=30):
+            ...  # no other holder of (tenant, session_id) on this server runs meanwhile
 
 Each held lock has a connection of its own for as long as it is held, so waiting for
 one session never delays another, and a worker that dies (crash, kill, lost network)
@@ -14,36 +17,40 @@ The lock key is 64 bits of SHA-256 of (namespace, tenant, session id); two sessi
 that share a key (never seen in practice) would share a lock, which costs waiting,
 never exclusion.
 
-`PgEventListener` wakes event subscribers in other processes. A store opened with
-``notify_channel=...`` sends, when each event append commits, a NOTIFY naming the log
-and its last seq; the listener LISTENs on that channel and calls a callback, for
-example ``EventBus.refresh`` so that run subscribers read what another process logged::
+`PgEventFeed` tells other processes about event appends. A store opened with
+``notify_channel=...`` sends, when each event append commits, a NOTIFY naming the schema,
+tenant, log and last seq; the feed LISTENs on that channel and yields the notices of one
+tenant and schema. `statekeeper.runtime.coordination.feed_bus` keeps a bus live from it::
 
     store = await open_store(url, notify_channel="statekeeper_events")
     bus = EventBus(store, tenant)
-    async with PgEventListener.from_url(url, refresh_bus(bus)):
+    async with feed_bus(bus, PgEventFeed.from_url(url, channel="statekeeper_events")):
         async for event in bus.subscribe(run_id, from_seq=0):
             ...
 
-Notifications sent while the listener is reconnecting are lost; it then calls the
-callback with a notice whose ``log_id`` is None, meaning "refresh everything".
+Notifications sent while the feed is reconnecting are lost: it then yields a resync.
 """
 
-# ruff: noqa: ASYNC109 (hold's timeout is the documented API: the wait happens in the server)
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import TYPE_CHECKING, Self
 from urllib.parse import unquote, urlsplit
 
 from statekeeper.errors import InvalidInputError, StatekeeperError
 from statekeeper.ids import validate_id
+from statekeeper.runtime.coordination import (
+    EventNotice,
+    SessionLockLostError,
+    SessionLockTimeoutError,
+    check_wait,
+)
 from statekeeper.stores.postgres.conn import (
     Connection,
     closed_by_server,
@@ -51,25 +58,21 @@ from statekeeper.stores.postgres.conn import (
     psycopg,
     translate,
 )
-from statekeeper.stores.postgres.schema import validate_channel
+from statekeeper.stores.postgres.schema import DEFAULT_SCHEMA, validate_channel
 from statekeeper.stores.rules import check_tenant_and_id
+
+if TYPE_CHECKING:
+    from statekeeper.runtime.coordination import EventFeed, SessionLocks
 
 __all__ = [
     "DEFAULT_CHANNEL",
-    "EventNotice",
-    "HeldLock",
-    "PgEventListener",
+    "PgEventFeed",
+    "PgHeldLock",
     "PgSessionLocks",
-    "SessionLockTimeoutError",
-    "refresh_bus",
 ]
 
 DEFAULT_CHANNEL = "statekeeper_events"
 _log = logging.getLogger("statekeeper.pg_coordination")
-
-
-class SessionLockTimeoutError(StatekeeperError, TimeoutError):
-    """A session lock was not free within the timeout; nothing was locked."""
 
 
 def _conninfo(url: str, connect_timeout: int) -> tuple[str, str]:
@@ -93,7 +96,7 @@ async def _connect(conninfo: str, url: str) -> Connection:
 
 
 @dataclass(frozen=True)
-class HeldLock:
+class PgHeldLock:
     """A lock being held: its key, and a check that it still is."""
 
     tenant: str
@@ -102,11 +105,14 @@ class HeldLock:
     _conn: Connection
 
     async def check(self) -> None:
-        """Raise `StoreUnavailableError` if the lock's connection (so the lock) was lost."""
+        """Raise `SessionLockLostError` if the lock's connection (so the lock) was lost.
+
+        A round trip to the server: the connection may have died unnoticed.
+        """
         try:
             await self._conn.execute(b"SELECT 1")
         except psycopg.Error as exc:
-            raise translate(exc, f"the lock on session {self.session_id!r}") from exc
+            raise SessionLockLostError(self.session_id, f": its connection failed ({exc})") from exc
 
 
 class PgSessionLocks:
@@ -157,25 +163,26 @@ class PgSessionLocks:
 
     @asynccontextmanager
     async def hold(
-        self, tenant: str, session_id: str, *, timeout: float | None = None
-    ) -> AsyncIterator[HeldLock]:
+        self, tenant: str, session_id: str, *, wait: float | None = None
+    ) -> AsyncIterator[PgHeldLock]:
         """Hold the session's lock for the ``async with`` block.
 
-        Waits for it as long as needed, or ``timeout`` seconds (0: only if free now),
-        then raises `SessionLockTimeoutError`. Not reentrant: holding it again in the
-        block waits for itself until the timeout.
+        Waits for it as long as needed, or ``wait`` seconds (0: only if free now), then
+        raises `SessionLockTimeoutError`. Not reentrant: holding it again in the block
+        waits for itself until ``wait`` runs out.
         """
         key = self.key(tenant, session_id)
+        check_wait(wait)
         conn = await self._take()
         try:
-            await self._lock(conn, key, timeout, session_id)
+            await self._lock(conn, key, wait, session_id)
         except BaseException:
             # A cancel may land just after the server granted the lock: dropping the
             # connection releases whatever it holds.
-            await self._drop(conn)
+            await _close(conn)
             raise
         try:
-            yield HeldLock(tenant, session_id, key, conn)
+            yield PgHeldLock(tenant, session_id, key, conn)
         finally:
             await self._release(conn, key)
 
@@ -202,179 +209,134 @@ class PgSessionLocks:
             await conn.close()
         return await _connect(self._conninfo, self.url)
 
-    async def _lock(self, conn: Connection, key: int, timeout: float | None, what: str) -> None:
+    async def _lock(self, conn: Connection, key: int, wait: float | None, what: str) -> None:
+        # The wait happens in the server (lock_timeout): no polling, woken at release.
         try:
-            if timeout is not None and timeout <= 0:
+            if wait is not None and wait <= 0:
                 cur = await conn.execute(b"SELECT pg_try_advisory_lock(%s)", (key,))
                 row = await cur.fetchone()
                 if row is None or not row[0]:
-                    raise SessionLockTimeoutError(f"session {what!r} is locked by another holder")
+                    raise SessionLockTimeoutError(what, 0.0)
                 return
-            millis = "0" if timeout is None else f"{max(1, round(timeout * 1000))}ms"
+            millis = "0" if wait is None else f"{max(1, round(wait * 1000))}ms"
             await conn.execute(b"SELECT set_config('lock_timeout', %s, false)", (millis,))
             await conn.execute(b"SELECT pg_advisory_lock(%s)", (key,))
         except psycopg.errors.LockNotAvailable:
-            raise SessionLockTimeoutError(
-                f"session {what!r} stayed locked by another holder for {timeout:g}s"
-            ) from None
+            raise SessionLockTimeoutError(what, wait or 0.0) from None
         except psycopg.Error as exc:
             raise translate(exc, f"locking session {what!r} on {self.url}") from exc
 
     async def _release(self, conn: Connection, key: int) -> None:
         try:
             await asyncio.shield(conn.execute(b"SELECT pg_advisory_unlock(%s)", (key,)))
+        except psycopg.Error:
+            await _close(conn)  # the lock went with its connection (or goes now)
+            return
         except BaseException:
-            await self._drop(conn)  # closing it releases the lock for sure
+            await _close(conn)  # closing it releases the lock for sure
             raise
         if self._closed or len(self._idle) >= self.max_idle:
             await conn.close()
         else:
             self._idle.append(conn)
 
-    @staticmethod
-    async def _drop(conn: Connection) -> None:
-        with suppress(Exception):
-            await asyncio.shield(conn.close())
+
+# -- event feed ---------------------------------------------------------------------------
 
 
-# -- event wake-ups ------------------------------------------------------------------------
+class PgEventFeed:
+    """Notices of event appends NOTIFY'd on ``channel`` by stores of ``schema``.
 
-
-@dataclass(frozen=True)
-class EventNotice:
-    """An event append another process committed (``log_id`` None: maybe some missed)."""
-
-    schema: str | None
-    tenant: str | None
-    log_id: str | None
-    seq: int | None
-
-
-Callback = Callable[[EventNotice], Awaitable[None] | None]
-
-
-def refresh_bus(bus: Any, *, schema: str | None = None) -> Callable[[EventNotice], None]:
-    """A listener callback that makes ``bus`` (an `EventBus`) read other processes' events.
-
-    Notices of other tenants (and, if ``schema`` is given, of other schemas) are ignored.
-    """
-
-    def callback(notice: EventNotice) -> None:
-        if notice.log_id is None:
-            for run_id in list(getattr(bus, "_by_run", ())):
-                bus.refresh(run_id)
-        elif notice.tenant == bus.tenant and (schema is None or notice.schema == schema):
-            bus.refresh(notice.log_id)
-
-    return callback
-
-
-class PgEventListener:
-    """Calls ``callback(notice)`` for each event append NOTIFY'd on ``channel``.
-
-    The callback may be a function or a coroutine function; its errors are logged and
-    the listener goes on. A lost connection is reopened (every ``retry_every``
-    seconds), then the callback gets a notice with ``log_id=None``.
+    Each `notices` call LISTENs on a connection of its own; a lost connection is
+    reopened every ``retry_every`` seconds, then a resync is yielded.
     """
 
     def __init__(
         self,
         conninfo: str,
-        callback: Callback,
         *,
         channel: str = DEFAULT_CHANNEL,
+        schema: str = DEFAULT_SCHEMA,
         retry_every: float = 1.0,
         url: str = "postgresql://",
     ) -> None:
+        if retry_every <= 0:
+            raise InvalidInputError(f"retry_every must be > 0 seconds, got {retry_every!r}")
         self._conninfo = conninfo
-        self.callback = callback
         self.channel = validate_channel(channel)
+        self.schema = schema
         self.retry_every = retry_every
         self.url = url
-        self._task: asyncio.Task[None] | None = None
-        self._ready: asyncio.Future[None] | None = None
 
     @classmethod
     def from_url(
         cls,
         url: str,
-        callback: Callback,
         *,
         channel: str = DEFAULT_CHANNEL,
+        schema: str = DEFAULT_SCHEMA,
         retry_every: float = 1.0,
         connect_timeout: int = 10,
-    ) -> PgEventListener:
-        """A listener on the server of ``postgresql://user@host:port/dbname``."""
+    ) -> PgEventFeed:
+        """A feed from the server of ``postgresql://user@host:port/dbname``."""
         conninfo, shown = _conninfo(url, connect_timeout)
-        return cls(conninfo, callback, channel=channel, retry_every=retry_every, url=shown)
+        return cls(conninfo, channel=channel, schema=schema, retry_every=retry_every, url=shown)
 
-    async def start(self) -> None:
-        """Connect and LISTEN; returns once notifications are being received."""
-        if self._task is not None:
-            raise InvalidInputError("the listener is already started")
-        self._ready = asyncio.get_running_loop().create_future()
-        self._task = asyncio.create_task(self._listen())
+    def __repr__(self) -> str:
+        return f"PgEventFeed({self.url!r}, channel={self.channel!r}, schema={self.schema!r})"
+
+    async def notices(self, tenant: str) -> AsyncIterator[EventNotice]:
+        """The tenant's notices (see `EventFeed.notices`): a resync once listening, then
+        one per committed append, and a resync after each reconnection."""
+        validate_id(tenant, "tenant")
+        conn = await self._listen()  # the first failure is the caller's to see
         try:
-            await asyncio.shield(self._ready)
+            while True:
+                yield EventNotice(tenant)
+                try:
+                    async for notify in conn.notifies():
+                        notice = self._parse(notify.payload, tenant)
+                        if notice is not None:
+                            yield notice
+                except psycopg.Error as exc:
+                    _log.warning("event feed on %s lost its connection: %s", self.url, exc)
+                await _close(conn)
+                conn = await self._reconnect()
+        finally:
+            await _close(conn)
+
+    async def _listen(self) -> Connection:
+        conn = await _connect(self._conninfo, self.url)
+        try:
+            await conn.execute(f'LISTEN "{self.channel}"'.encode())  # validated: no quotes
         except BaseException:
-            await self.close()
+            await _close(conn)
             raise
+        return conn
 
-    async def close(self) -> None:
-        """Stop listening. Idempotent."""
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with suppress(asyncio.CancelledError):
-                await task
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    async def _listen(self) -> None:
-        assert self._ready is not None
-        first = True
+    async def _reconnect(self) -> Connection:
         while True:
-            try:
-                conn = await _connect(self._conninfo, self.url)
-            except StatekeeperError as exc:
-                if not self._ready.done():
-                    self._ready.set_exception(exc)
-                    return
-                await asyncio.sleep(self.retry_every)
-                continue
-            try:
-                await conn.execute(f'LISTEN "{self.channel}"'.encode())
-                if not self._ready.done():
-                    self._ready.set_result(None)
-                if not first:
-                    await self._deliver(EventNotice(None, None, None, None))
-                first = False
-                async for notify in conn.notifies():
-                    await self._deliver(_notice(notify.payload))
-            except psycopg.Error as exc:
-                _log.warning("event listener on %s lost its connection: %s", self.url, exc)
-                await asyncio.sleep(self.retry_every)
-            finally:
-                with suppress(Exception):
-                    await asyncio.shield(conn.close())
+            await asyncio.sleep(self.retry_every)
+            with suppress(StatekeeperError, psycopg.Error):
+                return await self._listen()
 
-    async def _deliver(self, notice: EventNotice) -> None:
+    def _parse(self, payload: str, tenant: str) -> EventNotice | None:
+        """The notice for ``tenant``, None if it is another's; a resync if unreadable."""
         try:
-            outcome = self.callback(notice)
-            if outcome is not None:
-                await outcome
-        except Exception:
-            _log.exception("event listener callback failed for %s", notice)
+            data = json.loads(payload)
+            if data["schema"] != self.schema or data["tenant"] != tenant:
+                return None
+            return EventNotice(tenant, validate_id(data["log_id"], "log id"), int(data["seq"]))
+        except (ValueError, KeyError, TypeError):
+            return EventNotice(tenant)  # not written by a store: "re-read everything" is safe
 
 
-def _notice(payload: str) -> EventNotice:
-    try:
-        data = json.loads(payload)
-        return EventNotice(data["schema"], data["tenant"], data["log_id"], int(data["seq"]))
-    except (ValueError, KeyError, TypeError):
-        return EventNotice(None, None, None, None)  # not ours: treat as "refresh all"
+async def _close(conn: Connection) -> None:
+    with suppress(Exception):
+        await asyncio.shield(conn.close())
+
+
+if TYPE_CHECKING:  # mypy proves both implement the runtime protocols
+
+    def _conforms(locks: PgSessionLocks, feed: PgEventFeed) -> tuple[SessionLocks, EventFeed]:
+        return locks, feed

@@ -2,7 +2,8 @@
 
 `store` opens it; `scripts` holds the keys and Lua scripts, `base` the client and stored
 forms, `records` records and event logs, and `coordination` leases with fencing tokens
-and the cross-process event feed.
+and the cross-process event feed (implementations of the `statekeeper.runtime.coordination`
+protocols).
 """
 
 from statekeeper.stores.redis.store import RedisStore, open_redis
@@ -10,7 +11,6 @@ from statekeeper.stores.redis.store import RedisStore, open_redis
 from statekeeper.stores.redis.coordination import (  # isort: skip (needs RedisStore first)
     RedisEventFeed,
     RedisLeases,
-    feed_bus,
 )
 
-__all__ = ["RedisEventFeed", "RedisLeases", "RedisStore", "feed_bus", "open_redis"]
+__all__ = ["RedisEventFeed", "RedisLeases", "RedisStore", "open_redis"]

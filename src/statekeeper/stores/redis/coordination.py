@@ -1,5 +1,9 @@
 """Coordination across processes on Redis: session leases with fencing, and event feeds.
 
+Both implement the protocols of `statekeeper.runtime.coordination`: `RedisLeases` is a
+`SessionLocks`, `RedisEventFeed` an `EventFeed` (keep an `EventBus` live from it with
+`statekeeper.runtime.coordination.feed_bus`).
+
 **Leases** (`RedisLeases`) keep one worker at a time on a session, whatever process or
 machine it runs in: ``async with leases.hold(tenant, session_id, ttl=30, wait=10) as
 lease``. Taking a lease sets its key only if absent, with an expiry of ``ttl`` (SET NX
@@ -22,7 +26,7 @@ while there is nothing new. `RedisEventFeed.notices` follows a tenant's capped n
 stream (one notice per appended batch: log id, first and last seq) to learn which logs
 grew, for followers of every run; a notice stream keeps about
 `statekeeper.stores.redis.records.EVENT_NOTICES_KEPT` notices, so per-run completeness
-comes from `follow`, not from the notices.
+comes from `follow` (or the bus's reads of the log), not from the notices.
 """
 
 from __future__ import annotations
@@ -32,19 +36,25 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from statekeeper.errors import (
     InvalidInputError,
     MissingExtraError,
-    StatekeeperError,
     StoreCorruptError,
     StoreError,
     StoreUnavailableError,
 )
 from statekeeper.ids import validate_id
+from statekeeper.runtime.coordination import (
+    EventNotice,
+    SessionLockLostError,
+    SessionLockTimeoutError,
+    cancel_and_wait,
+    check_wait,
+)
 from statekeeper.stores.base import Event
 from statekeeper.stores.redis.base import decode_event, run_script, to_text, translate
 from statekeeper.stores.redis.scripts import Keys, Script
@@ -56,41 +66,37 @@ try:
 except ImportError:  # pragma: no cover - depends on the environment
     raise MissingExtraError("Redis coordination", "redis") from None
 
+if TYPE_CHECKING:
+    from statekeeper.runtime.coordination import EventFeed, SessionLocks
+
 __all__ = [
-    "EventNotice",
     "Lease",
     "LeaseBusyError",
     "LeaseLostError",
     "RedisEventFeed",
     "RedisLeases",
-    "feed_bus",
 ]
 
-logger = logging.getLogger("statekeeper.runtime.redis")
+logger = logging.getLogger(__name__)
 
 
-class LeaseBusyError(StatekeeperError, TimeoutError):
+class LeaseBusyError(SessionLockTimeoutError):
     """Another holder kept the session's lease for longer than the caller would wait."""
 
     def __init__(self, session_id: str, waited: float, remaining_ms: int) -> None:
         super().__init__(
-            f"the lease of session {session_id!r} is held by another worker (waited "
-            f"{waited:.1f}s; it expires in {max(remaining_ms, 0) / 1000:.1f}s unless renewed); "
-            "wait longer, or retry later"
+            session_id,
+            waited,
+            f" (its lease expires in {max(remaining_ms, 0) / 1000:.1f}s unless renewed)",
         )
-        self.session_id = session_id
         self.remaining_ms = remaining_ms
 
 
-class LeaseLostError(StatekeeperError):
+class LeaseLostError(SessionLockLostError):
     """The lease expired or was taken over while its holder still ran."""
 
     def __init__(self, session_id: str, fence: int) -> None:
-        super().__init__(
-            f"the lease of session {session_id!r} (fence {fence}) was lost: renewal failed "
-            "before it expired; stop writing, and take the lease again to continue"
-        )
-        self.session_id = session_id
+        super().__init__(session_id, f" (lease fence {fence}): renewal failed before it expired")
         self.fence = fence
 
 
@@ -138,47 +144,55 @@ class Lease:
     lost: bool = False
     """True once a renewal found the lease gone, or could not reach Redis before expiry."""
 
-    def check(self) -> None:
-        """Raise `LeaseLostError` if the lease is known to be lost."""
+    async def check(self) -> None:
+        """Raise `LeaseLostError` if the lease is known to be lost (no round trip)."""
         if self.lost:
             raise LeaseLostError(self.session_id, self.fence)
 
 
 class RedisLeases:
-    """Per-session leases with fencing tokens, in the Redis server of ``store``."""
+    """Per-session leases with fencing tokens, in the Redis server of ``store``.
 
-    def __init__(self, store: RedisStore) -> None:
+    ``ttl`` is the default lifetime of a lease, in seconds: how long a dead holder keeps
+    a session locked.
+    """
+
+    def __init__(self, store: RedisStore, *, ttl: float = 30.0) -> None:
         self._store = store
+        self.ttl = ttl
 
     @contextlib.asynccontextmanager
     async def hold(
-        self, tenant: str, session_id: str, *, ttl: float = 30.0, wait: float | None = None
+        self,
+        tenant: str,
+        session_id: str,
+        *,
+        ttl: float | None = None,
+        wait: float | None = None,
     ) -> AsyncIterator[Lease]:
         """Take the session's lease (waiting up to ``wait`` seconds, None: no limit), keep
         it renewed while the block runs, and release it after.
 
-        Raises `LeaseBusyError` when ``wait`` runs out first.
+        Raises `LeaseBusyError` (a `SessionLockTimeoutError`) when ``wait`` runs out first.
         """
         lease = await self.acquire(tenant, session_id, ttl=ttl, wait=wait)
         renewer = asyncio.create_task(self._keep(lease))
         try:
             yield lease
         finally:
-            renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewer
+            await cancel_and_wait(renewer)
             with contextlib.suppress(StoreError):  # unreachable: it expires by itself
                 await self.release(lease)
 
     async def acquire(
-        self, tenant: str, session_id: str, *, ttl: float = 30.0, wait: float | None = None
+        self, tenant: str, session_id: str, *, ttl: float | None = None, wait: float | None = None
     ) -> Lease:
         """Take the lease without renewing it (see `hold`); `release` it when done."""
         check_tenant_and_id(tenant, session_id)
+        ttl = self.ttl if ttl is None else ttl
         if not 0.01 <= ttl <= 86_400:
             raise InvalidInputError(f"lease ttl must be 0.01 to 86400 seconds, got {ttl}")
-        if wait is not None and wait < 0:
-            raise InvalidInputError(f"wait must be >= 0 seconds or None, got {wait}")
+        check_wait(wait)
         holder = os.urandom(12).hex()
         keys = [self._keys.lease(tenant, session_id), self._keys.fence(tenant, session_id)]
         start = time.monotonic()
@@ -242,30 +256,23 @@ class RedisLeases:
         return await run_script(self._store.client, script, keys, args, self._store.where)
 
 
-@dataclass(frozen=True, slots=True)
-class EventNotice:
-    """A batch of events appended to a log: seqs ``first`` to ``last``."""
-
-    log_id: str
-    first: int
-    last: int
-    position: str
-    """Where this notice is in the notice stream: pass it as ``after`` to resume."""
-
-
 class RedisEventFeed:
     """Events appended by any process, delivered as they arrive (XREAD on streams).
 
     ``block`` is how long one XREAD waits for news (kept below the client's socket
-    timeout); ``batch`` the most events one read returns.
+    timeout); ``batch`` the most events one read returns; ``retry_every`` the pause
+    between attempts to reach Redis again after losing it.
     """
 
-    def __init__(self, store: RedisStore, *, block: float = 1.0, batch: int = 256) -> None:
-        if block <= 0 or batch < 1:
-            raise InvalidInputError("block must be > 0 seconds and batch >= 1")
+    def __init__(
+        self, store: RedisStore, *, block: float = 1.0, batch: int = 256, retry_every: float = 0.5
+    ) -> None:
+        if block <= 0 or batch < 1 or retry_every <= 0:
+            raise InvalidInputError("block and retry_every must be > 0 seconds, batch >= 1")
         self._store = store
         self.block_ms = int(block * 1000)
         self.batch = batch
+        self.retry_every = retry_every
 
     async def follow(self, tenant: str, log_id: str, *, after_seq: int = 0) -> AsyncIterator[Event]:
         """Every event of the log with ``seq > after_seq``, in order, then new ones as
@@ -289,22 +296,39 @@ class RedisEventFeed:
                     last = event.seq
                     yield event
 
-    async def notices(
-        self, tenant: str, *, after: str = "$", stop: asyncio.Event | None = None
-    ) -> AsyncIterator[EventNotice]:
-        """Notices of batches appended to any log of the tenant after position ``after``
-        (``"$"``: from now on, ``"0"``: every notice still kept), until ``stop`` is set."""
+    async def notices(self, tenant: str, *, after: str = "$") -> AsyncIterator[EventNotice]:
+        """Notices of batches appended to any log of the tenant (see `EventFeed.notices`):
+        a resync first, then each batch after position ``after`` (``"$"``: from now on;
+        ``"0"``: every notice still kept; a notice's ``position``: the ones after it).
+
+        After a lost connection the feed reads on from the last position it delivered,
+        behind a resync (notices trimmed from the capped stream meanwhile are lost).
+        """
         validate_id(tenant, "tenant")
         key = self._store.keys.event_notices(tenant)
+        newest = await _call(self._store, self._store.client.xrevrange(key, "+", "-", count=1))
         if after == "$":  # pin "now" to an id, so nothing between two reads is missed
-            newest = await _call(self._store, self._store.client.xrevrange(key, "+", "-", count=1))
             after = to_text(newest[0][0]) if newest else "0-0"
-        while stop is None or not stop.is_set():
-            for _, entries in await self._read(key, after):
+        yield EventNotice(tenant, position=after)
+        while True:
+            try:
+                reply = await self._read(key, after)
+            except StoreUnavailableError as exc:
+                logger.warning("event feed of %s lost Redis (%s); reconnecting", tenant, exc)
+                await self._reconnect()
+                yield EventNotice(tenant, position=after)
+                continue
+            for _, entries in reply:
                 for stream_id, fields in entries:
                     after = to_text(stream_id)
-                    get = {to_text(k): to_text(v) for k, v in fields.items()}
-                    yield EventNotice(get["log"], int(get["first"]), int(get["last"]), after)
+                    yield _notice(tenant, after, fields)
+
+    async def _reconnect(self) -> None:
+        while True:
+            await asyncio.sleep(self.retry_every)
+            with contextlib.suppress(StoreUnavailableError):
+                await _call(self._store, self._store.client.ping())
+                return
 
     async def _read(self, key: str, after: str) -> Any:
         client = self._store.client
@@ -312,6 +336,11 @@ class RedisEventFeed:
             self._store, client.xread({key: after}, count=self.batch, block=self.block_ms)
         )
         return reply or []
+
+
+def _notice(tenant: str, position: str, fields: Mapping[Any, Any]) -> EventNotice:
+    get = {to_text(k): to_text(v) for k, v in fields.items()}
+    return EventNotice(tenant, get["log"], int(get["last"]), int(get["first"]), position)
 
 
 async def _call(store: RedisStore, pending: Awaitable[Any]) -> Any:
@@ -322,32 +351,7 @@ async def _call(store: RedisStore, pending: Awaitable[Any]) -> Any:
         raise translate(exc, store.where) from exc
 
 
-async def feed_bus(
-    feed: RedisEventFeed,
-    bus: Any,
-    tenant: str,
-    *,
-    after: str = "$",
-    stop: asyncio.Event | None = None,
-    retry_every: float = 0.5,
-) -> None:
-    """Keep ``bus`` (an `EventBus` of ``tenant``) up to date with events other processes
-    append: each notice makes the bus's subscribers of that run read the new events
-    from the log, in order, with no gap or repeat. A lost connection is reopened and the
-    feed resumes after the last notice it saw.
+if TYPE_CHECKING:  # mypy proves both implement the runtime protocols
 
-    Runs until ``stop`` is set (checked after every read, so within the feed's ``block``
-    time). Prefer it to cancelling the task: redis-py may not end a blocking read that
-    is cancelled promptly.
-    """
-    position = after
-    while stop is None or not stop.is_set():
-        try:
-            async for notice in feed.notices(tenant, after=position, stop=stop):
-                position = notice.position
-                bus.refresh(notice.log_id)
-        except StoreUnavailableError:
-            if stop is not None and stop.is_set():
-                return
-            logger.warning("event feed of %s lost Redis; reconnecting", tenant)
-            await asyncio.sleep(retry_every)
+    def _conforms(leases: RedisLeases, feed: RedisEventFeed) -> tuple[SessionLocks, EventFeed]:
+        return leases, feed
