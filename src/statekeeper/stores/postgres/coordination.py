@@ -72,7 +72,7 @@ __all__ = [
 ]
 
 DEFAULT_CHANNEL = "statekeeper_events"
-_log = logging.getLogger("statekeeper.pg_coordination")
+_log = logging.getLogger(__name__)
 
 
 def _conninfo(url: str, connect_timeout: int) -> tuple[str, str]:

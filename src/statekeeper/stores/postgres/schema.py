@@ -266,7 +266,7 @@ class Statements:
         )
         self.append_events = _sql(log + insert, q)
         # The same, and a NOTIFY (sent at commit) naming the log and its last seq, for
-        # listeners in other processes (coordination.PgEventListener).
+        # feeds in other processes (postgres.coordination.PgEventFeed).
         self.append_events_notify = _sql(
             log + ", added AS (" + insert + ") SELECT min(seq), pg_notify(%s,"
             " json_build_object('schema', %s::text, 'tenant', %s::text, 'log_id', %s::text,"

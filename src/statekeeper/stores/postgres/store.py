@@ -268,6 +268,6 @@ async def open_postgres(location: str, options: StoreOptions) -> PostgresStore:
     connections, 1 / 10), ``max_payload_bytes``, ``timeout`` (seconds to wait for a pooled
     connection, 30), ``connect_timeout`` (10), ``sslmode``, ``durability``
     (``power`` or ``process``: ``synchronous_commit=off``), ``notify_channel`` (a NOTIFY
-    on this channel for every event append, for `coordination.PgEventListener` listeners).
+    on this channel for every event append, for `coordination.PgEventFeed`).
     """
     return await _open_owned(location, options)
