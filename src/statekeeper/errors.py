@@ -16,6 +16,8 @@ original exception chained as ``__cause__``.
     ├── LimitReachedError            an iteration, budget, token or time limit was hit
     ├── SchemaVersionError           stored data is newer than this library
     ├── MissingExtraError            an optional dependency is not installed
+    ├── SessionLockTimeoutError      a session lock stayed with another holder (also TimeoutError)
+    ├── SessionLockLostError         a held session lock expired or lost its connection
     └── StoreError                   the backend failed; stored data is intact
         ├── StoreUnavailableError    cannot reach or open the store (retry later)
         ├── StoreReadOnlyError       the store refuses writes (permissions, read-only mode)
@@ -48,6 +50,8 @@ __all__ = [
     "NotFoundError",
     "PayloadTooLargeError",
     "SchemaVersionError",
+    "SessionLockLostError",
+    "SessionLockTimeoutError",
     "StatekeeperError",
     "StoreCorruptError",
     "StoreError",
@@ -141,6 +145,30 @@ class MissingExtraError(StatekeeperError, ImportError):
             f"Install it with: pip install 'statekeeper[{extra}]'"
         )
         self.extra = extra
+
+
+class SessionLockTimeoutError(StatekeeperError, TimeoutError):
+    """Another holder kept the session's lock for longer than the caller would wait;
+    nothing was locked (see `statekeeper.runtime.SessionLocks`)."""
+
+    def __init__(self, session_id: str, waited: float, detail: str = "") -> None:
+        super().__init__(
+            f"session {session_id!r} stayed locked by another holder for {waited:.1f}s"
+            f"{detail}; wait longer, or retry later"
+        )
+        self.session_id = session_id
+        self.waited = waited
+
+
+class SessionLockLostError(StatekeeperError):
+    """A session lock was lost (expired, taken over, its connection dropped) while held."""
+
+    def __init__(self, session_id: str, detail: str = "") -> None:
+        super().__init__(
+            f"the lock on session {session_id!r} was lost{detail}; stop writing, and take "
+            "the lock again to continue"
+        )
+        self.session_id = session_id
 
 
 class StoreError(StatekeeperError):

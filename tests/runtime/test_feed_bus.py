@@ -12,8 +12,8 @@ import pytest
 
 from statekeeper.errors import StatekeeperError, StoreUnavailableError
 from statekeeper.runtime import EventBus, EventFeed, EventNotice, feed_bus
-from statekeeper.runtime.coordination import cancel_and_wait
 from statekeeper.stores.memory import MemoryStore
+from statekeeper.tasks import cancel_and_wait
 
 
 class ScriptedFeed:

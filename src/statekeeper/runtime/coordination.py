@@ -15,7 +15,10 @@ and by anything else that keeps them:
 subscribers of that run read the new events from the log (in order, without gap or
 repeat, as every read of the log does).
 
-This module imports no backend: backends import it.
+Layering: the runtime imports no backend, and no backend imports the runtime (a backend
+implements a protocol by its shape). What both sides name lives below them and is
+re-exported here: the errors in `statekeeper.errors`, `EventNotice` in
+`statekeeper.stores.types`, `cancel_and_wait` in `statekeeper.tasks`.
 """
 
 from __future__ import annotations
@@ -25,10 +28,11 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from statekeeper.errors import InvalidInputError, StatekeeperError
+from statekeeper.errors import SessionLockLostError, SessionLockTimeoutError, StatekeeperError
+from statekeeper.stores.base import EventNotice
+from statekeeper.tasks import cancel_and_wait
 
 if TYPE_CHECKING:  # the bus is only called, never built, here
     from statekeeper.runtime.events import EventBus
@@ -41,7 +45,6 @@ __all__ = [
     "SessionLockTimeoutError",
     "SessionLocks",
     "cancel_and_wait",
-    "check_wait",
     "feed_bus",
 ]
 
@@ -49,30 +52,6 @@ _log = logging.getLogger(__name__)
 
 
 # -- session locks -------------------------------------------------------------------------
-
-
-class SessionLockTimeoutError(StatekeeperError, TimeoutError):
-    """Another holder kept the session's lock for longer than the caller would wait;
-    nothing was locked."""
-
-    def __init__(self, session_id: str, waited: float, detail: str = "") -> None:
-        super().__init__(
-            f"session {session_id!r} stayed locked by another holder for {waited:.1f}s"
-            f"{detail}; wait longer, or retry later"
-        )
-        self.session_id = session_id
-        self.waited = waited
-
-
-class SessionLockLostError(StatekeeperError):
-    """A lock was lost (expired, taken over, its connection dropped) while held."""
-
-    def __init__(self, session_id: str, detail: str = "") -> None:
-        super().__init__(
-            f"the lock on session {session_id!r} was lost{detail}; stop writing, and take "
-            "the lock again to continue"
-        )
-        self.session_id = session_id
 
 
 @runtime_checkable
@@ -105,57 +84,13 @@ class SessionLocks(Protocol):
 
         Waits up to ``wait`` seconds (None: as long as it takes; 0: only if free now),
         then raises `SessionLockTimeoutError`. Not reentrant: holding it again inside the
-        block waits for itself. A negative ``wait`` raises `InvalidInputError`.
+        block waits for itself. A negative ``wait`` raises `InvalidInputError`
+        (`statekeeper.stores.rules.check_wait`, for backends).
         """
         ...
 
 
-def check_wait(wait: float | None) -> float | None:
-    """``wait`` if it is None or >= 0 seconds, else `InvalidInputError` (for backends)."""
-    if wait is not None and not wait >= 0:
-        raise InvalidInputError(f"wait must be >= 0 seconds or None, got {wait!r}")
-    return wait
-
-
-async def cancel_and_wait(task: asyncio.Task[Any], *, every: float = 0.5) -> None:
-    """Cancel ``task`` and wait for it to end, cancelling it again every ``every`` seconds.
-
-    Why again: on Python 3.11, `asyncio.wait_for` (which redis-py uses to send every
-    command) drops a cancellation that lands as the operation it waits for completes
-    (CPython issue gh-86296), and a loop of such calls then never ends. A later
-    cancellation lands at the task's next await. Raises the task's own failure, if any.
-    """
-    while not task.done():
-        task.cancel()
-        await asyncio.wait({task}, timeout=every)
-    if not task.cancelled() and (error := task.exception()) is not None:
-        raise error
-
-
 # -- event feeds ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class EventNotice:
-    """Events were appended to ``log_id`` of ``tenant``, up to ``last_seq``.
-
-    With ``log_id`` None the notice is a *resync*: the feed has just started listening,
-    or listens again after losing its connection, so appends before it may have gone
-    unnoticed; re-read every log of interest.
-    """
-
-    tenant: str
-    log_id: str | None = None
-    last_seq: int | None = None
-    first_seq: int | None = None
-    """The batch's first seq, when the feed knows it (Redis does, PostgreSQL does not)."""
-    position: str | None = None
-    """Where the notice is in the feed, when the feed can resume from there (Redis)."""
-
-    @property
-    def resync(self) -> bool:
-        """True when this notice says "appends may have been missed: re-read"."""
-        return self.log_id is None
 
 
 @runtime_checkable

@@ -16,14 +16,24 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import TYPE_CHECKING, Self
+from collections.abc import Mapping
+from typing import Protocol, Self
 
-from statekeeper.runtime.event_types import BusEvent, SubscriberLaggedError
-
-if TYPE_CHECKING:  # the bus imports this module; a subscription only calls back into it
-    from statekeeper.runtime.events import EventBus
+from statekeeper.runtime.event_types import BusEvent, RunSnapshot, SubscriberLaggedError
 
 __all__ = ["Subscription"]
+
+
+class _Bus(Protocol):
+    """What a subscription calls back into: `statekeeper.runtime.events.EventBus` (named
+    by shape, since the bus imports this module)."""
+
+    @property
+    def _snapshots(self) -> Mapping[str, RunSnapshot]: ...
+
+    async def _read(self, run_id: str, after: int, limit: int | None = None) -> list[BusEvent]: ...
+
+    def _detach(self, sub: Subscription) -> None: ...
 
 
 class Subscription:
@@ -31,7 +41,7 @@ class Subscription:
 
     def __init__(
         self,
-        bus: EventBus,
+        bus: _Bus,
         run_id: str | None,
         streams: frozenset[str] | None,
         from_seq: int | None,

@@ -51,6 +51,7 @@ __all__ = [
     "check_session_record",
     "check_tenant_and_id",
     "check_version",
+    "check_wait",
     "corrupt_entry",
     "decode_cursor",
     "encode_cursor",
@@ -396,3 +397,10 @@ def session_not_found(session_id: str) -> NotFoundError:
 def record_not_found(namespace: str, key: str) -> NotFoundError:
     """The error for a record this tenant does not have."""
     return NotFoundError(f"record {namespace}/{key} not found")
+
+
+def check_wait(wait: float | None) -> float | None:
+    """``wait`` (seconds to wait for a session lock) if it is None or >= 0."""
+    if wait is not None and not wait >= 0:
+        raise InvalidInputError(f"wait must be >= 0 seconds or None, got {wait!r}")
+    return wait

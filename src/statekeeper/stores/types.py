@@ -28,6 +28,7 @@ __all__ = [
     "EntryKind",
     "Event",
     "EventDraft",
+    "EventNotice",
     "ForkPoint",
     "Page",
     "SessionPatch",
@@ -267,3 +268,27 @@ class Event:
     kind: str
     ts: datetime
     payload: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class EventNotice:
+    """Events were appended to ``log_id`` of ``tenant``, up to ``last_seq`` (what an
+    event feed, `statekeeper.runtime.EventFeed`, tells other processes).
+
+    With ``log_id`` None the notice is a *resync*: the feed has just started listening,
+    or listens again after losing its connection, so appends before it may have gone
+    unnoticed; re-read every log of interest.
+    """
+
+    tenant: str
+    log_id: str | None = None
+    last_seq: int | None = None
+    first_seq: int | None = None
+    """The batch's first seq, when the feed knows it (Redis does, PostgreSQL does not)."""
+    position: str | None = None
+    """Where the notice is in the feed, when the feed can resume from there (Redis)."""
+
+    @property
+    def resync(self) -> bool:
+        """True when this notice says "appends may have been missed: re-read"."""
+        return self.log_id is None

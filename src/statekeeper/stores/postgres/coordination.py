@@ -40,17 +40,17 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Self
+from typing import Self
 from urllib.parse import unquote, urlsplit
 
-from statekeeper.errors import InvalidInputError, StatekeeperError
-from statekeeper.ids import validate_id
-from statekeeper.runtime.coordination import (
-    EventNotice,
+from statekeeper.errors import (
+    InvalidInputError,
     SessionLockLostError,
     SessionLockTimeoutError,
-    check_wait,
+    StatekeeperError,
 )
+from statekeeper.ids import validate_id
+from statekeeper.stores.base import EventNotice
 from statekeeper.stores.postgres.conn import (
     Connection,
     closed_by_server,
@@ -59,10 +59,7 @@ from statekeeper.stores.postgres.conn import (
     translate,
 )
 from statekeeper.stores.postgres.schema import DEFAULT_SCHEMA, validate_channel
-from statekeeper.stores.rules import check_tenant_and_id
-
-if TYPE_CHECKING:
-    from statekeeper.runtime.coordination import EventFeed, SessionLocks
+from statekeeper.stores.rules import check_tenant_and_id, check_wait
 
 __all__ = [
     "DEFAULT_CHANNEL",
@@ -334,9 +331,3 @@ class PgEventFeed:
 async def _close(conn: Connection) -> None:
     with suppress(Exception):
         await asyncio.shield(conn.close())
-
-
-if TYPE_CHECKING:  # mypy proves both implement the runtime protocols
-
-    def _conforms(locks: PgSessionLocks, feed: PgEventFeed) -> tuple[SessionLocks, EventFeed]:
-        return locks, feed

@@ -38,36 +38,29 @@ import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from statekeeper.errors import (
     InvalidInputError,
     MissingExtraError,
+    SessionLockLostError,
+    SessionLockTimeoutError,
     StoreCorruptError,
     StoreError,
     StoreUnavailableError,
 )
 from statekeeper.ids import validate_id
-from statekeeper.runtime.coordination import (
-    EventNotice,
-    SessionLockLostError,
-    SessionLockTimeoutError,
-    cancel_and_wait,
-    check_wait,
-)
-from statekeeper.stores.base import Event
+from statekeeper.stores.base import Event, EventNotice
 from statekeeper.stores.redis.base import decode_event, run_script, to_text, translate
 from statekeeper.stores.redis.scripts import Keys, Script
 from statekeeper.stores.redis.store import RedisStore
-from statekeeper.stores.rules import check_record_ids, check_tenant_and_id
+from statekeeper.stores.rules import check_record_ids, check_tenant_and_id, check_wait
+from statekeeper.tasks import cancel_and_wait
 
 try:
     import redis.exceptions as rx
 except ImportError:  # pragma: no cover - depends on the environment
     raise MissingExtraError("Redis coordination", "redis") from None
-
-if TYPE_CHECKING:
-    from statekeeper.runtime.coordination import EventFeed, SessionLocks
 
 __all__ = [
     "Lease",
@@ -349,9 +342,3 @@ async def _call(store: RedisStore, pending: Awaitable[Any]) -> Any:
         return await pending
     except (rx.RedisError, OSError) as exc:
         raise translate(exc, store.where) from exc
-
-
-if TYPE_CHECKING:  # mypy proves both implement the runtime protocols
-
-    def _conforms(leases: RedisLeases, feed: RedisEventFeed) -> tuple[SessionLocks, EventFeed]:
-        return leases, feed
