@@ -4,9 +4,8 @@ README.md or docs/*.md.
 
 The names come from ``__all__`` and the docs, never from a list here, so a package that
 changes its exports is checked as it is. The only names written here are known gaps in
-packages whose docs others are changing (now only `statekeeper.runtime`'s undocumented
-names); they turn the check into an expected failure (naming the gaps) until fixed,
-while any *new* gap fails. Every other package is checked strictly.
+packages whose docs others are changing (none now); they turn the check into an expected
+failure (naming the gaps) until fixed, while any *new* gap fails.
 """
 
 from __future__ import annotations
@@ -33,30 +32,7 @@ PACKAGES = [
 ]
 
 KNOWN_UNRESOLVED: dict[str, set[str]] = {}
-KNOWN_UNDOCUMENTED: dict[str, set[str]] = {
-    "statekeeper.runtime": {
-        "STREAM_KINDS",
-        "AuthProfile",
-        "BusEvent",
-        "DropPolicy",
-        "DropReason",
-        "FollowupMode",
-        "FollowupQueueClosedError",
-        "LaneStats",
-        "Recovery",
-        "RunSnapshot",
-        "SubagentEntry",
-        "SubagentFinishedError",
-        "SubagentStatus",
-        "SubmitOutcome",
-        "SubmitStatus",
-        "Subscription",
-        "UnknownEventKindError",
-        "WaitTimeoutError",
-        "check_event",
-        "resolve_secret",
-    },
-}
+KNOWN_UNDOCUMENTED: dict[str, set[str]] = {}
 
 
 def public_names(package: str) -> list[str]:
