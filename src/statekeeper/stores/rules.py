@@ -148,26 +148,7 @@ def plan_append(
     Raises `ConflictError` for a stale version or a reused id with other content, and
     `InvalidInputError` for a parent that is not an entry of the session.
     """
-    if not drafts:
-        raise InvalidInputError("append needs at least one entry")
-    seen: set[str] = set()
-    replayed: list[Entry] = []
-    fresh: list[EntryDraft] = []
-    for draft in drafts:
-        validate_id(draft.id, "entry id")
-        if draft.id in seen:
-            raise InvalidInputError(f"entry id {draft.id!r} appears twice in one append")
-        seen.add(draft.id)
-        stored = existing.get(draft.id)
-        if stored is None:
-            fresh.append(draft)
-        elif stored.kind == draft.kind and stored.payload == _roundtrip(draft.payload):
-            replayed.append(stored)
-        else:
-            raise ConflictError(
-                f"entry id {draft.id!r} is already stored in session {record.id!r} with "
-                "different content; use a new id for a new entry"
-            )
+    fresh, replayed = _new_and_replayed(record, drafts, existing)
     if not fresh:
         return AppendPlan([], [], record, replayed)
     if replayed:
@@ -206,6 +187,33 @@ def plan_append(
     moved = {"last_seq": seq, "head_seq": head} if move_head else {"last_seq": seq}
     session = apply_patch(record, patch or _NO_PATCH, now=now, internal=moved)
     return AppendPlan(entries, encoded, session, [])
+
+
+def _new_and_replayed(
+    record: SessionRecord, drafts: Sequence[EntryDraft], existing: Mapping[str, Entry]
+) -> tuple[list[EntryDraft], list[Entry]]:
+    """The drafts not stored yet, and the stored entries of those stored identically."""
+    if not drafts:
+        raise InvalidInputError("append needs at least one entry")
+    seen: set[str] = set()
+    replayed: list[Entry] = []
+    fresh: list[EntryDraft] = []
+    for draft in drafts:
+        validate_id(draft.id, "entry id")
+        if draft.id in seen:
+            raise InvalidInputError(f"entry id {draft.id!r} appears twice in one append")
+        seen.add(draft.id)
+        stored = existing.get(draft.id)
+        if stored is None:
+            fresh.append(draft)
+        elif stored.kind == draft.kind and stored.payload == _roundtrip(draft.payload):
+            replayed.append(stored)
+        else:
+            raise ConflictError(
+                f"entry id {draft.id!r} is already stored in session {record.id!r} with "
+                "different content; use a new id for a new entry"
+            )
+    return fresh, replayed
 
 
 def prunable(

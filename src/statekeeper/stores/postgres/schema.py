@@ -132,6 +132,12 @@ class Statements:
         self.schema = validate_schema_name(schema)
         q = f'"{self.schema}"'  # validated above: nothing to escape
         self.quoted = q
+        self._migrations_and_sessions(q)
+        self._transcripts(q)
+        self._records(q)
+        self._events(q)
+
+    def _migrations_and_sessions(self, q: str) -> None:
         # -- migrations
         self.versions_table = f"{q}.schema_migrations"  # for to_regclass
         self.has_versions = _sql("SELECT to_regclass(%s) IS NOT NULL")
@@ -174,6 +180,8 @@ class Statements:
             "DELETE FROM {s}.sessions WHERE tenant = %s AND id = %s RETURNING sk", q
         )
         self.delete_entries = _sql("DELETE FROM {s}.entries WHERE session_sk = %s", q)
+
+    def _transcripts(self, q: str) -> None:
         # -- transcripts
         # One statement: the head moves (compare-and-set on its version) and the entries
         # go in, or neither happens. The UPDATE's row lock orders writers of one session.
@@ -215,6 +223,8 @@ class Statements:
             q,
         )
         self.list_sessions = "SELECT doc FROM " + q + ".sessions WHERE "
+
+    def _records(self, q: str) -> None:
         # -- records (%(now)s: the caller's clock, so expiry agrees with other backends)
         live = _LIVE.replace("$now", "%(now)s")
         fields = "key, version, updated_at, expires_at, value"
@@ -252,6 +262,8 @@ class Statements:
             " ORDER BY key LIMIT %(limit)s",
             q,
         )
+
+    def _events(self, q: str) -> None:
         # -- events: the log's row hands out the numbers, so they have no gaps
         log = (
             "WITH log AS (INSERT INTO {s}.event_logs AS l (tenant, log_id, last_seq)"
