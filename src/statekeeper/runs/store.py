@@ -27,16 +27,16 @@ from statekeeper.errors import (
     AlreadyExistsError,
     ConflictError,
     NotFoundError,
-    StoreCorruptError,
 )
 from statekeeper.ids import validate_id
+from statekeeper.runs.recovery import Loaded, load_latest
 from statekeeper.runs.sealing import CheckpointSeal
 from statekeeper.runs.state import RunState
 from statekeeper.sessions.manager import SessionManager
 from statekeeper.sessions.view import appended_counters, build_view, message_draft
 from statekeeper.stores.base import Entry, EntryDraft, SessionRecord, Store
 
-__all__ = ["CHECKPOINT_KIND", "RUNS_NAMESPACE", "RunIndex", "RunStore", "Saved"]
+__all__ = ["CHECKPOINT_KIND", "RUNS_NAMESPACE", "Loaded", "RunIndex", "RunStore", "Saved"]
 
 RUNS_NAMESPACE = "runs"
 CHECKPOINT_KIND = "checkpoint"
@@ -245,29 +245,34 @@ class RunStore:
 
     async def load(self, run_id: str) -> tuple[RunState, int, int]:
         """The run's latest checkpoint, its index version and the session version."""
-        index, version = await self.index(run_id)
-        entries = await self.store.read_entries(
-            self.tenant, index.session_id, after_seq=max(index.checkpoint_seq - 1, 0)
-        )
-        latest: Entry | None = None
-        for entry in entries:
-            if entry.kind == CHECKPOINT_KIND and entry.payload.get("run_id") == run_id:
-                latest = entry
-        session = await self.store.get_session(self.tenant, index.session_id)
-        if latest is None:
-            if index.revision == 0:  # registered, never checkpointed
-                raise NotFoundError(f"run {run_id!r} has no checkpoint yet")
-            raise StoreCorruptError(
-                f"run {run_id!r}: checkpoint {index.checkpoint_seq} is missing from session "
-                f"{index.session_id!r}"
-            )
-        state = RunState.from_data(self.seal.open(latest.payload, run_id))
-        state.transcript_seq = latest.parent_seq or 0
-        state.cancel_requested = state.cancel_requested or index.cancel_requested
-        if latest.seq != index.checkpoint_seq:  # roll the index forward
-            index = _index_of(state, checkpoint_seq=latest.seq)
-            version = await self.put_index(index, expected_version=version)
-        return state, version, session.version
+        loaded = await self.load_latest(run_id)
+        return loaded.state, loaded.index_version, loaded.session_version
+
+    async def load_latest(self, run_id: str) -> Loaded:
+        """The run's newest intact checkpoint, with the index rolled forward to it.
+
+        Corrupt checkpoints newer than it are skipped (`Loaded.skipped`) and reported
+        once in the run's event log; `CheckpointCorruptError` if nothing intact is left
+        (see `statekeeper.runs.recovery`).
+        """
+        return await load_latest(self, run_id)
+
+    def decode(self, entry: Entry, run_id: str) -> RunState:
+        """The run state in a checkpoint entry of ``run_id`` (opened with the seal)."""
+        return RunState.from_data(self.seal.open(entry.payload, run_id))
+
+    async def roll_forward(
+        self, index: RunIndex, version: int, state: RunState, checkpoint_seq: int
+    ) -> tuple[RunIndex, int]:
+        """Bring the index up to ``state``, keeping its lease and cancel flag; best effort
+        (the index is a cache: if someone else wrote it meanwhile, theirs stays)."""
+        fresh = _index_of(state, checkpoint_seq=checkpoint_seq)
+        fresh.owner, fresh.lease_until = index.owner, index.lease_until
+        fresh.cancel_requested = fresh.cancel_requested or index.cancel_requested
+        try:
+            return fresh, await self.put_index(fresh, expected_version=version)
+        except ConflictError:
+            return await self.index(state.run_id)
 
     async def request_cancel(self, run_id: str) -> RunIndex:
         """Flag the run for cancellation; a running runner stops before its next step."""
