@@ -108,3 +108,52 @@ def test_show_reports_a_corrupt_checkpoint_and_what_it_loaded(
     assert "Recovered from corrupt checkpoints" in text
     assert ids[-1] in text
     cli("runs", "resume", run_id, "--app", "cli_app:make_runner")
+
+
+def test_history_then_fork_and_resume(cli: Cli, cli_app: ModuleType) -> None:
+    run_id, _ = start_asker(cli, cli_app)
+    cli("runs", "resume", run_id, "--app", "cli_app:make_runner", "--input", "1042")
+    items = cli.json("runs", "history", run_id)["items"]
+    assert [(i["step"], i["status"]) for i in items] == [
+        (1, "running"),
+        (2, "waiting_for_input"),
+        (3, "running"),
+        (4, "completed"),
+    ]
+    assert [i["message_count"] for i in items] == [1, 1, 1, 1]
+    text = cli("runs", "history", run_id).stdout
+    assert "waiting_for_input" in text
+    assert items[1]["added"][0] in text
+
+    refused = cli("runs", "resume", run_id, "--app", "cli_app:make_runner", code=1)
+    assert f"statekeeper runs fork {run_id} --at STEP" in " ".join(refused.output.split())
+
+    made = cli.json("runs", "fork", run_id, "--at", "2", "--run-id", "run-b", "--title", "retry")
+    assert made["run_id"] == "run-b"
+    assert made["status"] == "waiting_for_input"
+    assert made["forked_from"] == {"run_id": run_id, "step": 2}
+    resumed = cli.json("runs", "resume", "run-b", "--app", "cli_app:make_runner", "--input", "2077")
+    assert resumed["output"] == {"order": "2077"}
+    assert cli.json("runs", "show", run_id)["state"]["output"] == {"order": "1042"}
+    assert f"run {run_id} at step 2" in cli("runs", "show", "run-b").stdout
+
+    ran = cli(
+        "runs", "fork", run_id, "--at", "2", "--app", "cli_app:make_runner", "--input", "7"
+    ).stdout
+    assert "completed" in ran
+    assert "Thanks, looking at order 7." in ran
+
+
+def test_fork_errors_are_one_line(cli: Cli, cli_app: ModuleType) -> None:
+    run_id, _ = start_asker(cli, cli_app)
+    missing = cli("runs", "fork", run_id, "--at", "9", code=1)
+    assert "runs history" in missing.output
+    needs_app = cli("runs", "fork", run_id, "--input", "x", code=1)
+    assert "--app" in needs_app.output
+    bad_state = cli("runs", "fork", run_id, "--state", "[1]", code=2)
+    assert "JSON object" in bad_state.output
+    fixed = cli("runs", "fork", run_id, "--state", '{"run_id": "x"}', code=1)
+    assert "run_id" in fixed.output
+    assert [r["run_id"] for r in cli.json("runs", "list")["items"]] == [run_id]
+    state = cli.json("runs", "fork", run_id, "--state", '{"metadata": {"why": "retry"}}')
+    assert cli.json("runs", "show", state["run_id"])["state"]["metadata"]["why"] == "retry"

@@ -97,6 +97,7 @@ def print_run(view: RunView) -> None:
             ("limits", ", ".join(limits)),
             ("trace", state.trace.trace_id),
             ("cancel reason", state.metadata.get("cancel_reason")),
+            ("forked from", _forked_from(state)),
             ("output", None if state.output is None else json.dumps(state.output)),
         ]
     else:
@@ -115,6 +116,13 @@ def print_run(view: RunView) -> None:
         for row in lifecycle:
             table.add_row(str(row["seq"]), row["ts"][:19].replace("T", " "), Text(_describe(row)))
         out.print(table)
+
+
+def _forked_from(state: RunState) -> str | None:
+    origin = state.metadata.get("forked_from")
+    if not isinstance(origin, dict):
+        return None
+    return f"run {origin.get('run_id')} at step {origin.get('step')}"
 
 
 def _print_recoveries(events: list[Event]) -> None:

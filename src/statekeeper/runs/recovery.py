@@ -38,6 +38,7 @@ __all__ = [
     "SkippedCheckpoint",
     "is_checkpoint_of",
     "load_latest",
+    "problem_of",
     "report_skipped",
     "revision_of",
 ]
@@ -101,7 +102,7 @@ class Scan:
         revisions = (revision_of(e.id, self.run_id) or 0 for e in mine)
         self.top_revision = max(self.top_revision, *revisions, 0)
         for entry in reversed(mine):
-            problem = _problem(entry, self.run_id, self.decode)
+            problem = problem_of(entry, self.run_id, self.decode)
             if isinstance(problem, RunState):
                 self.entry, self.state = entry, problem
                 return True
@@ -213,8 +214,10 @@ def is_checkpoint_of(entry: Entry, run_id: str, *, at_seq: int | None = None) ->
     return False
 
 
-def _problem(entry: Entry, run_id: str, decode: Callable[[Entry], RunState]) -> RunState | str:
-    """The decoded state, or why the checkpoint is corrupt."""
+def problem_of(entry: Entry, run_id: str, decode: Callable[[Entry], RunState]) -> RunState | str:
+    """The state in a checkpoint ``entry`` of ``run_id``, or why it is corrupt.
+
+    Errors that are not the checkpoint's fault (a wrong key, no codec) are raised."""
     if entry.kind == EntryKind.CORRUPT:
         return f"the stored row cannot be decoded: {entry.payload.get('error', 'unknown')}"
     try:

@@ -15,8 +15,9 @@ import builtins
 import contextlib
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
@@ -29,6 +30,7 @@ from statekeeper.errors import (
     NotFoundError,
 )
 from statekeeper.ids import validate_id
+from statekeeper.runs.history import CheckpointInfo, checkpoint_history, fork_run
 from statekeeper.runs.recovery import Loaded, load_latest
 from statekeeper.runs.sealing import CheckpointSeal
 from statekeeper.runs.state import RunState
@@ -122,6 +124,7 @@ class RunStore:
     async def create(self, state: RunState) -> int:
         """Register a new run (before its first checkpoint). `AlreadyExistsError` if taken."""
         session = await self.store.get_session(self.tenant, state.session_id)
+        state.transcript_seq = session.head_seq  # where the run starts (see `history`)
         index = _index_of(state, checkpoint_seq=session.last_seq)
         try:
             return await self.put_index(index, expected_version=0)
@@ -273,6 +276,32 @@ class RunStore:
             return fresh, await self.put_index(fresh, expected_version=version)
         except ConflictError:
             return await self.index(state.run_id)
+
+    # -- time travel ---------------------------------------------------------------------
+
+    async def history(self, run_id: str) -> builtins.list[CheckpointInfo]:
+        """The run's checkpoints, oldest first: step, status, turn, time, what each added."""
+        return await checkpoint_history(self, run_id)
+
+    async def fork(
+        self,
+        run_id: str,
+        *,
+        at: int | None = None,
+        state_update: Mapping[str, Any] | None = None,
+        new_run_id: str | None = None,
+        title: str | None = None,
+    ) -> RunState:
+        """A new run from checkpoint ``at`` of ``run_id`` (a ``step`` of `history`; None:
+        the newest one not finished), on a session forked there (nothing is copied).
+
+        ``state_update`` sets run state fields of the new run (metadata, limits ...). The
+        new run is stopped (PAUSED where the original was running): resume it, with new
+        input if you like (`Runner.fork` does both). See `statekeeper.runs.history`.
+        """
+        return await fork_run(
+            self, run_id, at=at, state_update=state_update, new_run_id=new_run_id, title=title
+        )
 
     async def request_cancel(self, run_id: str) -> RunIndex:
         """Flag the run for cancellation; a running runner stops before its next step."""
