@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pydantic import JsonValue
 
@@ -28,13 +28,15 @@ from statekeeper.errors import (
 )
 from statekeeper.ids import new_id, validate_id
 from statekeeper.runs.lifecycle import FINISHED
-from statekeeper.runs.recovery import is_checkpoint_of, problem_of, revision_of
+from statekeeper.runs.recovery import (
+    CheckpointReader,
+    is_checkpoint_of,
+    problem_of,
+    revision_of,
+)
 from statekeeper.runs.state import RunState, TraceState
 from statekeeper.sessions.manager import SessionManager
 from statekeeper.stores.base import Entry
-
-if TYPE_CHECKING:
-    from statekeeper.runs.store import RunStore
 
 __all__ = ["FIXED_FIELDS", "CheckpointInfo", "checkpoint_history", "fork_run"]
 
@@ -42,6 +44,14 @@ FIXED_FIELDS = frozenset(
     {"run_id", "session_id", "tenant", "revision", "schema_version", "transcript_seq", "items"}
 )
 """Run state fields a fork's ``state_update`` cannot set (the fork's identity)."""
+
+
+class RunWriter(CheckpointReader, Protocol):
+    """What forking needs of a `RunStore` (which this module does not import)."""
+
+    async def create(self, state: RunState) -> int: ...
+
+    async def save(self, state: RunState, *, index_version: int | None) -> object: ...
 
 
 @dataclass(frozen=True)
@@ -75,7 +85,7 @@ class CheckpointInfo:
         return len(self.added)
 
 
-async def checkpoint_history(runs: RunStore, run_id: str) -> list[CheckpointInfo]:
+async def checkpoint_history(runs: CheckpointReader, run_id: str) -> list[CheckpointInfo]:
     """See `RunStore.history`."""
     index, _ = await runs.index(run_id)
     entries = await runs.store.read_entries(runs.tenant, index.session_id)
@@ -134,7 +144,9 @@ def _messages_between(by_seq: Mapping[int, Entry], since: int, until: int) -> li
     return found[::-1]
 
 
-async def _checkpoint_at(runs: RunStore, run_id: str, at: int | None) -> tuple[Entry, RunState]:
+async def _checkpoint_at(
+    runs: CheckpointReader, run_id: str, at: int | None
+) -> tuple[Entry, RunState]:
     """The checkpoint ``at`` of the run (None: its newest one that is not finished)."""
     history = await checkpoint_history(runs, run_id)
     see = f"`statekeeper runs history {run_id}` (RunStore.history) lists its steps"
@@ -197,7 +209,7 @@ def _forked_state(
 
 
 async def fork_run(
-    runs: RunStore,
+    runs: RunWriter,
     run_id: str,
     *,
     at: int | None = None,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from statekeeper.codec import StateTamperedError, WrongKeyError
 from statekeeper.errors import (
@@ -24,15 +24,14 @@ from statekeeper.errors import (
     NotFoundError,
     StoreCorruptError,
 )
+from statekeeper.runs.index import RunIndex
 from statekeeper.runs.state import RunState
 from statekeeper.stores.base import Entry, EntryKind, EventDraft, Store
-
-if TYPE_CHECKING:
-    from statekeeper.runs.store import RunIndex, RunStore
 
 __all__ = [
     "CORRUPT_EVENT_TYPE",
     "CheckpointCorruptError",
+    "CheckpointReader",
     "Loaded",
     "Scan",
     "SkippedCheckpoint",
@@ -46,6 +45,21 @@ __all__ = [
 CHECKPOINT_KIND = "checkpoint"
 CORRUPT_EVENT_TYPE = "checkpoint_corrupt"
 """``payload["type"]`` of the ``error/error`` event that reports a skipped checkpoint."""
+
+
+class CheckpointReader(Protocol):
+    """What loading needs of a `RunStore` (which this module does not import)."""
+
+    store: Store
+    tenant: str
+
+    async def index(self, run_id: str) -> tuple[RunIndex, int]: ...
+
+    def decode(self, entry: Entry, run_id: str) -> RunState: ...
+
+    async def roll_forward(
+        self, index: RunIndex, version: int, state: RunState, checkpoint_seq: int
+    ) -> tuple[RunIndex, int]: ...
 
 
 @dataclass(frozen=True)
@@ -125,7 +139,7 @@ class Loaded:
     """Corrupt checkpoints newer than this one, newest first (empty when all is well)."""
 
 
-async def load_latest(runs: RunStore, run_id: str) -> Loaded:
+async def load_latest(runs: CheckpointReader, run_id: str) -> Loaded:
     """See `RunStore.load_latest`."""
     index, version = await runs.index(run_id)
     at_seq = index.checkpoint_seq if index.revision else None

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from statekeeper.codec import StateCodec
 from statekeeper.core.messages import Message, utcnow
@@ -31,6 +31,8 @@ from statekeeper.errors import (
 )
 from statekeeper.ids import validate_id
 from statekeeper.runs.history import CheckpointInfo, checkpoint_history, fork_run
+from statekeeper.runs.index import RunIndex
+from statekeeper.runs.index import index_of as _index_of
 from statekeeper.runs.recovery import Loaded, load_latest
 from statekeeper.runs.sealing import CheckpointSeal
 from statekeeper.runs.state import RunState
@@ -42,27 +44,6 @@ __all__ = ["CHECKPOINT_KIND", "RUNS_NAMESPACE", "Loaded", "RunIndex", "RunStore"
 
 RUNS_NAMESPACE = "runs"
 CHECKPOINT_KIND = "checkpoint"
-
-
-class RunIndex(BaseModel):
-    """The small, listable record of a run."""
-
-    model_config = ConfigDict(extra="forbid")
-    run_id: str
-    session_id: str
-    agent: str
-    status: str
-    turn: int = 0
-    revision: int = 0
-    checkpoint_seq: int = 0
-    group_id: str | None = None
-    parent_run_id: str | None = None
-    headless: bool = True
-    cancel_requested: bool = False
-    owner: str | None = None
-    lease_until: AwareDatetime | None = None
-    created_at: AwareDatetime = Field(default_factory=utcnow)
-    updated_at: AwareDatetime = Field(default_factory=utcnow)
 
 
 class Saved(BaseModel):
@@ -420,21 +401,3 @@ def owner_alive(owner: str | None) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _index_of(state: RunState, *, checkpoint_seq: int) -> RunIndex:
-    return RunIndex(
-        run_id=state.run_id,
-        session_id=state.session_id,
-        agent=state.agent,
-        status=state.status,
-        turn=state.turn,
-        revision=state.revision,
-        checkpoint_seq=checkpoint_seq,
-        group_id=state.group_id,
-        parent_run_id=state.delegation.parent_run_id if state.delegation else None,
-        headless=state.headless,
-        cancel_requested=state.cancel_requested,
-        created_at=state.created_at,
-        updated_at=state.updated_at,
-    )
