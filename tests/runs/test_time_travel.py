@@ -8,7 +8,7 @@ import pytest
 
 from statekeeper.core.messages import Message
 from statekeeper.errors import InvalidInputError, InvalidPayloadError, NotFoundError
-from statekeeper.runs import AskInput, Finish, Respond, Runner, StepInput
+from statekeeper.runs import AskInput, CheckpointOptions, Finish, Respond, Runner, StepInput
 from statekeeper.runs.scripted import ScriptedAgent
 from statekeeper.sessions import SessionManager
 from statekeeper.stores import Store
@@ -166,3 +166,16 @@ async def test_a_finished_run_points_at_fork_and_the_newest_resumable_step(store
     fork_texts = await texts(store, forked.state.session_id)
     assert fork_texts[-1] == "Grace"
     assert "Ada" not in fork_texts
+
+
+@pytest.mark.parametrize("mode", ["step", "background", "exit"])
+async def test_history_accounts_for_every_message_in_any_write_mode(
+    store: Store, mode: Any
+) -> None:
+    runner = Runner(store, "alice", [talker()], checkpoints=CheckpointOptions(write_mode=mode))
+    asked = await runner.start("a", "hi")
+    await runner.resume(asked.run_id, "Ada")
+    history = await runner.runs.history(asked.run_id)
+    session = await SessionManager(store, "alice").get(asked.state.session_id)
+    assert [i for c in history for i in c.added] == [m.id for m in await session.messages()]
+    assert history[-1].status == "completed"
