@@ -31,7 +31,8 @@ Errors of one feature are defined beside it, under the bases above:
 (FollowupQueueFullError, FollowupQueueClosedError), ``runtime.events``
 (UnknownEventKindError < InvalidInputError, SubscriberLaggedError, WaitTimeoutError),
 ``runtime.profiles`` (AllProfilesCoolingDownError), ``runtime.subagents``
-(SubagentFinishedError < InvalidTransitionError), ``runs.handlers`` (HandlerError).
+(SubagentFinishedError < InvalidTransitionError), ``runs.handlers`` (HandlerError),
+``runs.recovery`` (CheckpointCorruptError < StoreCorruptError).
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ def make_runner(store: Store, tenant: str, hang_at: int | None = None) -> Runner
     return Runner(store, tenant, [agent, approver], tools)
 
 
-async def main(url: str, command: str, run_id: str) -> None:
+async def main(url: str, command: str, run_id: str, *rest: str) -> None:
     store = await open_store(url)
     try:
         if command == "start-hanging":
@@ -70,6 +70,10 @@ async def main(url: str, command: str, run_id: str) -> None:
         elif command == "start-payer":
             result = await make_runner(store, "t").start("payer", "pay", run_id=run_id)
             print(result.status, flush=True)
+        elif command == "fork":  # fork RUN AT NEW_RUN: only creates the new run
+            at, new_run_id = int(rest[0]), rest[1]
+            state = await make_runner(store, "t").runs.fork(run_id, at=at, new_run_id=new_run_id)
+            print(state.status, state.session_id, flush=True)
         elif command == "resume":
             result = await make_runner(store, "t").resume(run_id)
             print(result.status, json.dumps(result.output), flush=True)
@@ -78,4 +82,4 @@ async def main(url: str, command: str, run_id: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(*sys.argv[1:4]))
+    asyncio.run(main(*sys.argv[1:]))

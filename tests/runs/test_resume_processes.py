@@ -16,10 +16,10 @@ from statekeeper.stores import open_store
 HERE = Path(__file__).parent
 
 
-def spawn(db: Path, command: str, run_id: str) -> subprocess.Popen[str]:
+def spawn(db: Path, command: str, run_id: str, *rest: str) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     return subprocess.Popen(
-        [sys.executable, str(HERE / "proc_app.py"), f"sqlite:///{db}", command, run_id],
+        [sys.executable, str(HERE / "proc_app.py"), f"sqlite:///{db}", command, run_id, *rest],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -80,5 +80,48 @@ async def test_sigkill_mid_step_resumes_without_loss_or_duplicates(tmp_path: Pat
         ids = [m.id for m in await session.messages()]
         assert len(ids) == len(set(ids))
         assert result.state.tool_use == {"work": 6}
+    finally:
+        await store.close()
+
+
+@pytest.mark.slow
+async def test_a_fork_made_in_one_process_resumes_in_another(tmp_path: Path) -> None:
+    import proc_app
+
+    db = tmp_path / "runs.db"
+    store = await open_store(f"sqlite:///{db}")
+    try:
+        done = await proc_app.make_runner(store, "t").start("worker", "go", run_id="run-src")
+        assert done.status == "completed"
+        steps = [c.step for c in await proc_app.make_runner(store, "t").runs.history("run-src")]
+    finally:
+        await store.close()
+    at = steps[3]  # after step 3 of the worker: its tool call and result are in
+
+    forker = spawn(db, "fork", "run-src", str(at), "run-fork")
+    out, err = forker.communicate(timeout=60)
+    assert forker.returncode == 0, err
+    status, session_id = out.split()
+    assert status == "paused"
+
+    resumer = spawn(db, "resume", "run-fork")
+    out, err = resumer.communicate(timeout=60)
+    assert resumer.returncode == 0, err
+    assert out.split()[0] == "completed"
+
+    store = await open_store(f"sqlite:///{db}")
+    try:
+        runner = proc_app.make_runner(store, "t")
+        forked = await runner.load("run-fork")
+        assert forked.session_id == session_id
+        assert forked.metadata["forked_from"] == {"run_id": "run-src", "step": at}
+        session = await SessionManager(store, "t").get(session_id)
+        texts = [m.text for m in await session.messages()]
+        expected = ["go"] + [t for n in range(1, 7) for t in (f"step {n}", f"worked {n}")]
+        assert texts == expected  # steps 1-3 read from the origin, 4-6 replayed in the fork
+        own = {e.id for e in await session.entries()}
+        origin = await SessionManager(store, "t").get((await runner.load("run-src")).session_id)
+        assert not own & {m.id for m in await origin.messages()}  # nothing copied
+        assert forked.tool_use == {"work": 6}
     finally:
         await store.close()

@@ -51,10 +51,18 @@ async def test_a_tampered_sealed_checkpoint_is_refused(store: Store) -> None:
     bad = {"run_id": state.run_id, "sealed": base64.b64encode(bytes(blob)).decode()}
     from statekeeper.stores.base import EntryDraft
 
-    await store.append_entries(
+    written = await store.append_entries(
         "alice",
         state.session_id,
         [EntryDraft(id=f"{state.run_id}.c999", kind=CHECKPOINT_KIND, payload=bad, side=True)],
     )
-    with pytest.raises(StateTamperedError):
-        await runner.load(asked.run_id)
+    entries = written.entries
+    # Refused, reported, and the run goes on from the newest authentic checkpoint.
+    loaded = await runner.runs.load_latest(asked.run_id)
+    assert [s.id for s in loaded.skipped] == [f"{state.run_id}.c999"]
+    assert loaded.state.revision == 999  # its id is never reused
+    assert loaded.state.status == "waiting_for_input"
+    events = await store.read_events("alice", asked.run_id)
+    assert any(e.payload.get("checkpoint") == f"{state.run_id}.c999" for e in events)
+    with pytest.raises(StateTamperedError):  # the seal itself refuses the bytes
+        runner.runs.decode(entries[-1], state.run_id)

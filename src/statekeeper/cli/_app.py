@@ -16,7 +16,7 @@ except ImportError as exc:
 
     raise MissingExtraError("the statekeeper command line", "cli") from exc
 
-from statekeeper.cli import runs, sessions
+from statekeeper.cli import runs, sessions, timetravel
 from statekeeper.cli._common import DEFAULT_STORE, DEFAULT_TENANT, Settings
 from statekeeper.cli.events import events_app
 from statekeeper.cli.profiles import profiles_app
@@ -36,6 +36,8 @@ app = typer.Typer(
     context_settings={"max_content_width": 100},
 )
 app.add_typer(sessions.app, name="sessions")
+runs.app.command("history")(timetravel.history)
+runs.app.command("fork")(timetravel.fork)
 app.add_typer(runs.app, name="runs")
 app.command("gc")(gc)
 app.add_typer(events_app, name="events")

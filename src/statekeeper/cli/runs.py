@@ -29,7 +29,7 @@ from statekeeper.cli._common import (
     wants_json,
     write_output,
 )
-from statekeeper.cli.runview import RunView, print_run, timeline
+from statekeeper.cli.runview import RunView, print_run, recoveries, timeline
 from statekeeper.core.lifecycle import parse_status
 from statekeeper.core.messages import utcnow
 from statekeeper.errors import InvalidInputError, NotFoundError, StatekeeperError
@@ -42,7 +42,8 @@ from statekeeper.stores import Store
 __all__ = ["app"]
 
 app = typer.Typer(
-    help="List and inspect runs; approve, reject, resume, cancel, export, import.",
+    help="List and inspect runs; approve, reject, resume, cancel, export, import; "
+    "history and fork (time travel).",
     no_args_is_help=True,
 )
 
@@ -117,8 +118,9 @@ def show(ctx: typer.Context, run_id: RunId, json_output: JsonFlag = False) -> No
         runs = RunStore(store, tenant)
         index, _ = await runs.index(run_id)
         state: RunState | None = None
-        try:
-            state = (await runs.load(run_id))[0]
+        try:  # the same roll-forward (and corrupt-checkpoint fallback) as loading
+            loaded = await runs.load_latest(run_id)
+            index, state = loaded.index, loaded.state
         except NotFoundError:
             if index.revision != 0:
                 raise
@@ -131,6 +133,7 @@ def show(ctx: typer.Context, run_id: RunId, json_output: JsonFlag = False) -> No
                 "index": view.index.model_dump(mode="json"),
                 "state": view.state.checkpoint_data() if view.state else None,
                 "timeline": timeline(view.events),
+                "recovery": recoveries(view.events),
             }
         )
         return

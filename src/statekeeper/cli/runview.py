@@ -11,11 +11,12 @@ from rich.text import Text
 
 from statekeeper.cli._common import console, fields_table, stamp
 from statekeeper.core.messages import utcnow
+from statekeeper.runs.recovery import CORRUPT_EVENT_TYPE
 from statekeeper.runs.state import RunState
 from statekeeper.runs.store import RunIndex
 from statekeeper.stores.base import Event
 
-__all__ = ["RunView", "print_run", "timeline"]
+__all__ = ["RunView", "print_run", "recoveries", "timeline"]
 
 
 @dataclass
@@ -36,6 +37,15 @@ def timeline(events: list[Event]) -> list[dict[str, Any]]:
         payload = {k: v for k, v in event.payload.items() if k not in ("trace_id",)}
         rows.append({"seq": event.seq, "ts": event.ts.isoformat(), "kind": event.kind, **payload})
     return rows
+
+
+def recoveries(events: list[Event]) -> list[dict[str, Any]]:
+    """The corrupt checkpoints loading skipped, as the run's event log reports them."""
+    return [
+        {"seq": event.seq, "ts": event.ts.isoformat(), **event.payload}
+        for event in events
+        if event.stream == "error" and event.payload.get("type") == CORRUPT_EVENT_TYPE
+    ]
 
 
 def _describe(row: dict[str, Any]) -> str:
@@ -87,6 +97,7 @@ def print_run(view: RunView) -> None:
             ("limits", ", ".join(limits)),
             ("trace", state.trace.trace_id),
             ("cancel reason", state.metadata.get("cancel_reason")),
+            ("forked from", _forked_from(state)),
             ("output", None if state.output is None else json.dumps(state.output)),
         ]
     else:
@@ -95,6 +106,7 @@ def print_run(view: RunView) -> None:
 
     if state is not None:
         _print_state(state)
+    _print_recoveries(view.events)
     lifecycle = timeline(view.events)
     if lifecycle:
         table = Table(title="Status timeline")
@@ -104,6 +116,31 @@ def print_run(view: RunView) -> None:
         for row in lifecycle:
             table.add_row(str(row["seq"]), row["ts"][:19].replace("T", " "), Text(_describe(row)))
         out.print(table)
+
+
+def _forked_from(state: RunState) -> str | None:
+    origin = state.metadata.get("forked_from")
+    if not isinstance(origin, dict):
+        return None
+    return f"run {origin.get('run_id')} at step {origin.get('step')}"
+
+
+def _print_recoveries(events: list[Event]) -> None:
+    rows = recoveries(events)
+    if not rows:
+        return
+    table = Table(title="Recovered from corrupt checkpoints", style="yellow")
+    for column in ("time (UTC)", "skipped", "entry", "loaded instead", "why"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(
+            row["ts"][:19].replace("T", " "),
+            Text(str(row.get("checkpoint", "?"))),
+            str(row.get("seq", "?")),
+            Text(f"{row.get('loaded', '?')} (turn {row.get('turn', '?')})"),
+            Text(str(row.get("message", ""))),
+        )
+    console().print(table)
 
 
 def _print_state(state: RunState) -> None:

@@ -25,7 +25,9 @@ from statekeeper.runs.handlers import (
     InputField,
     StateHandlerAgent,
 )
+from statekeeper.runs.history import CheckpointInfo
 from statekeeper.runs.options import CheckpointOptions, ContextCodec, RunPolicy
+from statekeeper.runs.recovery import CheckpointCorruptError
 from statekeeper.runs.runner import EventSink, Runner, RunResult
 from statekeeper.runs.state import (
     CURRENT_SCHEMA_VERSION,
@@ -49,6 +51,8 @@ __all__ = [
     "ApprovalDecision",
     "AskInput",
     "Cancel",
+    "CheckpointCorruptError",
+    "CheckpointInfo",
     "CheckpointOptions",
     "ContextCodec",
     "Coordination",

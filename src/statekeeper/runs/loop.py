@@ -104,9 +104,40 @@ class RunLoop:
             self._cancel[run_id].set()
 
     async def drive(self, active: ActiveRun) -> RunResult:
-        """Drive the run until it stops, as the only run of its session."""
+        """Drive the run until it stops, as the only run of its session.
+
+        If its turn never comes (its lane was cleared or closed, the session lock could
+        not be had), the run is left stopped and its lease released (`_never_started`).
+        """
+        started = False
+
+        async def body() -> RunResult:
+            nonlocal started
+            started = True
+            return await self._run(active)
+
+        try:
+            return await self.coordination.exclusive(self.tenant, active.state, body)
+        except BaseException:
+            if not started:
+                await self._never_started(active)
+            raise
+
+    async def _never_started(self, active: ActiveRun) -> None:
+        """Settle a run whose turn never came: a run never checkpointed becomes PAUSED
+        (resumable, with input again, and cancellable; the input it was started with was
+        not written); any run's lease is released. Best effort: the error that stopped
+        it is what the caller needs to see."""
         state = active.state
-        return await self.coordination.exclusive(self.tenant, state, lambda: self._run(active))
+        try:
+            if state.revision == 0 and state.status == AgentStatus.INITIALIZING:
+                if self.lifecycle.transitions.allows(state.status, AgentStatus.PAUSED):
+                    self.lifecycle.move(state, AgentStatus.PAUSED)
+                await active.writer.save(state)
+            await active.writer.flush(state, release=True)
+            await self.lifecycle.flush()
+        except StatekeeperError:
+            pass
 
     async def _run(self, active: ActiveRun) -> RunResult:
         state = active.state

@@ -195,6 +195,29 @@ class Runner:
         active.new_input = new_input
         return await self.loop.drive(active)
 
+    async def fork(
+        self,
+        run_id: str,
+        *,
+        at: int | None = None,
+        input: str | Message | Sequence[Message] = (),
+        state_update: Mapping[str, Any] | None = None,
+        context: Any = None,
+        new_run_id: str | None = None,
+        title: str | None = None,
+    ) -> RunResult:
+        """Replay a run from a past checkpoint as a new run, and drive it until it stops.
+
+        ``at`` is a ``step`` of ``runner.runs.history(run_id)`` (None: the newest one that
+        is not finished). The new run gets a session forked at that checkpoint (nothing
+        copied), the checkpoint's state edited by ``state_update``, and ``input`` as new
+        input; the original run is untouched. `RunStore.fork` only creates the new run.
+        """
+        state = await self.runs.fork(
+            run_id, at=at, state_update=state_update, new_run_id=new_run_id, title=title
+        )
+        return await self.resume(state.run_id, input, context=context)
+
     async def _open(self, state: RunState, index_version: int, context: Any) -> ActiveRun:
         if context is None and state.context is not None:
             context = self.context_codec.load(state.context)

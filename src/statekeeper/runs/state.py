@@ -267,8 +267,10 @@ class RunState(BaseModel):
         validate_id(self.tenant, "tenant")
         if self.status in (AgentStatus.COMPLETED, AgentStatus.CANCELLED, AgentStatus.ERROR):
             raise InvalidInputError(
-                f"run {self.run_id} is {self.status}; a finished run cannot be resumed "
-                "(fork it from a checkpoint to try again)"
+                f"run {self.run_id} is {self.status}; a finished run cannot be resumed. "
+                f"Fork it from an earlier checkpoint to try again: runner.fork("
+                f"{self.run_id!r}, at=STEP) or `statekeeper runs fork {self.run_id} --at "
+                f"STEP` (`statekeeper runs history {self.run_id}` lists the steps)"
             )
         ids = [i.call_id for i in self.interruptions]
         twice = sorted({i for i in ids if ids.count(i) > 1})

@@ -15,10 +15,11 @@ import builtins
 import contextlib
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from statekeeper.codec import StateCodec
 from statekeeper.core.messages import Message, utcnow
@@ -27,40 +28,22 @@ from statekeeper.errors import (
     AlreadyExistsError,
     ConflictError,
     NotFoundError,
-    StoreCorruptError,
 )
 from statekeeper.ids import validate_id
+from statekeeper.runs.history import CheckpointInfo, checkpoint_history, fork_run
+from statekeeper.runs.index import RunIndex
+from statekeeper.runs.index import index_of as _index_of
+from statekeeper.runs.recovery import Loaded, load_latest
 from statekeeper.runs.sealing import CheckpointSeal
 from statekeeper.runs.state import RunState
 from statekeeper.sessions.manager import SessionManager
 from statekeeper.sessions.view import appended_counters, build_view, message_draft
 from statekeeper.stores.base import Entry, EntryDraft, SessionRecord, Store
 
-__all__ = ["CHECKPOINT_KIND", "RUNS_NAMESPACE", "RunIndex", "RunStore", "Saved"]
+__all__ = ["CHECKPOINT_KIND", "RUNS_NAMESPACE", "Loaded", "RunIndex", "RunStore", "Saved"]
 
 RUNS_NAMESPACE = "runs"
 CHECKPOINT_KIND = "checkpoint"
-
-
-class RunIndex(BaseModel):
-    """The small, listable record of a run."""
-
-    model_config = ConfigDict(extra="forbid")
-    run_id: str
-    session_id: str
-    agent: str
-    status: str
-    turn: int = 0
-    revision: int = 0
-    checkpoint_seq: int = 0
-    group_id: str | None = None
-    parent_run_id: str | None = None
-    headless: bool = True
-    cancel_requested: bool = False
-    owner: str | None = None
-    lease_until: AwareDatetime | None = None
-    created_at: AwareDatetime = Field(default_factory=utcnow)
-    updated_at: AwareDatetime = Field(default_factory=utcnow)
 
 
 class Saved(BaseModel):
@@ -122,6 +105,7 @@ class RunStore:
     async def create(self, state: RunState) -> int:
         """Register a new run (before its first checkpoint). `AlreadyExistsError` if taken."""
         session = await self.store.get_session(self.tenant, state.session_id)
+        state.transcript_seq = session.head_seq  # where the run starts (see `history`)
         index = _index_of(state, checkpoint_seq=session.last_seq)
         try:
             return await self.put_index(index, expected_version=0)
@@ -245,29 +229,60 @@ class RunStore:
 
     async def load(self, run_id: str) -> tuple[RunState, int, int]:
         """The run's latest checkpoint, its index version and the session version."""
-        index, version = await self.index(run_id)
-        entries = await self.store.read_entries(
-            self.tenant, index.session_id, after_seq=max(index.checkpoint_seq - 1, 0)
+        loaded = await self.load_latest(run_id)
+        return loaded.state, loaded.index_version, loaded.session_version
+
+    async def load_latest(self, run_id: str) -> Loaded:
+        """The run's newest intact checkpoint, with the index rolled forward to it.
+
+        Corrupt checkpoints newer than it are skipped (`Loaded.skipped`) and reported
+        once in the run's event log; `CheckpointCorruptError` if nothing intact is left
+        (see `statekeeper.runs.recovery`).
+        """
+        return await load_latest(self, run_id)
+
+    def decode(self, entry: Entry, run_id: str) -> RunState:
+        """The run state in a checkpoint entry of ``run_id`` (opened with the seal)."""
+        return RunState.from_data(self.seal.open(entry.payload, run_id))
+
+    async def roll_forward(
+        self, index: RunIndex, version: int, state: RunState, checkpoint_seq: int
+    ) -> tuple[RunIndex, int]:
+        """Bring the index up to ``state``, keeping its lease and cancel flag; best effort
+        (the index is a cache: if someone else wrote it meanwhile, theirs stays)."""
+        fresh = _index_of(state, checkpoint_seq=checkpoint_seq)
+        fresh.owner, fresh.lease_until = index.owner, index.lease_until
+        fresh.cancel_requested = fresh.cancel_requested or index.cancel_requested
+        try:
+            return fresh, await self.put_index(fresh, expected_version=version)
+        except ConflictError:
+            return await self.index(state.run_id)
+
+    # -- time travel ---------------------------------------------------------------------
+
+    async def history(self, run_id: str) -> builtins.list[CheckpointInfo]:
+        """The run's checkpoints, oldest first: step, status, turn, time, what each added."""
+        return await checkpoint_history(self, run_id)
+
+    async def fork(
+        self,
+        run_id: str,
+        *,
+        at: int | None = None,
+        state_update: Mapping[str, Any] | None = None,
+        new_run_id: str | None = None,
+        title: str | None = None,
+    ) -> RunState:
+        """A new run from checkpoint ``at`` of ``run_id`` (a ``step`` of `history`; None:
+        the newest one not finished), on a session forked there (nothing is copied).
+
+        ``state_update`` sets run state fields of the new run (metadata, limits ...). The
+        new run is stopped (PAUSED where the original was running): resume it, with new
+        input if you like (`Runner.fork` does both). See `statekeeper.runs.history`.
+        """
+        return await fork_run(
+            self, run_id, at=at, state_update=state_update, new_run_id=new_run_id, title=title
         )
-        latest: Entry | None = None
-        for entry in entries:
-            if entry.kind == CHECKPOINT_KIND and entry.payload.get("run_id") == run_id:
-                latest = entry
-        session = await self.store.get_session(self.tenant, index.session_id)
-        if latest is None:
-            if index.revision == 0:  # registered, never checkpointed
-                raise NotFoundError(f"run {run_id!r} has no checkpoint yet")
-            raise StoreCorruptError(
-                f"run {run_id!r}: checkpoint {index.checkpoint_seq} is missing from session "
-                f"{index.session_id!r}"
-            )
-        state = RunState.from_data(self.seal.open(latest.payload, run_id))
-        state.transcript_seq = latest.parent_seq or 0
-        state.cancel_requested = state.cancel_requested or index.cancel_requested
-        if latest.seq != index.checkpoint_seq:  # roll the index forward
-            index = _index_of(state, checkpoint_seq=latest.seq)
-            version = await self.put_index(index, expected_version=version)
-        return state, version, session.version
 
     async def request_cancel(self, run_id: str) -> RunIndex:
         """Flag the run for cancellation; a running runner stops before its next step."""
@@ -386,21 +401,3 @@ def owner_alive(owner: str | None) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _index_of(state: RunState, *, checkpoint_seq: int) -> RunIndex:
-    return RunIndex(
-        run_id=state.run_id,
-        session_id=state.session_id,
-        agent=state.agent,
-        status=state.status,
-        turn=state.turn,
-        revision=state.revision,
-        checkpoint_seq=checkpoint_seq,
-        group_id=state.group_id,
-        parent_run_id=state.delegation.parent_run_id if state.delegation else None,
-        headless=state.headless,
-        cancel_requested=state.cancel_requested,
-        created_at=state.created_at,
-        updated_at=state.updated_at,
-    )
