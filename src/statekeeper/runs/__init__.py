@@ -11,11 +11,14 @@ from statekeeper.runs.agent import (
     Finish,
     Handoff,
     ModelCall,
+    RateLimited,
     Respond,
+    StepHandle,
     StepInput,
     Tool,
     ToolContext,
 )
+from statekeeper.runs.compaction import AutoCompaction
 from statekeeper.runs.coordination import Coordination
 from statekeeper.runs.guardrails import Guardrails, GuardrailTripped
 from statekeeper.runs.handlers import (
@@ -48,6 +51,7 @@ __all__ = [
     "Agent",
     "ApprovalDecision",
     "AskInput",
+    "AutoCompaction",
     "Cancel",
     "CheckpointOptions",
     "ContextCodec",
@@ -64,6 +68,7 @@ __all__ = [
     "InputField",
     "Interruption",
     "ModelCall",
+    "RateLimited",
     "Respond",
     "RunIndex",
     "RunPolicy",
@@ -72,6 +77,7 @@ __all__ = [
     "RunStore",
     "Runner",
     "StateHandlerAgent",
+    "StepHandle",
     "StepInput",
     "Tool",
     "ToolContext",
