@@ -40,6 +40,7 @@ from statekeeper.runs.state import (
     RunState,
     TraceState,
 )
+from statekeeper.runs.stats import RunUsage, SessionStats, session_stats
 from statekeeper.runs.store import RunIndex, RunStore
 from statekeeper.runs.writer import WriteMode
 
@@ -75,7 +76,9 @@ __all__ = [
     "RunResult",
     "RunState",
     "RunStore",
+    "RunUsage",
     "Runner",
+    "SessionStats",
     "StateHandlerAgent",
     "StepHandle",
     "StepInput",
@@ -83,4 +86,5 @@ __all__ = [
     "ToolContext",
     "TraceState",
     "WriteMode",
+    "session_stats",
 ]

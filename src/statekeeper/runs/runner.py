@@ -39,6 +39,7 @@ from statekeeper.runs.options import (
 )
 from statekeeper.runs.results import EventSink, RunResult, as_messages
 from statekeeper.runs.state import RunState
+from statekeeper.runs.stats import SessionStats, session_stats
 from statekeeper.runs.store import RunStore
 from statekeeper.runs.tools import ToolBox
 from statekeeper.runs.writer import CheckpointWriter
@@ -289,6 +290,10 @@ class Runner:
     async def load(self, run_id: str) -> RunState:
         """The run's latest checkpoint."""
         return (await self.runs.load(run_id))[0]
+
+    async def session_stats(self, session_id: str) -> SessionStats:
+        """Conversation statistics: cost and tokens of the session's runs, per model."""
+        return await session_stats(self.runs, session_id)
 
     async def compact(
         self, run_id: str, summarize: Summarizer, *, keep_last: int = 4
