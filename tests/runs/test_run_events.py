@@ -21,6 +21,7 @@ from statekeeper.runs import (
     Tool,
     ToolContext,
 )
+from statekeeper.runs.inspect import RunInspector
 from statekeeper.runs.scripted import ScriptedAgent
 from statekeeper.stores import Store, open_store
 
@@ -185,6 +186,12 @@ async def test_model_calls_are_published_with_their_content(mem: Store) -> None:
     assert said[0]["usage"]["input_tokens"] == 10
     assert said[2]["output"] == {"order": 7}
     assert all(p["text"] for p in said)  # never an empty text for a call that said something
+    responses = await RunInspector(runner.runs, first.run_id).model_responses()
+    assert [(r.text, r.model, r.turn) for r in responses] == [
+        ("Looking.", "model-a", 1),
+        ("Which order?", "model-a", 2),
+        ('{"order": 7}', "model-a", 3),
+    ]
 
 
 async def test_a_message_without_a_model_call_is_published_once(mem: Store) -> None:
@@ -230,3 +237,17 @@ async def test_stream_outside_a_runner_does_nothing() -> None:
     state = RunState(tenant="alice", session_id="s1", agent="a")
     run = StepInput(state=state, messages=[], new_input=[], context=None, tools={})
     await run.stream("ignored")  # no runner: nowhere to publish, and no error
+
+
+async def test_a_limit_pause_is_one_status_event_naming_the_limit(mem: Store) -> None:
+    from statekeeper.core.limits import IterationFlag, Limits
+
+    agent = ScriptedAgent("a", [Respond([Message.assistant("1")]), Finish("ok")])
+    runner = Runner(mem, "alice", [agent])
+    limits = Limits(iterations=IterationFlag(maximum=1, increase_amount=1))
+    paused = await runner.start("a", "hi", headless=False, limits=limits)
+    assert paused.status == "paused"
+    statuses = [p for s, k, p in await log(mem, paused.run_id) if k == "status"]
+    assert [p["status"] for p in statuses] == ["running", "paused"]
+    assert (statuses[-1]["from"], statuses[-1]["to"]) == ("running", "paused")
+    assert "iterations" in statuses[-1]["limit"]

@@ -381,10 +381,9 @@ class RunLoop:
             payload = {"message": str(exc), "type": "limit"}
             await self.lifecycle.publish(state, "error", "error", payload)
             raise LimitReachedError(exc.name, exc.current, exc.maximum, state=state) from exc
-        self.lifecycle.move(state, AgentStatus.PAUSED)
+        self.lifecycle.move(state, AgentStatus.PAUSED, limit=str(exc))
         await active.writer.save(state)
-        payload = {"status": state.status, "limit": str(exc)}
-        await self.lifecycle.publish(state, "lifecycle", "status", payload)
+        await self.lifecycle.flush()
 
     async def _fail(self, active: ActiveRun, exc: BaseException) -> None:
         """End the run in ERROR with ``exc`` as its error details (best effort)."""
