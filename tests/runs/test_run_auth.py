@@ -169,3 +169,27 @@ def test_rate_limited_checks_retry_after() -> None:
     with pytest.raises(InvalidInputError, match="retry_after must be >= 0"):
         RateLimited("x", retry_after=-1)
     assert RateLimited("x", retry_after=timedelta(seconds=5)).retry_after == 5.0
+
+
+async def test_a_state_handler_agent_signals_a_rate_limit_too(mem: Store) -> None:
+    from statekeeper.runs import Action, Cancel, HandlerContext, StateHandlerAgent
+
+    profiles = await two_profiles(mem, Clock())
+
+    class Answer(StateHandlerAgent):
+        name = "a"
+        used: list[str] = []
+
+        async def on_running(self, ctx: HandlerContext) -> Action:
+            profile = await ctx.run.auth_profile()
+            Answer.used.append(profile.id)
+            if profile.id == "first":
+                raise RateLimited("429")  # not the handler's error: the runner's to handle
+            return ctx.complete("ok", "done")
+
+        async def on_error(self, ctx: HandlerContext) -> Action:
+            return Cancel("handled as an error")
+
+    result = await Runner(mem, "alice", [Answer()], auth=profiles).start("a", "hi")
+    assert (result.status, result.output) == ("completed", "ok")
+    assert Answer.used == ["first", "second"]
