@@ -82,6 +82,23 @@ async def test_second_compaction_summarises_the_first_summary(manager: SessionMa
     assert chat.record.compaction_count == 2
 
 
+async def test_a_message_kept_by_one_compaction_survives_the_next(
+    manager: SessionManager,
+) -> None:
+    # The first summary's entry lies after m3 (kept): compacting the summary alone must
+    # not drop m3 from the view unsummarised (a run compacting before each step does this).
+    chat = await manager.create(messages=[Message.user(f"m{i}") for i in range(4)])
+    await chat.compact(summarize, keep_last=1)
+    second = await chat.compact(summarize, keep_last=1)
+    assert second.replaced == 1
+    texts = [m.text for m in await chat.messages()]
+    assert texts == ["summary of summary of m0,m1,m2", "m3"]
+    await chat.append(Message.user("m4"))
+    await chat.compact(summarize, keep_last=1)
+    texts = [m.text for m in await chat.messages()]
+    assert texts == ["summary of summary of summary of m0,m1,m2,m3", "m4"]
+
+
 async def test_compaction_never_splits_a_tool_call_from_its_result(
     manager: SessionManager,
 ) -> None:

@@ -27,6 +27,7 @@ from statekeeper.cli._common import (
     write_output,
 )
 from statekeeper.core.messages import Message
+from statekeeper.runs import RunStore, SessionStats, session_stats
 from statekeeper.sessions import SessionManager
 from statekeeper.sessions.view import TranscriptView
 from statekeeper.stores import Store
@@ -99,6 +100,7 @@ class _Shown:
     record: SessionRecord
     view: TranscriptView
     entries: list[Entry] | None
+    stats: SessionStats
 
 
 def _known_summary(entry: Entry) -> Text | None:
@@ -137,6 +139,7 @@ def _shown_json(shown: _Shown) -> dict[str, Any]:
     active = {e.id for e in view.branch}
     data: dict[str, Any] = {
         "session": record.model_dump(mode="json"),
+        "stats": shown.stats.to_dict(),
         "messages": [
             {"seq": s, **m.to_dict()} for s, m in zip(view.seqs, view.messages, strict=True)
         ],
@@ -200,10 +203,43 @@ def _entries_table(entries: list[Entry], active: set[str]) -> Table:
     return table
 
 
+def _stats_table(stats: SessionStats) -> Table:
+    runs = len(stats.runs)
+    title = f"Conversation statistics: {runs} run{'' if runs == 1 else 's'}"
+    table = Table(title=title)
+    for column in ("model", "calls", "input", "output", "total tokens", "cost"):
+        table.add_column(column, justify="left" if column == "model" else "right")
+    rows = [(Text(name), usage) for name, usage in sorted(stats.metrics.models.items())]
+    for name, usage in rows:
+        tokens = usage.usage
+        table.add_row(
+            name,
+            str(usage.calls),
+            str(tokens.input_tokens),
+            str(tokens.output_tokens),
+            str(tokens.total),
+            f"{usage.cost:.6f}",
+        )
+    total = stats.usage
+    table.add_row(
+        "total",
+        str(stats.calls),
+        str(total.input_tokens),
+        str(total.output_tokens),
+        str(total.total),
+        f"{stats.cost:.6f}",
+        style="bold",
+    )
+    return table
+
+
 def _print_shown(shown: _Shown) -> None:
     record, view = shown.record, shown.view
     out = console()
     out.print(fields_table(_record_rows(record), title=f"Session {record.id}"))
+    out.print(_stats_table(shown.stats))
+    for run_id in shown.stats.unreadable:
+        out.print(Text(f"run {run_id} is unreadable: not counted"), style="red")
     table = Table(title=f"Active view: {len(view.messages)} messages")
     table.add_column("seq", justify="right")
     table.add_column("role")
@@ -232,12 +268,15 @@ def show(
     ] = False,
     json_output: JsonFlag = False,
 ) -> None:
-    """Show a session's record and the messages of its active view."""
+    """Show a session's record, its conversation statistics (cost and tokens of its
+    runs) and the messages of its active view."""
 
     async def work(store: Store, tenant: str) -> _Shown:
         session = await SessionManager(store, tenant).get(session_id)
         view = await session.view()
-        return _Shown(session.record, view, await session.entries() if entries else None)
+        stats = await session_stats(RunStore(store, tenant), session_id)
+        listed = await session.entries() if entries else None
+        return _Shown(session.record, view, listed, stats)
 
     shown = run(ctx, work)
     if wants_json(ctx, json_output):

@@ -11,11 +11,14 @@ from statekeeper.runs.agent import (
     Finish,
     Handoff,
     ModelCall,
+    RateLimited,
     Respond,
+    StepHandle,
     StepInput,
     Tool,
     ToolContext,
 )
+from statekeeper.runs.compaction import AutoCompaction
 from statekeeper.runs.coordination import Coordination
 from statekeeper.runs.guardrails import Guardrails, GuardrailTripped
 from statekeeper.runs.handlers import (
@@ -39,6 +42,7 @@ from statekeeper.runs.state import (
     RunState,
     TraceState,
 )
+from statekeeper.runs.stats import RunUsage, SessionStats, session_stats
 from statekeeper.runs.store import RunIndex, RunStore
 from statekeeper.runs.writer import WriteMode
 
@@ -50,6 +54,7 @@ __all__ = [
     "Agent",
     "ApprovalDecision",
     "AskInput",
+    "AutoCompaction",
     "Cancel",
     "CheckpointCorruptError",
     "CheckpointInfo",
@@ -68,17 +73,22 @@ __all__ = [
     "InputField",
     "Interruption",
     "ModelCall",
+    "RateLimited",
     "Respond",
     "RunIndex",
     "RunPolicy",
     "RunResult",
     "RunState",
     "RunStore",
+    "RunUsage",
     "Runner",
+    "SessionStats",
     "StateHandlerAgent",
+    "StepHandle",
     "StepInput",
     "Tool",
     "ToolContext",
     "TraceState",
     "WriteMode",
+    "session_stats",
 ]

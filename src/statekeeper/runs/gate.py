@@ -56,13 +56,13 @@ class ApprovalGate:
             if call.id not in waiting_ids:
                 record_decision(state, call.id, approved=True, decided_by="policy")
         self.lifecycle.move(state, AgentStatus.WAITING_FOR_APPROVAL)
-        for call in waiting:
-            await self.lifecycle.publish(
-                state,
-                "tool",
-                "call_start",
-                {"tool": call.name, "call_id": call.id, "awaiting_approval": True},
-            )
+        # Each call is announced once, here: its result or error follows when it is
+        # released (``awaiting_approval``: whether it waits for a human decision).
+        for call in calls:
+            info: dict[str, Any] = {"tool": call.name, "call_id": call.id}
+            info["span"] = state.trace.current_span
+            info["awaiting_approval"] = call.id in waiting_ids
+            await self.lifecycle.publish(state, "tool", "call_start", info)
 
     async def settle(self, state: RunState, context: Any) -> list[Message] | None:
         """Apply the decisions: run the approved calls, turn rejections into results.
@@ -76,7 +76,10 @@ class ApprovalGate:
         message = Message.model_validate(state.interruptions[0].message)
         approved = {c.call_id for c in settled.approved}
         calls = [c for c in message.tool_calls if c.id in approved]
-        ran = await self.tools.run(state, context, calls)
+        # The status change comes before the tool events it releases.
+        self.lifecycle.move(state, AgentStatus.RUNNING)
+        await self.lifecycle.flush()
+        ran = await self.tools.run(state, context, calls, announced=True)
         results = {r.tool_results[0].tool_call_id: r for r in ran}
         for call, reason in settled.rejected:
             # It did not run: listed in the tool counts, but not counted up.
@@ -93,7 +96,6 @@ class ApprovalGate:
         handled = {i.call_id for i in state.interruptions}
         state.interruptions = []
         state.decisions = [d for d in state.decisions if d.call_id not in handled]
-        self.lifecycle.move(state, AgentStatus.RUNNING)
         return [message, *(results[c.id] for c in message.tool_calls)]
 
     async def decide(

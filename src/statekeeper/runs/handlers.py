@@ -42,8 +42,17 @@ from statekeeper.errors import (
     InvalidTransitionError,
     StatekeeperError,
 )
-from statekeeper.runs.agent import Action, AskInput, Cancel, Finish, Respond, StepInput
+from statekeeper.runs.agent import (
+    Action,
+    AskInput,
+    Cancel,
+    Finish,
+    RateLimited,
+    Respond,
+    StepInput,
+)
 from statekeeper.runs.fields import MISSING, InputField, Missing
+from statekeeper.runtime.profiles import AllProfilesCoolingDownError
 
 __all__ = ["MISSING", "HandlerContext", "HandlerError", "InputField", "StateHandlerAgent"]
 
@@ -238,6 +247,8 @@ class StateHandlerAgent:
         try:
             try:
                 action = await self.dispatch(ctx)
+            except (RateLimited, AllProfilesCoolingDownError):
+                raise  # the runner's to handle (rotate the profile, or pause the run)
             except Exception as exc:
                 if ctx.state == S.ERROR or not self._allows(ctx.state, S.ERROR):
                     raise

@@ -39,6 +39,10 @@ class ModelResponse:
     usage: dict[str, Any]
     cost: float
     at: datetime
+    text: str = ""
+    """What the call said (the text of its last assistant message, or what it produced)."""
+    profile: str | None = None
+    """The auth profile the call used, if any."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,8 @@ class RunInspector:
                         usage=dict(payload["usage"]),
                         cost=float(payload.get("cost", 0.0)),
                         at=event.ts,
+                        text=str(payload.get("text", "")),
+                        profile=payload.get("profile"),
                     )
                 )
             elif event.stream == "lifecycle" and event.kind == "status" and "from" in payload:

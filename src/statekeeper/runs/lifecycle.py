@@ -26,17 +26,18 @@ class RunLifecycle:
     def __init__(self, transitions: TransitionTable, events: EventSink) -> None:
         self.transitions = transitions
         self.events = events
-        self._pending: list[tuple[str, str, str]] = []
+        self._pending: list[tuple[str, dict[str, Any]]] = []
 
-    def move(self, state: RunState, target: str) -> None:
+    def move(self, state: RunState, target: str, **details: Any) -> None:
         """Set ``state.status`` to ``target``; `InvalidTransitionError` (no change) if the
-        table does not allow it."""
+        table does not allow it. ``details`` (JSON values) go into the status event."""
         if not self.transitions.allows(state.status, target):
             raise InvalidTransitionError(
                 state.status, target, self.transitions.allowed(state.status)
             )
         source, state.status = state.status, target
-        self._pending.append((state.run_id, source, target))
+        payload = {"status": target, "from": source, "to": target, **details}
+        self._pending.append((state.run_id, payload))
 
     def cancel(self, state: RunState, reason: str | None) -> None:
         """Move to CANCELLED (through PAUSED when the table wants it) and say why."""
@@ -57,7 +58,5 @@ class RunLifecycle:
     async def flush(self) -> None:
         """Publish the queued status events."""
         pending, self._pending = self._pending, []
-        for run_id, source, target in pending:
-            await self.events.publish(
-                run_id, "lifecycle", "status", {"status": target, "from": source, "to": target}
-            )
+        for run_id, payload in pending:
+            await self.events.publish(run_id, "lifecycle", "status", payload)

@@ -5,6 +5,13 @@ input, ask the agent for an action, apply it (tool calls through the `ToolBox` o
 `ApprovalGate`, output through the guardrails), then write the step's messages and the
 checkpoint together. Limits are checked before (iterations) and after (budget, tokens)
 each step; a cancel request is seen before each step.
+
+Events tell what happened in the order it happened: a status change is published as it
+happens (``running`` before the first step's events, before the tool results an
+approval releases), and what the agent said (``assistant/complete``, with the model
+call behind it) before the tool calls it made and the status it led to. A step whose
+model call is rate limited on every auth profile pauses the run (nothing of the step
+counts); `AutoCompaction` may compact the session before a step.
 """
 
 from __future__ import annotations
@@ -32,15 +39,19 @@ from statekeeper.runs.agent import (
     Respond,
     StepInput,
 )
+from statekeeper.runs.compaction import AutoCompaction
 from statekeeper.runs.coordination import Coordination
 from statekeeper.runs.gate import ApprovalGate
 from statekeeper.runs.guardrails import Guardrails, GuardrailTripped
 from statekeeper.runs.lifecycle import FINISHED, RunLifecycle
 from statekeeper.runs.results import ReadOnlyMessages, RunResult
 from statekeeper.runs.state import ErrorDetails, RunState
+from statekeeper.runs.step import StepPaused, ask, said
 from statekeeper.runs.store import RunStore
 from statekeeper.runs.tools import ToolBox
 from statekeeper.runs.writer import CheckpointWriter
+from statekeeper.runtime.profiles import AuthProfile, AuthProfiles
+from statekeeper.sessions import SessionManager
 from statekeeper.sessions.view import message_of
 from statekeeper.stores.base import Store
 
@@ -61,6 +72,8 @@ class ActiveRun:
     """Messages this call of the runner added (`RunResult.new_messages`)."""
     seen_seq: int = 0
     """The session's last seq when the run last looked (to spot others' appends)."""
+    profile: AuthProfile | None = None
+    """The auth profile the current step's model call used."""
 
 
 def find_agent(agents: Mapping[str, Agent], name: str) -> Agent:
@@ -88,10 +101,15 @@ class RunLoop:
         guardrails: Guardrails,
         lifecycle: RunLifecycle,
         coordination: Coordination,
+        sessions: SessionManager | None = None,
+        compaction: AutoCompaction | None = None,
+        auth: AuthProfiles | Mapping[str, AuthProfiles] | None = None,
     ) -> None:
         self.store, self.tenant, self.runs, self.agents = store, tenant, runs, agents
         self.tools, self.approvals, self.guardrails = tools, approvals, guardrails
         self.lifecycle, self.coordination = lifecycle, coordination
+        self.sessions = sessions or SessionManager(store, tenant, max_messages=None)
+        self.compaction, self.auth = compaction, auth
         self._cancel: dict[str, asyncio.Event] = {}
 
     def driving(self, run_id: str) -> bool:
@@ -168,6 +186,9 @@ class RunLoop:
             await self._commit(active, settled)
         elif state.status != AgentStatus.RUNNING:
             self.lifecycle.move(state, AgentStatus.RUNNING)
+            if state.error is not None and state.error.type == "RateLimited":
+                state.error = None  # it paused for a rate limit: over now
+            await self.lifecycle.flush()  # "running" before anything the run does
         if active.new_input:
             await self._take_input(active)
         return True
@@ -203,7 +224,10 @@ class RunLoop:
         if steering:  # messages that arrived during the run steer it from this step
             active.new_input = steering
             await self._take_input(active)
+        await self._auto_compact(active)
         action = await self._ask_agent(active)
+        if action is None:
+            return  # paused: rate limited on every profile
         await self._commit(active, await self._apply(active, action))
         try:
             for flag in (state.limits.budget, state.limits.tokens):
@@ -212,8 +236,10 @@ class RunLoop:
         except LimitReachedError as exc:
             await self._limit(active, exc)
 
-    async def _ask_agent(self, active: ActiveRun) -> Action:
+    async def _ask_agent(self, active: ActiveRun) -> Action | None:
+        """The agent's action (accounted for); None when the run paused instead."""
         state = active.state
+        span = state.trace.current_span
         state.turn += 1
         state.trace.spans += 1
         state.trace.current_span = f"{state.trace.trace_id}.s{state.trace.spans}"
@@ -225,15 +251,26 @@ class RunLoop:
             context=active.context,
             tools=self.tools.tools,
         )
+        profiles = self.auth.get(state.agent) if isinstance(self.auth, Mapping) else self.auth
+        try:
+            action, active.profile = await ask(agent, step_input, self.lifecycle, state, profiles)
+        except StepPaused as paused:
+            # Nothing of the step happened: it is taken again on resume.
+            state.turn -= 1
+            state.trace.spans -= 1
+            state.trace.current_span = span
+            state.limits.iterations.current = max(state.limits.iterations.current - 1, 0)
+            await self._rate_limited(active, paused)
+            return None
         state.pending_input = []
-        action = await agent.step(step_input)
         _account(state, action)
-        if action.call is not None:
-            call = action.call
-            payload = {"text": "", "model": call.model, "cost": call.cost, "agent": state.agent}
-            payload["usage"] = call.usage.model_dump(mode="json")
-            await self.lifecycle.publish(state, "assistant", "complete", payload)
         return action
+
+    async def _say(self, active: ActiveRun, action: Action, messages: list[Message]) -> None:
+        """Publish what the agent said in this step (see `statekeeper.runs.step.said`)."""
+        state = active.state
+        for payload in said(action, messages, state.agent, active.profile):
+            await self.lifecycle.publish(state, "assistant", "complete", payload)
 
     async def _apply(self, active: ActiveRun, action: Action) -> list[Message]:
         """Carry out ``action``; the messages the step writes."""
@@ -243,19 +280,26 @@ class RunLoop:
         if isinstance(action, Finish):
             self.guardrails.check_output(state, action.output)
             state.output = action.output
+            messages = [action.message] if action.message else []
+            await self._say(active, action, messages)
             self.lifecycle.move(state, AgentStatus.COMPLETED)
-            return [action.message] if action.message else []
+            return messages
         if isinstance(action, AskInput):
+            messages = [Message.assistant(action.prompt, metadata={"fields": list(action.fields)})]
+            await self._say(active, action, messages)
             self.lifecycle.move(state, AgentStatus.WAITING_FOR_INPUT)
-            return [Message.assistant(action.prompt, metadata={"fields": list(action.fields)})]
+            return messages
         if isinstance(action, Cancel):
+            messages = [action.message] if action.message else []
+            await self._say(active, action, messages)
             self.lifecycle.cancel(state, action.reason)
-            return [action.message] if action.message else []
+            return messages
         if isinstance(action, Handoff):
             find_agent(self.agents, action.to)
             marker = action.message or Message(
                 role=Role.SYSTEM, content=f"[{state.agent} handed the conversation to {action.to}]"
             )
+            await self._say(active, action, [marker])
             payload = {"status": state.status, "handoff": action.to}
             await self.lifecycle.publish(state, "lifecycle", "status", payload)
             state.agent = action.to
@@ -269,10 +313,11 @@ class RunLoop:
         state = active.state
         messages = list(action.messages)
         with_calls = [i for i, m in enumerate(messages) if m.tool_calls]
+        if with_calls and with_calls != [len(messages) - 1]:
+            raise InvalidPayloadError("put tool calls only in the last message of a Respond action")
+        await self._say(active, action, messages)
         if not with_calls:
             return messages
-        if with_calls != [len(messages) - 1]:
-            raise InvalidPayloadError("put tool calls only in the last message of a Respond action")
         calls = messages[-1].tool_calls
         waiting = [c for c in calls if self.tools.needs_approval(state, c)]
         if not waiting:
@@ -287,10 +332,6 @@ class RunLoop:
         active.messages.extend(messages)
         active.added.extend(messages)
         await active.writer.save(active.state, messages)
-        for message in messages:
-            if message.role == Role.ASSISTANT:
-                payload = {"id": message.id, "text": message.text[:2000]}
-                await self.lifecycle.publish(active.state, "assistant", "complete", payload)
 
     async def _take_input(self, active: ActiveRun) -> None:
         state = active.state
@@ -328,6 +369,29 @@ class RunLoop:
                 *(m.to_dict() for m in foreign),
             ]
 
+    async def _auto_compact(self, active: ActiveRun) -> None:
+        """Compact the session when the conversation is past the threshold (opt-in)."""
+        auto = self.compaction
+        if auto is None or not auto.due(active.messages, self.runs.counter):
+            return
+        await active.writer.flush(active.state)  # the session must hold what the agent sees
+        session = await self.sessions.get(active.state.session_id)
+        own, seen = active.writer.written, active.seen_seq
+        compacted = await auto.apply(session, self.lifecycle, active.state, own=own, seen_seq=seen)
+        if compacted is not None:
+            active.messages = compacted
+
+    async def _rate_limited(self, active: ActiveRun, paused: StepPaused) -> None:
+        """Pause the run: its model call was refused on every auth profile."""
+        state = active.state
+        state.error = paused.details(state.turn)
+        available = state.error.data["available_at"]
+        self.lifecycle.move(
+            state, AgentStatus.PAUSED, reason="rate_limited", available_at=available
+        )
+        await active.writer.save(state)
+        await self.lifecycle.flush()
+
     async def _cancelled(self, active: ActiveRun) -> None:
         self.lifecycle.cancel(active.state, "cancel requested")
         await active.writer.save(active.state)
@@ -348,10 +412,9 @@ class RunLoop:
             payload = {"message": str(exc), "type": "limit"}
             await self.lifecycle.publish(state, "error", "error", payload)
             raise LimitReachedError(exc.name, exc.current, exc.maximum, state=state) from exc
-        self.lifecycle.move(state, AgentStatus.PAUSED)
+        self.lifecycle.move(state, AgentStatus.PAUSED, limit=str(exc))
         await active.writer.save(state)
-        payload = {"status": state.status, "limit": str(exc)}
-        await self.lifecycle.publish(state, "lifecycle", "status", payload)
+        await self.lifecycle.flush()
 
     async def _fail(self, active: ActiveRun, exc: BaseException) -> None:
         """End the run in ERROR with ``exc`` as its error details (best effort)."""

@@ -24,6 +24,7 @@ from statekeeper.core.metrics import DelegationInfo
 from statekeeper.errors import InvalidInputError
 from statekeeper.ids import new_id, validate_id
 from statekeeper.runs.agent import Agent, Tool
+from statekeeper.runs.compaction import AutoCompaction, compact_published
 from statekeeper.runs.coordination import Coordination
 from statekeeper.runs.gate import ApprovalGate
 from statekeeper.runs.guardrails import Guardrails
@@ -38,11 +39,13 @@ from statekeeper.runs.options import (
 )
 from statekeeper.runs.results import EventSink, RunResult, as_messages
 from statekeeper.runs.state import RunState
+from statekeeper.runs.stats import SessionStats, session_stats
 from statekeeper.runs.store import RunStore
 from statekeeper.runs.tools import ToolBox
 from statekeeper.runs.writer import CheckpointWriter
 from statekeeper.runtime.events import EventBus
-from statekeeper.sessions import SessionManager
+from statekeeper.runtime.profiles import AuthProfiles
+from statekeeper.sessions import CompactionResult, SessionManager, Summarizer
 from statekeeper.stores.base import Store
 
 __all__ = ["EventSink", "RunResult", "Runner"]
@@ -61,6 +64,10 @@ class Runner:
         guardrails: input and output guardrails of every run.
         context_codec: how the user context is stored in the run state.
         policy: the status transition table and default limits.
+        compaction: compact a run's session automatically past a token threshold.
+        auth: the auth profiles agents take for their model calls (`StepInput.auth_profile`),
+            rotated on `RateLimited`: one `AuthProfiles` for every agent, or a mapping
+            of agent name to profiles.
         **flat: the flat keywords of earlier versions (`FlatOptions`), e.g.
             ``write_mode=``, ``lanes=``: each sets the field of its group.
     """
@@ -77,6 +84,8 @@ class Runner:
         guardrails: Guardrails | None = None,
         context_codec: ContextCodec | None = None,
         policy: RunPolicy | None = None,
+        compaction: AutoCompaction | None = None,
+        auth: AuthProfiles | Mapping[str, AuthProfiles] | None = None,
         **flat: Unpack[FlatOptions],
     ) -> None:
         self.store, self.tenant = store, tenant
@@ -106,6 +115,9 @@ class Runner:
             guardrails=self.guardrails,
             lifecycle=self.lifecycle,
             coordination=self.coordination,
+            sessions=self.sessions,
+            compaction=compaction,
+            auth=auth,
         )
 
     @property
@@ -301,6 +313,27 @@ class Runner:
     async def load(self, run_id: str) -> RunState:
         """The run's latest checkpoint."""
         return (await self.runs.load(run_id))[0]
+
+    async def session_stats(self, session_id: str) -> SessionStats:
+        """Conversation statistics: cost and tokens of the session's runs, per model."""
+        return await session_stats(self.runs, session_id)
+
+    async def compact(
+        self, run_id: str, summarize: Summarizer, *, keep_last: int = 4
+    ) -> CompactionResult:
+        """Compact the run's session now, publishing ``compaction/start`` and
+        ``compaction/complete`` as events of the run (a failure is published, then
+        raised). A run being driven sees the compacted view from its next resume."""
+        state = await self.load(run_id)
+        session = await self.sessions.get(state.session_id)
+        return await compact_published(
+            session,
+            summarize,
+            keep_last=keep_last,
+            lifecycle=self.lifecycle,
+            state=state,
+            trigger="manual",
+        )
 
     # -- delegation ----------------------------------------------------------------------
 

@@ -83,14 +83,23 @@ class ToolBox:
         return tool.approval_prompt if tool else None
 
     async def run(
-        self, state: RunState, context: Any, calls: Sequence[ToolCallBlock]
+        self,
+        state: RunState,
+        context: Any,
+        calls: Sequence[ToolCallBlock],
+        *,
+        announced: bool = False,
     ) -> list[Message]:
-        """Run ``calls`` in order; one result message per call, in the same order."""
+        """Run ``calls`` in order; one result message per call, in the same order.
+
+        ``announced``: their ``call_start`` was published already (when they were held
+        for approval), so it is not published again."""
         out: list[Message] = []
         for call in calls:
             state.tool_use[call.name] = state.tool_use.get(call.name, 0) + 1
             info = {"call_id": call.id, "tool": call.name, "span": state.trace.current_span}
-            await self.lifecycle.publish(state, "tool", "call_start", info)
+            if not announced:
+                await self.lifecycle.publish(state, "tool", "call_start", info)
             try:
                 text = await self._call(state, context, call)
             except _Failed as failed:

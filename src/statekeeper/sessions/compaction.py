@@ -15,7 +15,7 @@ from statekeeper.core.messages import Message, MessageCategory, Role
 from statekeeper.core.tokens import counted
 from statekeeper.errors import ConflictError, InvalidPayloadError
 from statekeeper.sessions.handle import SessionHandle
-from statekeeper.sessions.view import SUMMARY_KEY, TranscriptView, is_replaceable
+from statekeeper.sessions.view import SUMMARY_KEY, TranscriptView, covered_seq, is_replaceable
 from statekeeper.stores.base import Entry, EntryDraft, EntryKind, SessionPatch
 
 __all__ = ["CompactionResult", "Summarizer", "compact_session"]
@@ -81,7 +81,7 @@ async def compact_session(
     if not chosen:
         return CompactionResult(None, None, 0, before, before)
     originals = [view.messages[i] for i in chosen]
-    through_seq = view.seqs[chosen[-1]]
+    through_seq = covered_seq(view.seqs[chosen[-1]], view.messages[chosen[-1]])
 
     produced = await summarize(originals)
     if isinstance(produced, str):

@@ -9,7 +9,7 @@ being after the compaction's range, stay in the view.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pydantic import ValidationError
@@ -25,6 +25,7 @@ __all__ = [
     "active_branch",
     "appended_counters",
     "build_view",
+    "covered_seq",
     "is_replaceable",
     "message_draft",
     "message_of",
@@ -173,9 +174,9 @@ def _apply_compaction(
     out: list[tuple[int, Message]] = []
     placed = False
     for item_seq, message in items:
-        # A summary's seq is its compaction entry, which lies after the range it covers,
-        # so an earlier summary is judged by where its own compaction sits.
-        if position[item_seq] <= through and is_replaceable(message):
+        if position[covered_seq(item_seq, message, position)] <= through and is_replaceable(
+            message
+        ):
             if not placed:
                 out.append((seq, summary))
                 placed = True
@@ -184,6 +185,19 @@ def _apply_compaction(
     if not placed:
         out.append((seq, summary))
     return out
+
+
+def covered_seq(seq: int, message: Message, position: Mapping[int, int] | None = None) -> int:
+    """Where a view item sits for a later compaction's range: a message at its own seq,
+    a summary at the end of the range it stands for (its ``through_seq``).
+
+    A summary's own seq is its compaction entry, which lies after messages that
+    compaction kept: judged by it, summarising the summary alone would drop them.
+    """
+    through = message.metadata.get("through_seq") if message.metadata.get(SUMMARY_KEY) else None
+    if not isinstance(through, int) or isinstance(through, bool):
+        return seq
+    return through if position is None or through in position else seq
 
 
 def _as_corrupt(entry: Entry, error: str) -> Entry:
