@@ -4,13 +4,11 @@ memory and SQLite stores. Time comes from an injected clock: no sleeps."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
-from pathlib import Path
+from datetime import timedelta
 from typing import Any, cast
 
 import pytest
-from store_slices import RecordsOnly
+from fakes import START, Clock
 
 from statekeeper.errors import (
     AlreadyExistsError,
@@ -25,45 +23,14 @@ from statekeeper.runtime.profiles import (
     AuthProfiles,
     resolve_secret,
 )
-from statekeeper.stores import open_store
 from statekeeper.stores.base import RecordStore
 
 TENANT = "alice"
-START = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = START
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += timedelta(seconds=seconds)
-
-
-@pytest.fixture(params=["memory", "sqlite", "records-only"])
-async def profile_store(
-    request: pytest.FixtureRequest, tmp_path: Path
-) -> AsyncIterator[RecordStore]:
-    """A store; "records-only" has nothing but a `RecordStore`'s methods (all it needs)."""
-    url = f"sqlite:///{tmp_path / 's.db'}" if request.param == "sqlite" else "memory://"
-    store = await open_store(url)
-    try:
-        yield RecordsOnly(store) if request.param == "records-only" else store
-    finally:
-        await store.close()
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-async def profiles(profile_store: RecordStore, clock: Clock) -> AuthProfiles:
-    keys = AuthProfiles(profile_store, TENANT, "bot", clock=clock)
+async def profiles(record_store: RecordStore, clock: Clock) -> AuthProfiles:
+    keys = AuthProfiles(record_store, TENANT, "bot", clock=clock)
     for n in (1, 2, 3):
         await keys.add(f"env:OPENAI_KEY_{n}", label=f"key {n}", profile_id=f"k{n}")
     return keys
@@ -92,9 +59,9 @@ async def test_a_rate_limit_rotates_to_the_next_profile(profiles: AuthProfiles) 
 
 
 async def test_cooldown_doubles_per_failure_in_a_row_up_to_the_maximum(
-    profile_store: RecordStore, clock: Clock
+    record_store: RecordStore, clock: Clock
 ) -> None:
-    keys = AuthProfiles(profile_store, TENANT, "bot", clock=clock, max_cooldown=500)
+    keys = AuthProfiles(record_store, TENANT, "bot", clock=clock, max_cooldown=500)
     await keys.add("env:A", profile_id="a")
     await keys.add("env:B", profile_id="b")
     rests = []
@@ -158,27 +125,27 @@ async def test_reset_clears_cooldowns(profiles: AuthProfiles) -> None:
     assert all(p.cooldown_until is None and p.failure_count == 0 for p in await profiles.list())
 
 
-async def test_state_survives_a_restart(profile_store: RecordStore, clock: Clock) -> None:
-    before = AuthProfiles(profile_store, TENANT, "bot", clock=clock)
+async def test_state_survives_a_restart(record_store: RecordStore, clock: Clock) -> None:
+    before = AuthProfiles(record_store, TENANT, "bot", clock=clock)
     await before.add("env:A", profile_id="a")
     await before.add("env:B", profile_id="b")
     await before.pick()
     await before.report_failure("b", "quota", retry_after=600)
-    after = AuthProfiles(profile_store, TENANT, "bot", clock=clock)
+    after = AuthProfiles(record_store, TENANT, "bot", clock=clock)
     b = await after.get("b")
     assert (b.failure_reason, b.cooldown_until) == ("quota", START + timedelta(seconds=600))
     a = await after.get("a")
     assert a.usage_count == 2  # picked once, then again as the rotation after b failed
     with pytest.raises(AllProfilesCoolingDownError):
-        await AuthProfiles(profile_store, TENANT, "bot", clock=clock).report_failure("a", "x")
-    assert await AuthProfiles(profile_store, TENANT, "other-agent").list() == []
-    assert await AuthProfiles(profile_store, "bob", "bot").list() == []
+        await AuthProfiles(record_store, TENANT, "bot", clock=clock).report_failure("a", "x")
+    assert await AuthProfiles(record_store, TENANT, "other-agent").list() == []
+    assert await AuthProfiles(record_store, "bob", "bot").list() == []
 
 
 async def test_two_instances_picking_at_once_take_different_profiles(
-    profile_store: RecordStore, clock: Clock
+    record_store: RecordStore, clock: Clock
 ) -> None:
-    keys = [AuthProfiles(profile_store, TENANT, "bot", clock=clock) for _ in range(4)]
+    keys = [AuthProfiles(record_store, TENANT, "bot", clock=clock) for _ in range(4)]
     for n in range(4):
         await keys[0].add(f"env:K{n}", profile_id=f"k{n}")
     picked = await asyncio.gather(*(k.pick() for k in keys))
@@ -210,9 +177,9 @@ class SlowReads:
 
 
 async def test_racing_pickers_conflict_and_retry_instead_of_sharing_a_profile(
-    profile_store: RecordStore, clock: Clock
+    record_store: RecordStore, clock: Clock
 ) -> None:
-    slow = SlowReads(profile_store)
+    slow = SlowReads(record_store)
     keys = [AuthProfiles(cast(RecordStore, slow), TENANT, "bot", clock=clock) for _ in range(3)]
     for n in range(3):
         await keys[0].add(f"env:K{n}", profile_id=f"k{n}")
@@ -234,10 +201,10 @@ async def test_add_remove_and_errors(profiles: AuthProfiles) -> None:
     assert generated.id.startswith("key_")
 
 
-async def test_no_profiles_is_a_typed_error(profile_store: RecordStore) -> None:
+async def test_no_profiles_is_a_typed_error(record_store: RecordStore) -> None:
     with pytest.raises(NotFoundError, match="no auth profiles"):
-        await AuthProfiles(profile_store, TENANT, "bot").pick()
-    assert await AuthProfiles(profile_store, TENANT, "bot").next_free_at() is None
+        await AuthProfiles(record_store, TENANT, "bot").pick()
+    assert await AuthProfiles(record_store, TENANT, "bot").next_free_at() is None
 
 
 async def test_the_secret_reference_never_shows(profiles: AuthProfiles) -> None:
@@ -269,12 +236,12 @@ def test_resolve_secret(monkeypatch: pytest.MonkeyPatch) -> None:
         resolve_secret("env:SK_TEST_MISSING")
 
 
-async def test_a_newer_stored_format_is_refused(profile_store: RecordStore) -> None:
-    await profile_store.put_record(TENANT, NAMESPACE, "bot", {"format": 99, "profiles": []})
+async def test_a_newer_stored_format_is_refused(record_store: RecordStore) -> None:
+    await record_store.put_record(TENANT, NAMESPACE, "bot", {"format": 99, "profiles": []})
     with pytest.raises(SchemaVersionError):
-        await AuthProfiles(profile_store, TENANT, "bot").list()
+        await AuthProfiles(record_store, TENANT, "bot").list()
 
 
-def test_cooldown_settings_are_checked(profile_store: RecordStore) -> None:
+def test_cooldown_settings_are_checked(record_store: RecordStore) -> None:
     with pytest.raises(InvalidInputError):
-        AuthProfiles(profile_store, TENANT, "bot", base_cooldown=10, max_cooldown=5)
+        AuthProfiles(record_store, TENANT, "bot", base_cooldown=10, max_cooldown=5)

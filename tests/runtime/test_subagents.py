@@ -4,13 +4,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
-from pathlib import Path
+from datetime import timedelta
 from typing import Any
 
 import pytest
-from store_slices import RecordsOnly
+from fakes import START, Clock
 
 from statekeeper.core.messages import Message
 from statekeeper.errors import (
@@ -25,22 +23,9 @@ from statekeeper.runtime.subagents import (
     SubagentRegistry,
     SubagentStatus,
 )
-from statekeeper.stores import open_store
 from statekeeper.stores.base import RecordStore
 
 TENANT = "alice"
-START = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = START
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += timedelta(seconds=seconds)
 
 
 class Controls:
@@ -57,33 +42,15 @@ class Controls:
         self.steered.append((run_id, message))
 
 
-@pytest.fixture(params=["memory", "sqlite", "records-only"])
-async def registry_store(
-    request: pytest.FixtureRequest, tmp_path: Path
-) -> AsyncIterator[RecordStore]:
-    """A store; "records-only" has nothing but a `RecordStore`'s methods (all it needs)."""
-    url = f"sqlite:///{tmp_path / 's.db'}" if request.param == "sqlite" else "memory://"
-    store = await open_store(url)
-    try:
-        yield RecordsOnly(store) if request.param == "records-only" else store
-    finally:
-        await store.close()
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
 @pytest.fixture
 def controls() -> Controls:
     return Controls()
 
 
 @pytest.fixture
-def registry(registry_store: RecordStore, clock: Clock, controls: Controls) -> SubagentRegistry:
+def registry(record_store: RecordStore, clock: Clock, controls: Controls) -> SubagentRegistry:
     return SubagentRegistry(
-        registry_store,
+        record_store,
         TENANT,
         owner_id="worker-a",
         kill=controls.kill,
@@ -173,13 +140,13 @@ async def test_kill_calls_the_callback_and_marks_killed(
 
 
 async def test_a_run_that_completes_while_being_killed_keeps_its_outcome(
-    registry_store: RecordStore, clock: Clock
+    record_store: RecordStore, clock: Clock
 ) -> None:
     async def kill_but_it_finishes_first(run_id: str) -> None:
         await registry.complete(run_id, "finished anyway")
 
     registry = SubagentRegistry(
-        registry_store, TENANT, owner_id="w", kill=kill_but_it_finishes_first, clock=clock
+        record_store, TENANT, owner_id="w", kill=kill_but_it_finishes_first, clock=clock
     )
     await spawn(registry, "r1")
     entry = await registry.kill("r1")
@@ -203,8 +170,8 @@ async def test_steer_calls_the_callback(registry: SubagentRegistry, controls: Co
     assert len(controls.steered) == 2
 
 
-async def test_without_callbacks(registry_store: RecordStore) -> None:
-    bare = SubagentRegistry(registry_store, TENANT, owner_id="w")
+async def test_without_callbacks(record_store: RecordStore) -> None:
+    bare = SubagentRegistry(record_store, TENANT, owner_id="w")
     await spawn(bare, "r1")
     with pytest.raises(InvalidInputError, match="steer"):
         await bare.steer("r1", "hi")
@@ -222,9 +189,9 @@ async def test_forget_a_finished_entry(registry: SubagentRegistry) -> None:
 
 
 async def test_heartbeat_touches_only_this_owners_running_runs(
-    registry_store: RecordStore, registry: SubagentRegistry, clock: Clock
+    record_store: RecordStore, registry: SubagentRegistry, clock: Clock
 ) -> None:
-    other = SubagentRegistry(registry_store, TENANT, owner_id="worker-b", clock=clock)
+    other = SubagentRegistry(record_store, TENANT, owner_id="worker-b", clock=clock)
     await spawn(registry, "mine")
     await spawn(registry, "mine-done")
     await registry.complete("mine-done")
@@ -236,11 +203,11 @@ async def test_heartbeat_touches_only_this_owners_running_runs(
 
 
 async def test_recover_fails_orphans_of_stale_or_dead_owners(
-    registry_store: RecordStore, clock: Clock
+    record_store: RecordStore, clock: Clock
 ) -> None:
-    gone = SubagentRegistry(registry_store, TENANT, owner_id="worker-old", clock=clock)
-    alive = SubagentRegistry(registry_store, TENANT, owner_id="worker-alive", clock=clock)
-    named_dead = SubagentRegistry(registry_store, TENANT, owner_id="worker-dead", clock=clock)
+    gone = SubagentRegistry(record_store, TENANT, owner_id="worker-old", clock=clock)
+    alive = SubagentRegistry(record_store, TENANT, owner_id="worker-alive", clock=clock)
+    named_dead = SubagentRegistry(record_store, TENANT, owner_id="worker-dead", clock=clock)
     await spawn(gone, "stale")
     await spawn(gone, "finished")
     await gone.complete("finished", "done")
@@ -250,7 +217,7 @@ async def test_recover_fails_orphans_of_stale_or_dead_owners(
     await alive.heartbeat()
     await named_dead.heartbeat()
 
-    new = SubagentRegistry(registry_store, TENANT, owner_id="worker-new", clock=clock)
+    new = SubagentRegistry(record_store, TENANT, owner_id="worker-new", clock=clock)
     report = await new.recover(dead_owners={"worker-dead"}, stale_after=timedelta(minutes=5))
     assert sorted(e.run_id for e in report.failed) == ["fresh-but-dead", "stale"]
     assert report.resumed == []
@@ -266,8 +233,8 @@ async def test_recover_fails_orphans_of_stale_or_dead_owners(
     assert (await new.recover()).failed == []  # nothing left to settle
 
 
-async def test_recover_resumes_what_can_resume(registry_store: RecordStore, clock: Clock) -> None:
-    gone = SubagentRegistry(registry_store, TENANT, owner_id="worker-old", clock=clock)
+async def test_recover_resumes_what_can_resume(record_store: RecordStore, clock: Clock) -> None:
+    gone = SubagentRegistry(record_store, TENANT, owner_id="worker-old", clock=clock)
     for run_id in ("keep", "drop", "broken"):
         await spawn(gone, run_id)
     clock.advance(3600)
@@ -281,7 +248,7 @@ async def test_recover_resumes_what_can_resume(registry_store: RecordStore, cloc
             raise RuntimeError("checkpoint missing")
         resumed.append(entry.run_id)
 
-    new = SubagentRegistry(registry_store, TENANT, owner_id="worker-new", clock=clock)
+    new = SubagentRegistry(record_store, TENANT, owner_id="worker-new", clock=clock)
     report = await new.recover(can_resume=can_resume, resume=resume)
     assert [e.run_id for e in report.resumed] == ["keep"]
     assert resumed == ["keep"]
@@ -294,9 +261,9 @@ async def test_recover_resumes_what_can_resume(registry_store: RecordStore, cloc
 
 
 async def test_two_registries_settling_one_orphan_one_wins(
-    registry_store: RecordStore, clock: Clock
+    record_store: RecordStore, clock: Clock
 ) -> None:
-    gone = SubagentRegistry(registry_store, TENANT, owner_id="worker-old", clock=clock)
+    gone = SubagentRegistry(record_store, TENANT, owner_id="worker-old", clock=clock)
     await spawn(gone, "orphan")
     clock.advance(3600)
     both_checked = asyncio.Event()
@@ -318,8 +285,8 @@ async def test_two_registries_settling_one_orphan_one_wins(
 
         return resume
 
-    one = SubagentRegistry(registry_store, TENANT, owner_id="worker-1", clock=clock)
-    two = SubagentRegistry(registry_store, TENANT, owner_id="worker-2", clock=clock)
+    one = SubagentRegistry(record_store, TENANT, owner_id="worker-1", clock=clock)
+    two = SubagentRegistry(record_store, TENANT, owner_id="worker-2", clock=clock)
     reports = await asyncio.gather(
         one.recover(can_resume=can_resume, resume=resumer("worker-1")),
         two.recover(can_resume=can_resume, resume=resumer("worker-2")),
@@ -332,9 +299,9 @@ async def test_two_registries_settling_one_orphan_one_wins(
 
 
 async def test_two_registries_failing_one_orphan_one_wins(
-    registry_store: RecordStore, clock: Clock
+    record_store: RecordStore, clock: Clock
 ) -> None:
-    gone = SubagentRegistry(registry_store, TENANT, owner_id="worker-old", clock=clock)
+    gone = SubagentRegistry(record_store, TENANT, owner_id="worker-old", clock=clock)
     await spawn(gone, "orphan")
     clock.advance(3600)
     gate = asyncio.Event()
@@ -348,7 +315,7 @@ async def test_two_registries_failing_one_orphan_one_wins(
         await gate.wait()
         return False
 
-    regs = [SubagentRegistry(registry_store, TENANT, owner_id=f"w{n}", clock=clock) for n in (1, 2)]
+    regs = [SubagentRegistry(record_store, TENANT, owner_id=f"w{n}", clock=clock) for n in (1, 2)]
     reports = await asyncio.gather(*(r.recover(can_resume=cannot_resume) for r in regs))
     assert sorted(len(r.failed) for r in reports) == [0, 1]
     assert sum(len(r.skipped) for r in reports) == 1
