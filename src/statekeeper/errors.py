@@ -118,15 +118,22 @@ class InvalidTransitionError(StatekeeperError):
 class LimitReachedError(StatekeeperError):
     """A control flag reached its maximum.
 
-    ``state`` may carry the run state at the moment the limit was hit, so a caller can
-    raise the limit and resume.
+    ``state`` may carry the run state at the moment the limit was hit (a run stopped,
+    resumable, in PAUSED), so a caller can raise the limit and resume it; ``hint`` replaces
+    the generic advice at the end of the message (the runner names the run and the call).
     """
 
-    def __init__(self, name: str, current: float, maximum: float, *, state: Any = None):
-        super().__init__(
-            f"{name} limit reached: {current:g} of {maximum:g}; "
-            "raise the limit (increase_limit) and resume, or stop the run"
-        )
+    def __init__(
+        self,
+        name: str,
+        current: float,
+        maximum: float,
+        *,
+        state: Any = None,
+        hint: str | None = None,
+    ):
+        advice = hint or "raise the limit and resume, or stop the run"
+        super().__init__(f"{name} limit reached: {current:g} of {maximum:g}; {advice}")
         self.name = name
         self.current = current
         self.maximum = maximum

@@ -446,7 +446,7 @@ def test_from_dict_refuses_bad_payloads(data: object) -> None:
 
 
 def test_status_on_limit() -> None:
-    assert status_on_limit(headless=True) is AgentStatus.ERROR
+    assert status_on_limit(headless=True) is AgentStatus.PAUSED  # resumable once raised
     assert status_on_limit(headless=False) is AgentStatus.PAUSED
     assert DEFAULT_TRANSITIONS.allows("running", status_on_limit(True))
     assert DEFAULT_TRANSITIONS.allows("running", status_on_limit(False))

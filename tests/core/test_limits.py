@@ -312,3 +312,27 @@ def test_budget_steps_never_pass_the_maximum(
         assert flag.remaining >= 0
     if headless:
         assert flag.maximum == maximum
+
+
+def test_raise_to_sets_a_higher_maximum_headless_or_not() -> None:
+    flag = BudgetFlag(maximum=1.0)
+    flag.set_current(1.2)
+    with pytest.raises(InvalidInputError, match=r"leaves no room, 1\.2 is used"):
+        flag.raise_to(1.1)
+    with pytest.raises(InvalidInputError, match="must be a finite number"):
+        flag.raise_to(float("nan"))
+    assert flag.maximum == 1.0
+    flag.raise_to(2.0)
+    assert flag.maximum == 2.0
+    assert not flag.reached_limit()
+    with pytest.raises(InvalidInputError, match="never lowers"):
+        flag.raise_to(1.5)
+    with pytest.raises(InvalidInputError, match="whole number"):
+        IterationFlag(maximum=2).raise_to(2.5)
+    with pytest.raises(InvalidInputError, match="unlimited"):
+        TokenFlag().raise_to(10)
+
+
+def test_limit_error_takes_a_hint() -> None:
+    error = LimitReachedError("budget", 1.2, 1.0, hint="call raise_limits('r', budget=...)")
+    assert str(error) == "budget limit reached: 1.2 of 1; call raise_limits('r', budget=...)"

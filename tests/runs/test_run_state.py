@@ -198,7 +198,7 @@ def test_v1_guardrail_keeps_its_own_kind_if_it_had_one() -> None:
     assert state.guardrails[0].kind == "output"
 
 
-# -- version 2 (current) ----------------------------------------------------------------
+# -- version 2 ---------------------------------------------------------------------------
 
 
 def test_v2_minimal() -> None:
@@ -281,11 +281,59 @@ def test_v2_features() -> None:
         Role.USER,
     ]
     assert state.messages()[2].tool_calls[0].name == "search"
+    assert state.child_usage == {}  # what the v2 -> v3 step adds
 
 
-def test_v2_export_is_byte_stable() -> None:
-    """Reading and writing a current fixture again gives the same JSON data."""
+def test_v2_export_is_v2_plus_what_v3_added() -> None:
     for name in ("v2/minimal.json", "v2/features.json"):
+        raw = json.loads(read(name))
+        again = json.loads(load(name).to_json())
+        assert again == {**raw, "schema_version": 3, "child_usage": {}}
+
+
+# -- version 3 (current) ----------------------------------------------------------------
+
+
+def test_v3_minimal() -> None:
+    state = load("v3/minimal.json")
+
+    assert state == RunState(
+        run_id="run_minimal_v3",
+        tenant="tenant-a",
+        session_id="sess_minimal",
+        agent="assistant",
+        trace=TraceState(trace_id="trace_minimal_v3"),
+        created_at=when("2025-03-14T09:26:53.589793Z"),
+        updated_at=when("2025-03-14T09:26:53.589793Z"),
+        items=[],
+    )
+    state.validate_for_resume()
+
+
+def test_v3_features() -> None:
+    state = load("v3/features.json")
+    v2 = load("v2/features.json")
+
+    assert state.run_id == "run_features_v3"
+    assert state.trace.trace_id == "trace_features_v3"
+    assert state.delegation is not None
+    assert state.delegation.parent_run_id == "run_parent_v3"
+    # A grandchild's usage, rolled up: it is part of the metrics, and absorbing the
+    # same report again changes nothing.
+    assert set(state.child_usage) == {"run_grandchild_v3"}
+    mini = state.child_usage["run_grandchild_v3"].models["gpt-4o-mini"]
+    assert (mini.cost, mini.calls, mini.usage.input_tokens) == (0.000375, 1, 900)
+    assert state.metrics == v2.metrics
+    assert not state.absorb_child_usage(state.child_usage)
+    assert state.metrics == v2.metrics
+    same = ("limits", "tool_use", "guardrails", "interruptions", "decisions", "error")
+    assert all(getattr(state, name) == getattr(v2, name) for name in same)
+    assert state.messages() == v2.messages()
+
+
+def test_v3_export_is_byte_stable() -> None:
+    """Reading and writing a current fixture again gives the same JSON data."""
+    for name in ("v3/minimal.json", "v3/features.json"):
         raw = json.loads(read(name))
         assert json.loads(load(name).to_json()) == raw
 
@@ -512,7 +560,7 @@ def test_finished_states_cannot_be_resumed(status: AgentStatus) -> None:
 
 
 def test_the_errored_fixtures_cannot_be_resumed() -> None:
-    for name in ("v1/features.json", "v2/features.json"):
+    for name in ("v1/features.json", "v2/features.json", "v3/features.json"):
         with pytest.raises(InvalidInputError, match="cannot be resumed"):
             load(name).validate_for_resume()
 

@@ -172,16 +172,15 @@ async def test_completed_run_cannot_resume(store: Store) -> None:
         await runner.resume(done.run_id)
 
 
-async def test_headless_limit_ends_in_error_with_state(store: Store) -> None:
+async def test_headless_limit_raises_with_the_paused_state(store: Store) -> None:
     loop = ScriptedAgent("a", [Respond([Message.assistant("again")])])
     runner = runner_for(store, loop)
     with pytest.raises(LimitReachedError) as caught:
         await runner.start("a", "go", limits=Limits(iterations=IterationFlag(maximum=3)))
     state = caught.value.state
-    assert state.status == "error"
-    assert state.error is not None
-    assert state.error.type == "LimitReachedError"
-    assert (await runner.load(state.run_id)).status == "error"
+    assert state.status == "paused"  # stopped, resumable once the limit is raised
+    assert state.error is None
+    assert (await runner.load(state.run_id)).status == "paused"
 
 
 async def test_interactive_limit_pauses_and_resumes_after_raise(store: Store) -> None:
@@ -190,8 +189,9 @@ async def test_interactive_limit_pauses_and_resumes_after_raise(store: Store) ->
     limits = Limits(iterations=IterationFlag(maximum=2, increase_amount=10))
     paused = await runner.start("a", "go", headless=False, limits=limits)
     assert paused.status == "paused"
-    still = await runner.resume(paused.run_id)  # the limit was not raised: pauses again
-    assert still.status == "paused"
+    with pytest.raises(LimitReachedError):  # the limit was not raised: no step runs
+        await runner.resume(paused.run_id)
+    assert (await runner.load(paused.run_id)).turn == 2
     await runner.raise_limits(paused.run_id)
     done = await runner.resume(paused.run_id)
     assert done.status == "completed"

@@ -426,5 +426,11 @@ class Lifecycle:
 
 
 def status_on_limit(headless: bool) -> AgentStatus:
-    """Where a run goes when a limit is reached: ERROR if headless, else PAUSED (resumable)."""
-    return AgentStatus.ERROR if headless else AgentStatus.PAUSED
+    """Where a run goes when a limit is reached: PAUSED, resumable once the limit is raised.
+
+    Headless or not: a headless run's caller gets `LimitReachedError` (carrying the
+    state) instead of a paused result, and may raise the limit and resume, as the
+    OpenAI Agents SDK lets a caller catch ``MaxTurnsExceeded`` and continue.
+    """
+    del headless  # the same status either way; kept for callers that pass it
+    return AgentStatus.PAUSED

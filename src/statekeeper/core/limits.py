@@ -7,8 +7,9 @@ from outside (spend, tokens, elapsed time) are recorded with `ControlFlag.set_cu
 which may go past the maximum (the spend already happened); `reached_limit` then says so.
 
 What the run does next is the caller's policy (see `statekeeper.core.lifecycle.status_on_limit`):
-a headless run ends in ERROR; an interactive one pauses, and `increase_limit` raises the
-maximum before it resumes.
+the runner stops it, resumable, and it goes on only once the maximum was raised —
+explicitly with `ControlFlag.raise_to`, or by `increase_limit` (the automatic raise of
+interactive runs, by ``increase_amount``).
 """
 
 from __future__ import annotations
@@ -109,6 +110,27 @@ class ControlFlag(BaseModel):
             return False
         self.maximum = max(self.maximum, self.current) + self.increase_amount
         return True
+
+    def raise_to(self, maximum: float) -> None:
+        """Set a higher maximum (an explicit raise, headless or not).
+
+        `InvalidInputError`, changing nothing, when the flag has no maximum, or when
+        ``maximum`` is below the current maximum or leaves no room above the current value.
+        """
+        self._check_amount(maximum, "new maximum")
+        if self.maximum is None:
+            raise InvalidInputError(f"{self.name} has no maximum to raise (it is unlimited)")
+        if maximum <= self.current:
+            raise InvalidInputError(
+                f"{self.name}: a maximum of {maximum:g} leaves no room, {self.current:g} "
+                f"is used already; give more than {self.current:g}"
+            )
+        if maximum < self.maximum:
+            raise InvalidInputError(
+                f"{self.name}: {maximum:g} is below the current maximum {self.maximum:g}; "
+                "raising never lowers a limit"
+            )
+        self.maximum = maximum
 
     def _check_amount(self, value: float, what: str) -> None:
         if isinstance(value, bool) or not isinstance(value, int | float):

@@ -9,9 +9,10 @@ from __future__ import annotations
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from statekeeper.core.messages import utcnow
+from statekeeper.core.metrics import Metrics
 from statekeeper.runs.state import RunState
 
-__all__ = ["RunIndex", "index_of"]
+__all__ = ["RunIndex", "carry", "index_of"]
 
 
 class RunIndex(BaseModel):
@@ -29,6 +30,8 @@ class RunIndex(BaseModel):
     parent_run_id: str | None = None
     headless: bool = True
     cancel_requested: bool = False
+    child_usage: dict[str, Metrics] = Field(default_factory=dict)
+    """What delegated children reported they used (see `statekeeper.runs.rollup`)."""
     owner: str | None = None
     lease_until: AwareDatetime | None = None
     created_at: AwareDatetime = Field(default_factory=utcnow)
@@ -49,6 +52,15 @@ def index_of(state: RunState, *, checkpoint_seq: int) -> RunIndex:
         parent_run_id=state.delegation.parent_run_id if state.delegation else None,
         headless=state.headless,
         cancel_requested=state.cancel_requested,
+        child_usage=state.child_usage,
         created_at=state.created_at,
         updated_at=state.updated_at,
     )
+
+
+def carry(index: RunIndex, current: RunIndex) -> RunIndex:
+    """``index`` keeping what others wrote into ``current``, the stored record: a cancel
+    request, and the usage reports of delegated children (the stored ones are newest)."""
+    index.cancel_requested = index.cancel_requested or current.cancel_requested
+    index.child_usage = {**index.child_usage, **current.child_usage}
+    return index

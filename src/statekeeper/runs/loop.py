@@ -3,8 +3,9 @@
 A step: take messages others appended to the session and steering follow-ups as new
 input, ask the agent for an action, apply it (tool calls through the `ToolBox` or the
 `ApprovalGate`, output through the guardrails), then write the step's messages and the
-checkpoint together. Limits are checked before (iterations) and after (budget, tokens)
-each step; a cancel request is seen before each step.
+checkpoint together. Before each step the loop sees a cancel request, absorbs the usage
+its delegated children reported, and checks every limit (iterations, budget, tokens,
+wall time): a run at a limit starts no further step (see `statekeeper.runs.limiting`).
 
 Events tell what happened in the order it happened: a status change is published as it
 happens (``running`` before the first step's events, before the tool results an
@@ -17,7 +18,8 @@ counts); `AutoCompaction` may compact the session before a step.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,7 +46,9 @@ from statekeeper.runs.coordination import Coordination
 from statekeeper.runs.gate import ApprovalGate
 from statekeeper.runs.guardrails import Guardrails, GuardrailTripped
 from statekeeper.runs.lifecycle import FINISHED, RunLifecycle
+from statekeeper.runs.limiting import Stopwatch, reached, stop_at_limit
 from statekeeper.runs.results import ReadOnlyMessages, RunResult
+from statekeeper.runs.rollup import report_usage
 from statekeeper.runs.state import ErrorDetails, RunState
 from statekeeper.runs.step import StepPaused, ask, said
 from statekeeper.runs.store import RunStore
@@ -74,6 +78,8 @@ class ActiveRun:
     """The session's last seq when the run last looked (to spot others' appends)."""
     profile: AuthProfile | None = None
     """The auth profile the current step's model call used."""
+    stopwatch: Stopwatch = field(default_factory=lambda: Stopwatch(time.monotonic))
+    """Counts the time the run is driven into its time limit."""
 
 
 def find_agent(agents: Mapping[str, Agent], name: str) -> Agent:
@@ -104,12 +110,13 @@ class RunLoop:
         sessions: SessionManager | None = None,
         compaction: AutoCompaction | None = None,
         auth: AuthProfiles | Mapping[str, AuthProfiles] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store, self.tenant, self.runs, self.agents = store, tenant, runs, agents
         self.tools, self.approvals, self.guardrails = tools, approvals, guardrails
         self.lifecycle, self.coordination = lifecycle, coordination
         self.sessions = sessions or SessionManager(store, tenant, max_messages=None)
-        self.compaction, self.auth = compaction, auth
+        self.compaction, self.auth, self.clock = compaction, auth, clock
         self._cancel: dict[str, asyncio.Event] = {}
 
     def driving(self, run_id: str) -> bool:
@@ -160,6 +167,8 @@ class RunLoop:
     async def _run(self, active: ActiveRun) -> RunResult:
         state = active.state
         self._cancel[state.run_id] = cancel = asyncio.Event()
+        active.stopwatch = Stopwatch(self.clock)
+        active.stopwatch.start()
         try:
             if await self._begin(active):
                 await self._steps(active, cancel)
@@ -196,19 +205,27 @@ class RunLoop:
     async def _steps(self, active: ActiveRun, cancel: asyncio.Event) -> None:
         state = active.state
         while state.status == AgentStatus.RUNNING:
-            if cancel.is_set() or (await self.runs.index(state.run_id))[0].cancel_requested:
+            index, _ = await self.runs.index(state.run_id)
+            if cancel.is_set() or index.cancel_requested:
                 await self._cancelled(active)
                 return
-            try:
-                state.limits.iterations.step()
-            except LimitReachedError as exc:
-                await self._limit(active, exc)
+            state.absorb_child_usage(index.child_usage)
+            active.stopwatch.tick(state)
+            found = reached(state.limits)
+            if found is not None:
+                await stop_at_limit(state, self.lifecycle, active.writer, *found)
                 return
+            state.limits.iterations.step()
             await self._step(active)
 
     async def _end(self, active: ActiveRun) -> None:
         state = active.state
         await active.writer.flush(state, release=True)
+        try:
+            await report_usage(self.runs, state)
+        except StatekeeperError as exc:  # the run itself is saved; say what went wrong
+            payload = {"type": type(exc).__name__, "message": f"usage not reported: {exc}"}
+            await self.lifecycle.publish(state, "error", "error", payload)
         if state.status in FINISHED:
             await self.lifecycle.publish(state, "lifecycle", "end", {"status": state.status})
             await self.coordination.settle_child(state)
@@ -229,12 +246,6 @@ class RunLoop:
         if action is None:
             return  # paused: rate limited on every profile
         await self._commit(active, await self._apply(active, action))
-        try:
-            for flag in (state.limits.budget, state.limits.tokens):
-                if flag is not None:
-                    flag.check()
-        except LimitReachedError as exc:
-            await self._limit(active, exc)
 
     async def _ask_agent(self, active: ActiveRun) -> Action | None:
         """The agent's action (accounted for); None when the run paused instead."""
@@ -329,6 +340,7 @@ class RunLoop:
     # -- writing and stopping ------------------------------------------------------------
 
     async def _commit(self, active: ActiveRun, messages: list[Message]) -> None:
+        active.stopwatch.tick(active.state)
         active.messages.extend(messages)
         active.added.extend(messages)
         await active.writer.save(active.state, messages)
@@ -397,25 +409,6 @@ class RunLoop:
         await active.writer.save(active.state)
         await self.lifecycle.publish(active.state, "lifecycle", "abort", {"reason": "cancelled"})
 
-    async def _limit(self, active: ActiveRun, exc: LimitReachedError) -> None:
-        """Headless: ERROR and raise (with the state); interactive: PAUSED."""
-        state = active.state
-        if state.headless:
-            state.error = ErrorDetails(
-                type="LimitReachedError",
-                message=str(exc),
-                turn=state.turn,
-                data={"limit": exc.name, "current": exc.current, "maximum": exc.maximum},
-            )
-            self.lifecycle.move(state, AgentStatus.ERROR)
-            await active.writer.save(state)
-            payload = {"message": str(exc), "type": "limit"}
-            await self.lifecycle.publish(state, "error", "error", payload)
-            raise LimitReachedError(exc.name, exc.current, exc.maximum, state=state) from exc
-        self.lifecycle.move(state, AgentStatus.PAUSED, limit=str(exc))
-        await active.writer.save(state)
-        await self.lifecycle.flush()
-
     async def _fail(self, active: ActiveRun, exc: BaseException) -> None:
         """End the run in ERROR with ``exc`` as its error details (best effort)."""
         state = active.state
@@ -440,10 +433,7 @@ def _account(state: RunState, action: Action) -> None:
     if action.call is not None:
         call = action.call
         state.metrics.add(call.model, cost=call.cost, usage=call.usage, latency=call.latency)
-        if state.limits.budget is not None:
-            state.limits.budget.set_current(state.metrics.accumulated_cost)
-        if state.limits.tokens is not None:
-            state.limits.tokens.set_current(state.metrics.usage.total)
+        state.measure_spend()
     if action.metadata:
         state.metadata = {**state.metadata, **action.metadata}
     if action.guardrails:

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
@@ -86,11 +87,13 @@ class ContextCodec:
 
 @dataclass(frozen=True)
 class RunPolicy:
-    """Rules every run of a runner follows: its status ``transitions``, and the
-    ``limits`` a run gets when `Runner.start` passes none (default: `Limits()`)."""
+    """Rules every run of a runner follows: its status ``transitions``, the ``limits`` a
+    run gets when `Runner.start` passes none (default: `Limits()`), and the ``clock``
+    (seconds, monotonic) that measures a run's wall time for its time limit."""
 
     transitions: TransitionTable = DEFAULT_TRANSITIONS
     limits: Limits | None = None
+    clock: Callable[[], float] = time.monotonic
 
     def limits_for(self, given: Limits | None) -> Limits:
         """A fresh copy of the limits for one run (runs never share a mutable flag)."""

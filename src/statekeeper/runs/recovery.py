@@ -164,6 +164,7 @@ async def load_latest(runs: CheckpointReader, run_id: str) -> Loaded:
     state, entry = scan.state, scan.entry
     state.transcript_seq = entry.parent_seq or 0
     state.cancel_requested = state.cancel_requested or index.cancel_requested
+    state.absorb_child_usage(index.child_usage)  # delegated children's reports
     if scan.skipped:  # the next checkpoint must not reuse a skipped one's id
         state.revision = max(state.revision, scan.top_revision, index.revision)
     if entry.seq != index.checkpoint_seq or index.revision != state.revision:

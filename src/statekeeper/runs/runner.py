@@ -29,6 +29,8 @@ from statekeeper.runs.coordination import Coordination
 from statekeeper.runs.gate import ApprovalGate
 from statekeeper.runs.guardrails import Guardrails
 from statekeeper.runs.lifecycle import FINISHED, RunLifecycle
+from statekeeper.runs.limiting import check_room
+from statekeeper.runs.limiting import raise_limits as raise_run_limits
 from statekeeper.runs.loop import ActiveRun, RunLoop, find_agent
 from statekeeper.runs.options import (
     CheckpointOptions,
@@ -38,6 +40,7 @@ from statekeeper.runs.options import (
     apply_flat,
 )
 from statekeeper.runs.results import EventSink, RunResult, as_messages
+from statekeeper.runs.rollup import child_limits, current_parent
 from statekeeper.runs.state import RunState
 from statekeeper.runs.stats import SessionStats, session_stats
 from statekeeper.runs.store import RunStore
@@ -118,6 +121,7 @@ class Runner:
             sessions=self.sessions,
             compaction=compaction,
             auth=auth,
+            clock=self.policy.clock,
         )
 
     @property
@@ -149,9 +153,11 @@ class Runner:
     ) -> RunResult:
         """Start a run of ``agent`` on a session (a new one unless ``session_id`` is given).
 
-        ``limits`` default to the policy's; ``headless`` runs end in ERROR at a limit,
-        interactive ones pause. ``context`` is the live user context (stored through the
-        context codec).
+        ``limits`` default to the policy's. At a limit a run pauses; a ``headless`` one
+        also raises `LimitReachedError` (with the state), so its caller can raise the
+        limit and resume. ``context`` is the live user context (stored through the
+        context codec). A ``delegation`` (see `delegate`) makes the run a child: its
+        metrics start from the parent's snapshot.
         """
         find_agent(self.agents, agent)
         if session_id is None:
@@ -170,6 +176,8 @@ class Runner:
             metadata=metadata or {},
             delegation=delegation,
         )
+        if delegation is not None:  # the total so far: local = total - snapshot
+            state.metrics = delegation.parent_metrics_snapshot.snapshot()
         await self.runs.create(state)
         lease = self.coordination.lease_ttl
         index_version = await self.runs.claim(state.run_id, self.owner, ttl=lease)
@@ -190,10 +198,13 @@ class Runner:
         """Continue a stopped (or crashed) run from its last checkpoint.
 
         A run another live process holds raises `ConflictError`; ``take_over`` takes it
-        anyway (when you know that process is gone, e.g. on another machine).
+        anyway (when you know that process is gone, e.g. on another machine). A run at a
+        limit raises `LimitReachedError` and stays as it is: `raise_limits` first.
         """
         state, _, _ = await self.runs.load(run_id)
         state.validate_for_resume(has_deserializer=self.context_codec.deserializer is not None)
+        if state.status not in (AgentStatus.WAITING_FOR_APPROVAL, AgentStatus.WAITING_FOR_INPUT):
+            check_room(state)  # those two finish their step first; the loop checks after
         new_input = as_messages(input)
         if state.status == AgentStatus.WAITING_FOR_INPUT and not new_input:
             raise InvalidInputError(f"run {run_id} is waiting for input; pass input= to resume")
@@ -297,14 +308,24 @@ class Runner:
         await self.lifecycle.publish(state, "lifecycle", "abort", payload)
         return saved.state
 
-    async def raise_limits(self, run_id: str) -> RunState:
-        """Raise every reached limit by its increase amount (interactive runs only)."""
+    async def raise_limits(
+        self,
+        run_id: str,
+        *,
+        iterations: int | None = None,
+        budget: float | None = None,
+        tokens: int | None = None,
+        seconds: float | None = None,
+    ) -> RunState:
+        """Give a stopped run room: the given new maxima (never lower than before, above
+        what was used), or, with none given, each reached limit's ``increase_amount``.
+
+        Headless or interactive; `InvalidInputError` (nothing written) when it cannot.
+        """
         state, index_version, session_version = await self.runs.load(run_id)
-        if not state.limits.increase_limits(headless=state.headless):
-            raise InvalidInputError(
-                f"run {run_id} has no reached limit that can be raised "
-                "(headless runs and increase_amount=0 never raise)"
-            )
+        raise_run_limits(
+            state, iterations=iterations, budget=budget, tokens=tokens, seconds=seconds
+        )
         saved = await self.runs.save(
             state, index_version=index_version, session_version=session_version
         )
@@ -350,8 +371,12 @@ class Runner:
     ) -> RunResult:
         """Run ``agent`` as a child of ``parent`` (delegate level + 1, metrics snapshot).
 
-        With a subagent registry the child is registered first and settled when it ends.
+        The child's budget and token limits (``limits``, default the policy's) are capped
+        by what the parent has left, and its usage rolls up into the parent (see
+        `statekeeper.runs.rollup`). With a subagent registry the child is registered
+        first and settled when it ends.
         """
+        parent = await current_parent(self.runs, parent)
         delegation = DelegationInfo.child_of(
             parent.delegation or 0,
             parent.metrics,
@@ -376,7 +401,7 @@ class Runner:
             session_id=session_id,
             run_id=run_id,
             headless=parent.headless if headless is None else headless,
-            limits=limits,
+            limits=child_limits(parent, self.policy.limits_for(limits)),
             group_id=parent.group_id or parent.run_id,
             delegation=delegation,
             context=self.context_codec.load(parent.context),

@@ -10,7 +10,7 @@ schema versions step by step and refusing newer ones.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from pydantic import (
@@ -47,6 +47,7 @@ __all__ = [
 SCHEMA_VERSION_SUMMARIES: dict[int, str] = {
     1: "Initial schema: run, status, turn, limits, metrics, tools, approvals, context.",
     2: "Added trace state, guardrail kinds and delegation info; error details got a type.",
+    3: "Added child_usage: what each delegated child run used, rolled up into the metrics.",
 }
 """One line per schema version; a new version must add its line (checked at import)."""
 
@@ -69,7 +70,15 @@ def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2}
+def _v2_to_v3(data: dict[str, Any]) -> dict[str, Any]:
+    # No child had rolled up into a v2 run: its metrics are its own.
+    return {**data, "child_usage": {}}
+
+
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    1: _v1_to_v2,
+    2: _v2_to_v3,
+}
 """``version -> function`` turning a state of that version into the next one."""
 
 if sorted(SCHEMA_VERSION_SUMMARIES) != list(range(1, CURRENT_SCHEMA_VERSION + 1)) or set(
@@ -197,6 +206,9 @@ class RunState(BaseModel):
     context: JsonValue = None
     trace: TraceState = Field(default_factory=TraceState)
     delegation: DelegationInfo | None = None
+    child_usage: dict[str, Metrics] = Field(default_factory=dict)
+    """What each delegated child run used (its ``local_metrics``), by child run id; it is
+    included in ``metrics`` (see `absorb_child_usage`)."""
     transcript_seq: int = Field(default=0, ge=0)
     pending_input: list[dict[str, Any]] = Field(default_factory=list)
     output: JsonValue = None
@@ -246,6 +258,40 @@ class RunState(BaseModel):
     def local_metrics(self) -> Metrics:
         """This run's own usage (a child's total minus its parent's snapshot)."""
         return self.delegation.local_metrics(self.metrics) if self.delegation else self.metrics
+
+    # -- spend ---------------------------------------------------------------------------
+
+    def absorb_child_usage(self, reported: Mapping[str, Metrics]) -> bool:
+        """Roll children's reported usage into ``metrics`` (and the budget and token
+        limits); whether anything changed.
+
+        A report is a child's whole usage so far, so absorbing it again, or an older
+        report, changes nothing: only what it adds to the last one absorbed is added.
+        """
+        changed = False
+        for child, usage in reported.items():
+            before = self.child_usage.get(child, Metrics())
+            added = usage - before
+            if not added.models:
+                continue
+            self.metrics.merge(added)
+            self.child_usage = {**self.child_usage, child: before + added}
+            changed = True
+        if changed:
+            self.measure_spend()
+        return changed
+
+    def measure_spend(self) -> None:
+        """Set the budget and token limits to this run's own usage (`local_metrics`:
+        with its children's, without its parent's)."""
+        budget, tokens = self.limits.budget, self.limits.tokens
+        if budget is None and tokens is None:
+            return
+        own = self.local_metrics
+        if budget is not None:
+            budget.set_current(own.accumulated_cost)
+        if tokens is not None:
+            tokens.set_current(own.usage.total)
 
     def messages(self) -> list[Message]:
         """The exported items as messages (empty for a stored checkpoint)."""

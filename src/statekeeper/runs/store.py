@@ -32,6 +32,7 @@ from statekeeper.errors import (
 from statekeeper.ids import validate_id
 from statekeeper.runs.history import CheckpointInfo, checkpoint_history, fork_run
 from statekeeper.runs.index import RunIndex
+from statekeeper.runs.index import carry
 from statekeeper.runs.index import index_of as _index_of
 from statekeeper.runs.recovery import Loaded, load_latest
 from statekeeper.runs.sealing import CheckpointSeal
@@ -203,7 +204,7 @@ class RunStore:
         except ConflictError:
             # Someone else touched the index (a cancel request, say): keep their flag.
             current, current_version = await self.index(index.run_id)
-            index.cancel_requested = index.cancel_requested or current.cancel_requested
+            carry(index, current)
             return await self.put_index(index, expected_version=current_version)
 
     async def release(
@@ -214,8 +215,7 @@ class RunStore:
         for _ in range(10):
             index, version = await self.index(state.run_id)
             if checkpoint_seq is not None and checkpoint_seq >= index.checkpoint_seq:
-                fresh = _index_of(state, checkpoint_seq=checkpoint_seq)
-                fresh.cancel_requested = fresh.cancel_requested or index.cancel_requested
+                fresh = carry(_index_of(state, checkpoint_seq=checkpoint_seq), index)
                 fresh.owner, fresh.lease_until = index.owner, index.lease_until
                 index = fresh
             if index.owner == owner:
@@ -250,9 +250,8 @@ class RunStore:
     ) -> tuple[RunIndex, int]:
         """Bring the index up to ``state``, keeping its lease and cancel flag; best effort
         (the index is a cache: if someone else wrote it meanwhile, theirs stays)."""
-        fresh = _index_of(state, checkpoint_seq=checkpoint_seq)
+        fresh = carry(_index_of(state, checkpoint_seq=checkpoint_seq), index)
         fresh.owner, fresh.lease_until = index.owner, index.lease_until
-        fresh.cancel_requested = fresh.cancel_requested or index.cancel_requested
         try:
             return fresh, await self.put_index(fresh, expected_version=version)
         except ConflictError:
