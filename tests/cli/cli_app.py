@@ -70,9 +70,16 @@ def crasher() -> ScriptedAgent:
     return ScriptedAgent("crasher", [AskInput("Say something."), _explode])
 
 
+def spender() -> ScriptedAgent:
+    """Spends 0.4 at each of three steps, then finishes."""
+    call = ModelCall("model-a", TokenUsage(input_tokens=100), cost=0.4)
+    work = Respond([Message.assistant("Working.")], call=call)
+    return ScriptedAgent("spender", [work, work, work, Finish({"spent": 1.2})])
+
+
 def make_runner(store: Store, tenant: str) -> Runner:
     """The factory ``statekeeper runs resume --app`` calls."""
-    return Runner(store, tenant, [support(), asker(), crasher()], TOOLS)
+    return Runner(store, tenant, [support(), asker(), crasher(), spender()], TOOLS)
 
 
 def not_a_runner(store: Store, tenant: str) -> str:

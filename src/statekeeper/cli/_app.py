@@ -21,6 +21,7 @@ from statekeeper.cli._common import DEFAULT_STORE, DEFAULT_TENANT, Settings
 from statekeeper.cli.events import events_app
 from statekeeper.cli.profiles import profiles_app
 from statekeeper.cli.retention import gc
+from statekeeper.cli.runlimits import raise_limit
 from statekeeper.cli.runtime import lanes, subagents_app
 
 __all__ = ["app"]
@@ -36,6 +37,7 @@ app = typer.Typer(
     context_settings={"max_content_width": 100},
 )
 app.add_typer(sessions.app, name="sessions")
+runs.app.command("raise-limit")(raise_limit)
 runs.app.command("history")(timetravel.history)
 runs.app.command("fork")(timetravel.fork)
 app.add_typer(runs.app, name="runs")

@@ -42,8 +42,8 @@ from statekeeper.stores import Store
 __all__ = ["app"]
 
 app = typer.Typer(
-    help="List and inspect runs; approve, reject, resume, cancel, export, import; "
-    "history and fork (time travel).",
+    help="List and inspect runs; approve, reject, resume, raise limits, cancel, export, "
+    "import; history and fork (time travel).",
     no_args_is_help=True,
 )
 

@@ -9,7 +9,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from statekeeper.cli._common import console, fields_table, stamp
+from statekeeper.cli._common import FINISHED_RUNS, console, fields_table, stamp
 from statekeeper.core.messages import utcnow
 from statekeeper.runs.recovery import CORRUPT_EVENT_TYPE
 from statekeeper.runs.state import RunState
@@ -85,16 +85,22 @@ def print_run(view: RunView) -> None:
     if index.owner and index.lease_until and index.lease_until > utcnow():
         rows.append(("lease", f"{index.owner} until {stamp(index.lease_until)} UTC"))
     if state is not None:
-        flags = [state.limits.iterations, state.limits.budget, state.limits.tokens]
         limits = [
             f"{flag.name} {flag.current:g}/{'∞' if flag.maximum is None else f'{flag.maximum:g}'}"
-            for flag in flags
-            if flag is not None
+            for flag in state.limits.flags()
         ]
+        stopped = state.status not in FINISHED_RUNS
+        at_limit = [flag.name for flag in state.limits.reached()] if stopped else []
         rows += [
             ("mode", "headless" if state.headless else "interactive"),
             ("delegate level", state.delegate_level or None),
             ("limits", ", ".join(limits)),
+            (
+                "limit reached",
+                f"{', '.join(at_limit)} (raise with `statekeeper runs raise-limit`)"
+                if at_limit
+                else None,
+            ),
             ("trace", state.trace.trace_id),
             ("cancel reason", state.metadata.get("cancel_reason")),
             ("forked from", _forked_from(state)),
