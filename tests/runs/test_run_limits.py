@@ -82,6 +82,12 @@ async def test_headless_caller_catches_raises_and_continues(store: Store) -> Non
     assert state.limits.iterations.current == 2
     assert f"raise_limits({state.run_id!r}, iterations=" in str(caught.value)
     assert (await runner.load(state.run_id)).status == "paused"
+    events = await store.read_events("alice", state.run_id)
+    stops = [e.payload for e in events if e.kind == "status" and "limit" in e.payload]
+    assert [(p["status"], p["limit"], p["current"], p["maximum"]) for p in stops] == [
+        ("paused", "iterations", 2, 2)
+    ]
+    assert not [e for e in events if e.stream == "error"]  # paused, not failed
 
     raised = await runner.raise_limits(state.run_id, iterations=10)
     assert raised.limits.iterations.maximum == 10
