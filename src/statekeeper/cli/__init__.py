@@ -1,7 +1,8 @@
 """The ``statekeeper`` command line: a thin layer over the public API.
 
     statekeeper [--store URL] [--tenant ID] [--json] sessions list|show|fork|export|import|delete
-    statekeeper ... runs list|show|approve|reject|resume|raise-limit|cancel|export|import|history|fork
+    statekeeper ... runs list|show|approve|reject|resume|raise-limit|cancel|export|import
+    statekeeper ... runs history|fork
     statekeeper ... gc --before DATE_OR_AGE [--dry-run]
     statekeeper ... events tail [--run ID] [--from SEQ] [--stream S ...] [--follow]
     statekeeper ... subagents list|kill|steer

@@ -31,8 +31,7 @@ from statekeeper.errors import (
 )
 from statekeeper.ids import validate_id
 from statekeeper.runs.history import CheckpointInfo, checkpoint_history, fork_run
-from statekeeper.runs.index import RunIndex
-from statekeeper.runs.index import carry
+from statekeeper.runs.index import RunIndex, carry
 from statekeeper.runs.index import index_of as _index_of
 from statekeeper.runs.recovery import Loaded, load_latest
 from statekeeper.runs.sealing import CheckpointSeal
