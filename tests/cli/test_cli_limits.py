@@ -94,3 +94,23 @@ def test_raise_limit_errors(cli: Cli, cli_app: ModuleType) -> None:
     cli("runs", "cancel", run_id)
     finished = cli("runs", "raise-limit", run_id, "--budget", "2", code=1)
     assert "is cancelled" in finished.stderr
+
+
+def test_show_gives_a_delegated_runs_own_cost_and_a_parents_delegated_share(
+    cli: Cli, cli_app: ModuleType
+) -> None:
+    async def work(store: Store) -> tuple[str, str]:
+        runner = cli_app.make_runner(store, "default")
+        limits = Limits(iterations=IterationFlag(maximum=1), budget=BudgetFlag(maximum=5.0))
+        parent = await runner.start("spender", "go", headless=False, limits=limits)
+        child = await runner.delegate(parent.state, "spender", "help", limits=limits)
+        return str(parent.run_id), str(child.run_id)
+
+    parent_id, child_id = cli.api(work)
+    child = cli("runs", "show", child_id).stdout
+    assert "0.400000" in child  # its own spend: not the parent's 0.4 before it
+    assert "0.800000" not in child
+    parent = cli("runs", "show", parent_id).stdout
+    assert "Cost and tokens per model (with delegated runs)" in parent
+    assert "of which delegated" in parent
+    assert "0.800000" in parent

@@ -192,3 +192,20 @@ async def test_grandchildren_roll_up_to_the_root(memory: Store) -> None:
     await runner.resume(mid.run_id)
     root_state = await runner.load(root.run_id)
     assert root_state.metrics.accumulated_cost == pytest.approx(0.4)
+
+
+async def test_session_stats_count_a_delegated_spend_once(memory: Store) -> None:
+    runner = Runner(memory, "alice", [spender("parent", 0.1), one_shot("child", 0.8)])
+    parent = await runner.start("parent", "go", headless=False, limits=limits(5.0, 1))
+    child = await runner.delegate(parent.state, "child", "here", own_session=False)
+    assert child.state.session_id == parent.state.session_id
+    rolled = await runner.load(parent.run_id)
+    assert rolled.metrics.accumulated_cost == pytest.approx(0.9)  # the parent's total
+    assert rolled.own_metrics.accumulated_cost == pytest.approx(0.1)  # what it spent itself
+
+    stats = await runner.session_stats(parent.state.session_id)
+    assert stats.cost == pytest.approx(0.9)  # not 1.7: the child's 0.8 counts once
+    assert {r.run_id: r.cost for r in stats.runs} == {
+        parent.run_id: pytest.approx(0.1),
+        child.run_id: pytest.approx(0.8),
+    }

@@ -195,10 +195,12 @@ def _tool_calls(state: RunState) -> Table | None:
 
 
 def _usage(state: RunState) -> Table | None:
-    metrics = state.metrics
+    metrics = state.local_metrics  # a delegated run's own: not its parent's before it
     if not metrics.models:
         return None
-    table = Table(title="Cost and tokens per model")
+    delegated = metrics - state.own_metrics
+    title = "Cost and tokens per model" + (" (with delegated runs)" if delegated.models else "")
+    table = Table(title=title)
     for column in ("model", "calls", "input", "output", "total tokens", "cost"):
         table.add_column(column, justify="left" if column == "model" else "right")
     for name, usage in sorted(metrics.models.items()):
@@ -220,6 +222,12 @@ def _usage(state: RunState) -> Table | None:
         f"{metrics.accumulated_cost:.6f}",
         style="bold",
     )
+    if delegated.models:
+        spent = delegated.usage
+        row = (str(delegated.calls), str(spent.input_tokens), str(spent.output_tokens))
+        table.add_row(
+            "of which delegated", *row, str(spent.total), f"{delegated.accumulated_cost:.6f}"
+        )
     return table
 
 

@@ -293,6 +293,14 @@ class RunState(BaseModel):
         if tokens is not None:
             tokens.set_current(own.usage.total)
 
+    @property
+    def own_metrics(self) -> Metrics:
+        """What this run spent itself: `local_metrics` without its children's usage."""
+        own = self.local_metrics
+        for usage in self.child_usage.values():
+            own = own - usage
+        return own
+
     def messages(self) -> list[Message]:
         """The exported items as messages (empty for a stored checkpoint)."""
         try:

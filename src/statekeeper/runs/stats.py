@@ -1,8 +1,9 @@
 """Conversation statistics: cost and tokens summed over a session's runs.
 
-Each run counts its own usage (`RunState.local_metrics`: a delegated run's usage minus
-its parent's snapshot), so a session's statistics are what the runs of that
-conversation spent, per model. A run whose checkpoint cannot be read (corrupt, or sealed
+Each run counts what it spent itself (`RunState.own_metrics`: without its parent's
+snapshot, and without what its delegated children spent, which rolled up into it), so a
+session's statistics are what the runs of that conversation spent, per model, each
+spend counted once. A run whose checkpoint cannot be read (corrupt, or sealed
 and the `RunStore` has no codec) is listed in ``unreadable`` instead of hiding the others.
 """
 
@@ -83,7 +84,7 @@ async def session_stats(runs: RunStore, session_id: str) -> SessionStats:
             stats.unreadable.append(index.run_id)
             continue
         else:
-            own, status = state.local_metrics, state.status
+            own, status = state.own_metrics, state.status
         stats.metrics.merge(own)
         stats.runs.append(
             RunUsage(
