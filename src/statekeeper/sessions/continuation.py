@@ -8,15 +8,25 @@ finishes the same continuation.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from statekeeper.core.messages import Message, MessageCategory, Role
 from statekeeper.core.tokens import counted
-from statekeeper.errors import AlreadyExistsError
+from statekeeper.errors import AlreadyExistsError, ConflictError, InvalidInputError
 from statekeeper.ids import new_id
 from statekeeper.sessions.handle import SessionOwner
 from statekeeper.sessions.view import build_view, message_draft
 from statekeeper.stores.base import SessionPatch, SessionRecord
 
-__all__ = ["CARRIED_KEY", "MARKER_KEY", "create_continuation"]
+__all__ = [
+    "CARRIED_KEY",
+    "MARKER_KEY",
+    "check_limit",
+    "check_room",
+    "create_continuation",
+    "crosses_boundary",
+    "reserve_continuation",
+]
 
 MARKER_KEY = "statekeeper.marker"
 """Metadata key of the transition marker a continuation starts with."""
@@ -29,20 +39,7 @@ async def create_continuation(
 ) -> SessionRecord:
     """Create session ``target`` continuing ``old`` (or return it if it exists already)."""
     current = await owner.store.get_session(owner.tenant, old.id)
-    view = build_view(await owner.load_branch(current))
-    carried = [
-        m.with_changes(id=new_id("msg"))
-        for m in view.messages
-        if m.category in (MessageCategory.SYSTEM, MessageCategory.CONTEXT)
-        and m.metadata.get(MARKER_KEY) != "continuation"
-    ]
-    marker = Message(
-        role=Role.SYSTEM,
-        category=MessageCategory.CONTEXT,
-        content=f"[This conversation continues from session {old.id}.]",
-        metadata={MARKER_KEY: "continuation", "continued_from": old.id},
-    )
-    carried.append(counted(marker, owner.counter))
+    carried = _carried(build_view(await owner.load_branch(current)).messages, old.id, owner)
     record = SessionRecord(
         id=target,
         tenant=owner.tenant,
@@ -70,3 +67,85 @@ async def create_continuation(
         patch=SessionPatch(add={"fresh_tokens": tokens, "message_count": len(carried)}),
     )
     return result.session
+
+
+def _carried(messages: Sequence[Message], old_id: str, owner: SessionOwner) -> list[Message]:
+    """What a continuation of session ``old_id`` starts with: its SYSTEM and CONTEXT
+    messages (new ids) and a transition marker."""
+    carried = [
+        m.with_changes(id=new_id("msg"))
+        for m in messages
+        if m.category in (MessageCategory.SYSTEM, MessageCategory.CONTEXT)
+        and m.metadata.get(MARKER_KEY) != "continuation"
+    ]
+    marker = Message(
+        role=Role.SYSTEM,
+        category=MessageCategory.CONTEXT,
+        content=f"[This conversation continues from session {old_id}.]",
+        metadata={MARKER_KEY: "continuation", "continued_from": old_id},
+    )
+    carried.append(counted(marker, owner.counter))
+    return carried
+
+
+def check_limit(value: object, name: str) -> int | None:
+    """A session boundary (``max_messages`` / ``max_tokens``): None or a positive int."""
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+        return value
+    raise InvalidInputError(
+        f"{name} must be a positive integer, or None for no session boundary (got {value!r})"
+    )
+
+
+def crosses_boundary(
+    record: SessionRecord, extra: Sequence[Message], max_messages: int | None, max_tokens: int | None
+) -> bool:
+    """Whether appending ``extra`` to ``record`` would cross the session boundary."""
+    carried = record.metadata.get(CARRIED_KEY, 0)
+    if isinstance(carried, int) and record.message_count <= carried:
+        return False  # a fresh continuation: moving on again would not shrink anything
+    if max_messages is not None and record.message_count + len(extra) > max_messages:
+        return True
+    extra_tokens = sum(m.tokens or 0 for m in extra)
+    return max_tokens is not None and record.fresh_tokens + extra_tokens > max_tokens
+
+
+async def check_room(
+    owner: SessionOwner, old: SessionRecord, max_messages: int | None, max_tokens: int | None
+) -> None:
+    """Refuse a boundary a continuation of ``old`` would already fill more than half of:
+    it would make a chain of near-empty sessions. Reads only; writes nothing."""
+    if old.continued_to is not None:
+        return  # reserved already: finish it
+    carried = _carried(build_view(await owner.load_branch(old)).messages, old.id, owner)
+    tokens = sum(m.tokens or 0 for m in carried)
+    for name, limit, used, unit in (
+        ("max_messages", max_messages, len(carried), "messages"),
+        ("max_tokens", max_tokens, tokens, "tokens"),
+    ):
+        if limit is not None and used * 2 > limit:
+            raise InvalidInputError(
+                f"{name}={limit} is too small: a continuation of session {old.id!r} would "
+                f"start with {used} {unit} (its SYSTEM and CONTEXT messages and a marker), "
+                f"more than half the budget; set {name} to at least {used * 2}, compact the "
+                f"session, or set {name}=None for no session boundary"
+            )
+
+
+async def reserve_continuation(owner: SessionOwner, old: SessionRecord) -> SessionRecord:
+    """Reserve the id of ``old``'s continuation on ``old`` (compare-and-set), unless a
+    crashed earlier attempt already did; returns ``old`` with ``continued_to`` set."""
+    if old.continued_to is not None:
+        return old
+    try:
+        return await owner.store.update_session(
+            owner.tenant,
+            old.id,
+            SessionPatch(set={"continued_to": new_id("ses")}),
+            expected_version=old.version,
+        )
+    except ConflictError:
+        current = await owner.store.get_session(owner.tenant, old.id)
+        if current.continued_to is None:
+            raise
+        return current

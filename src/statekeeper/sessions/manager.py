@@ -21,13 +21,20 @@ from statekeeper.core.context import ContextWindow, build_context_window
 from statekeeper.core.messages import Message
 from statekeeper.core.tokens import DEFAULT_COUNTER, TokenCounter, counted
 from statekeeper.errors import (
-    ConflictError,
+    AlreadyExistsError,
     InvalidInputError,
     NotFoundError,
 )
 from statekeeper.ids import new_id, validate_id
 from statekeeper.sessions.compaction import CompactionResult, Summarizer, compact_session
-from statekeeper.sessions.continuation import CARRIED_KEY, create_continuation
+from statekeeper.sessions.basics import SessionBasics, is_clear_marker
+from statekeeper.sessions.continuation import (
+    check_limit,
+    check_room,
+    create_continuation,
+    crosses_boundary,
+    reserve_continuation,
+)
 from statekeeper.sessions.portable import export_session, import_session
 from statekeeper.sessions.state import ScopedState
 from statekeeper.sessions.view import (
@@ -66,8 +73,9 @@ class AppendOutcome:
 class SessionManager:
     """Sessions of one tenant (user) in a store.
 
-    ``max_messages`` / ``max_tokens`` set the session boundary: an append that would cross
-    it first moves the conversation to a continuation session (when ``auto_continue``).
+    ``max_messages`` / ``max_tokens`` set a session boundary (none by default): an append
+    that would cross it first moves the conversation to a continuation session (when
+    ``auto_continue``). With ``agent_id``, `list` and `iter` show that agent's sessions.
     """
 
     def __init__(
@@ -76,7 +84,7 @@ class SessionManager:
         tenant: str,
         *,
         agent_id: str | None = None,
-        max_messages: int | None = 5000,
+        max_messages: int | None = None,
         max_tokens: int | None = None,
         auto_continue: bool = True,
         counter: TokenCounter | None = None,
@@ -89,8 +97,8 @@ class SessionManager:
         self.store = store
         self.tenant = tenant
         self.agent_id = agent_id
-        self.max_messages = max_messages
-        self.max_tokens = max_tokens
+        self.max_messages = check_limit(max_messages, "max_messages")
+        self.max_tokens = check_limit(max_tokens, "max_tokens")
         self.auto_continue = auto_continue
         self.counter = counter or DEFAULT_COUNTER
 
@@ -126,6 +134,22 @@ class SessionManager:
         """Open an existing session. `NotFoundError` if this tenant has no such session."""
         return Session(self, await self.store.get_session(self.tenant, session_id))
 
+    async def get_or_create(self, session_id: str, **fields: Any) -> Session:
+        """Open session ``session_id``, creating it (with `create`'s ``fields``) if absent.
+
+        Safe for concurrent first callers: creation is atomic on the id, so exactly one
+        creates it and every caller gets that session.
+        """
+        validate_id(session_id, "session id")
+        try:
+            return await self.get(session_id)
+        except NotFoundError:
+            pass
+        try:
+            return await self.create(session_id=session_id, **fields)
+        except AlreadyExistsError:
+            return await self.get(session_id)
+
     async def latest(self, session_id: str) -> Session:
         """The newest continuation of a conversation (following ``continued_to`` links)."""
         record = await self.store.get_session(self.tenant, session_id)
@@ -147,16 +171,21 @@ class SessionManager:
         cursor: str | None = None,
         offset: int = 0,
         agent_id: str | None = None,
+        all_agents: bool = False,
         metadata: dict[str, JsonValue] | None = None,
         active_after: datetime | None = None,
         active_before: datetime | None = None,
     ) -> Page:
-        """One page of sessions, most recently active first; pass ``next_cursor`` on."""
+        """One page of sessions, most recently active first; pass ``next_cursor`` on.
+
+        Only the manager's agent's sessions (when it has an ``agent_id``), unless
+        ``agent_id`` names another agent or ``all_agents=True``.
+        """
         query = SessionQuery(
             limit=limit,
             cursor=cursor,
             offset=offset,
-            agent_id=agent_id,
+            agent_id=agent_id or (None if all_agents else self.agent_id),
             metadata=metadata or {},
             active_after=active_after,
             active_before=active_before,
@@ -202,14 +231,18 @@ class SessionManager:
         head = record.head_seq if head_seq is None else head_seq
         entries = await self.store.read_entries(self.tenant, record.id, until_seq=head)
         branch = active_branch(entries, head)
-        if record.forked_from is not None and (not branch or branch[0].parent_seq is None):
+        if record.forked_from is not None and (
+            not branch or (branch[0].parent_seq is None and not is_clear_marker(branch[0]))
+        ):
             origin = await self.store.get_session(self.tenant, record.forked_from.session_id)
             branch = await self.load_branch(origin, record.forked_from.seq) + branch
         return branch
 
 
-class Session:
+class Session(SessionBasics):
     """A handle on one conversation. See the module docstring for the append rules."""
+
+    manager: SessionManager
 
     def __init__(self, manager: SessionManager, record: SessionRecord) -> None:
         self.manager = manager
@@ -263,6 +296,8 @@ class Session:
         with_tokens = [counted(m, self.manager.counter) for m in messages]
         continued_from = None
         if self.manager.auto_continue and self.needs_continuation(extra=with_tokens):
+            manager = self.manager
+            await check_room(manager, self._record, manager.max_messages, manager.max_tokens)
             continued_from = self.id
             await self.continue_session()
         entries = await self._append_raw(
@@ -379,15 +414,8 @@ class Session:
 
     def needs_continuation(self, *, extra: Sequence[Message] = ()) -> bool:
         """Whether appending ``extra`` would cross the manager's session boundary."""
-        record = self._record
-        carried = record.metadata.get(CARRIED_KEY, 0)
-        if isinstance(carried, int) and record.message_count <= carried:
-            return False  # a fresh continuation: moving on again would not shrink anything
-        limit_m, limit_t = self.manager.max_messages, self.manager.max_tokens
-        if limit_m is not None and record.message_count + len(extra) > limit_m:
-            return True
-        extra_tokens = sum(m.tokens or 0 for m in extra)
-        return limit_t is not None and record.fresh_tokens + extra_tokens > limit_t
+        manager = self.manager
+        return crosses_boundary(self._record, extra, manager.max_messages, manager.max_tokens)
 
     async def continue_session(self) -> Session:
         """Move this conversation to a new, linked continuation session and return self.
@@ -396,23 +424,9 @@ class Session:
         compaction summaries) and a transition marker. Crash-safe: the link is reserved
         on this session first, so a retry finishes the same continuation.
         """
-        await self.refresh()
-        old = self._record
+        old = await reserve_continuation(self.manager, await self.refresh())
         target = old.continued_to
-        if target is None:
-            target = new_id("ses")
-            try:
-                old = await self._store.update_session(
-                    self._tenant,
-                    old.id,
-                    SessionPatch(set={"continued_to": target}),
-                    expected_version=old.version,
-                )
-            except ConflictError:
-                await self.refresh()
-                if self._record.continued_to is None:
-                    raise
-                target = self._record.continued_to
+        assert target is not None
         try:
             record = await self._store.get_session(self._tenant, target)
         except NotFoundError:
