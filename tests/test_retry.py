@@ -53,9 +53,7 @@ async def test_default_cap_bounds_a_long_stall() -> None:
     assert max(slept) <= 5.0
 
 
-@pytest.mark.parametrize(
-    "kwargs", [{"attempts": 0}, {"backoff": -1.0}, {"max_backoff": -1.0}]
-)
+@pytest.mark.parametrize("kwargs", [{"attempts": 0}, {"backoff": -1.0}, {"max_backoff": -1.0}])
 async def test_bad_settings_are_typed(kwargs: dict[str, float]) -> None:
     async def operation() -> None:
         return None

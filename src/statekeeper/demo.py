@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,10 @@ async def run() -> None:
     finally:
         await store.close()
     await run_demo_run(console)
+    # The CLI's default store is .statekeeper/state.db; the demo keeps its own database.
+    url = shlex.quote(f"sqlite:///{DEMO_DB}")
+    command = f"statekeeper --store {url} --tenant demo-user sessions list"
+    console.print(f"Inspect it: {command}", soft_wrap=True, markup=False, highlight=False)
 
 
 async def start_session(manager: SessionManager, console: Any) -> Session:

@@ -70,7 +70,9 @@ class Cli:
 
 @pytest.fixture
 def cli(tmp_path: Path) -> Cli:
-    return Cli(f"sqlite:///{tmp_path / 'state.db'}")
+    made = Cli(f"sqlite:///{tmp_path / 'state.db'}")
+    made.api(lambda store: asyncio.sleep(0))  # an empty store (reading never creates one)
+    return made
 
 
 @pytest.fixture

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 import statekeeper
+from statekeeper.cli import app
 
 
 @pytest.mark.slow
@@ -42,3 +46,12 @@ def test_the_demo_runs_twice_and_finds_its_first_run(tmp_path: Path) -> None:
     assert "from earlier runs" in second
     assert "(demo run 2)" in second  # the approval run's session carries no run number
     assert "(demo run 3)" not in second
+
+    # The demo says how to look at its data with the CLI, and the command works as printed.
+    line = next(li for li in second.splitlines() if li.startswith("Inspect it: "))
+    command = shlex.split(line.removeprefix("Inspect it: "))
+    assert command[:1] == ["statekeeper"]
+    listed = CliRunner().invoke(app, ["--json", *command[1:]])
+    assert listed.exit_code == 0, listed.output
+    titles = [item["title"] for item in json.loads(listed.stdout)["items"]]
+    assert "Order 1042 (demo run 2)" in titles

@@ -87,12 +87,28 @@ def wants_json(ctx: typer.Context, flag: bool) -> bool:
     return flag or settings(ctx).json
 
 
-def run(ctx: typer.Context, work: Callable[[Store, str], Coroutine[Any, Any, T]]) -> T:
-    """Open the store, await ``work(store, tenant)``, close the store; errors end the command."""
+def run(
+    ctx: typer.Context,
+    work: Callable[[Store, str], Coroutine[Any, Any, T]],
+    *,
+    read_only: bool = False,
+    create: bool = False,
+) -> T:
+    """Open the store, await ``work(store, tenant)``, close the store; errors end the command.
+
+    A local store (sqlite, files) must exist unless ``create``: a typo'd ``--store``
+    ends in one clear error line instead of a new empty store. ``read_only`` opens
+    SQLite with ``mode=ro``.
+    """
     config = settings(ctx)
+    url = config.store
+    if not create:
+        _must_exist(url)
+        if read_only and url.startswith("sqlite:") and "mode=" not in url:
+            url += ("&" if "?" in url else "?") + "mode=ro"
 
     async def main() -> T:
-        store = await open_store(config.store)
+        store = await open_store(url)
         try:
             return await work(store, config.tenant)
         finally:
@@ -102,6 +118,28 @@ def run(ctx: typer.Context, work: Callable[[Store, str], Coroutine[Any, Any, T]]
         return asyncio.run(main())
     except StatekeeperError as exc:
         fail(str(exc))
+
+
+def _local_path(url: str) -> Path | None:
+    """The file or folder of a sqlite:// or files:// URL (None for other stores)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in ("sqlite", "files"):
+        return None
+    location = rest.partition("?")[0]
+    if scheme == "sqlite":
+        location = location[1:] if location.startswith("/") else location
+    return Path(location) if location else None
+
+
+def _must_exist(url: str) -> None:
+    path = _local_path(url)
+    if path is None or path.exists():
+        return
+    fail(
+        f"the store {url} does not exist ({path} is missing); check --store or "
+        f"STATEKEEPER_STORE (default {DEFAULT_STORE}). Commands that only read never "
+        "create a store; `sessions import` and `runs import` do"
+    )
 
 
 # -- output ---------------------------------------------------------------------------------

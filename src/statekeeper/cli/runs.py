@@ -78,7 +78,7 @@ def list_runs(
     async def work(store: Store, tenant: str) -> list[RunIndex]:
         return await RunStore(store, tenant).list(status=wanted, session_id=session, limit=limit)
 
-    runs = run(ctx, work)
+    runs = run(ctx, work, read_only=True)
     if wants_json(ctx, json_output):
         print_json({"items": [index.model_dump(mode="json") for index in runs]})
         return
@@ -386,7 +386,7 @@ def export(ctx: typer.Context, run_id: RunId, output: OutputFile = None) -> None
     async def work(store: Store, tenant: str) -> str:
         return await RunStore(store, tenant).export(run_id)
 
-    snapshot = json.loads(run(ctx, work))
+    snapshot = json.loads(run(ctx, work, read_only=True))
     write_output(json.dumps(snapshot, indent=2, ensure_ascii=False), output)
     if output is not None:
         console().print(Text(f"exported run {run_id} to {output}"))
@@ -418,7 +418,7 @@ def import_(
             fail(f"run {target!r} already exists here; pass --run-id to import under a new id")
         return await runs.import_(snapshot, run_id=new_run_id, session_id=new_session_id)
 
-    state = run(ctx, work)
+    state = run(ctx, work, create=True)
     if wants_json(ctx, json_output):
         print_json({"run_id": state.run_id, "session_id": state.session_id, "status": state.status})
         return

@@ -27,8 +27,10 @@ from statekeeper.cli._common import (
     write_output,
 )
 from statekeeper.core.messages import Message
+from statekeeper.errors import AlreadyExistsError
 from statekeeper.runs import RunStore, SessionStats, session_stats
 from statekeeper.sessions import SessionManager
+from statekeeper.sessions.basics import branch_origins, message_origins
 from statekeeper.sessions.view import TranscriptView
 from statekeeper.stores import Store
 from statekeeper.stores.base import Entry, EntryKind, Page, SessionRecord
@@ -68,7 +70,7 @@ def list_sessions(
     async def work(store: Store, tenant: str) -> Page:
         return await SessionManager(store, tenant).list(limit=limit, cursor=cursor, agent_id=agent)
 
-    page = run(ctx, work)
+    page = run(ctx, work, read_only=True)
     if wants_json(ctx, json_output):
         items = [record.model_dump(mode="json") for record in page.items]
         print_json({"items": items, "next_cursor": page.next_cursor})
@@ -101,6 +103,8 @@ class _Shown:
     view: TranscriptView
     entries: list[Entry] | None
     stats: SessionStats
+    origins: list[str]
+    """The session each view message is stored in (a fork's start is its origin's)."""
 
 
 def _known_summary(entry: Entry) -> Text | None:
@@ -141,7 +145,8 @@ def _shown_json(shown: _Shown) -> dict[str, Any]:
         "session": record.model_dump(mode="json"),
         "stats": shown.stats.to_dict(),
         "messages": [
-            {"seq": s, **m.to_dict()} for s, m in zip(view.seqs, view.messages, strict=True)
+            {"session_id": o, "seq": s, **m.to_dict()}
+            for o, s, m in zip(shown.origins, view.seqs, view.messages, strict=True)
         ],
         "corrupt": [{"seq": e.seq, "id": e.id, **e.payload} for e in view.corrupt],
     }
@@ -244,8 +249,9 @@ def _print_shown(shown: _Shown) -> None:
     table.add_column("seq", justify="right")
     table.add_column("role")
     table.add_column("content", overflow="fold")
-    for seq, message in zip(view.seqs, view.messages, strict=True):
-        table.add_row(str(seq), str(message.role), message_text(message))
+    for origin, seq, message in zip(shown.origins, view.seqs, view.messages, strict=True):
+        where = str(seq) if origin == record.id else f"{origin}@{seq}"
+        table.add_row(where, str(message.role), message_text(message))
     out.print(table)
     for entry in view.corrupt:
         out.print(
@@ -274,11 +280,17 @@ def show(
     async def work(store: Store, tenant: str) -> _Shown:
         session = await SessionManager(store, tenant).get(session_id)
         view = await session.view()
+        # A fork's view starts with its origin's entries, numbered in the origin.
+        origins = await branch_origins(session.manager, session.record)
+        if len(origins) != len(view.branch):  # written to meanwhile
+            origins = [session.id] * len(view.branch)
         stats = await session_stats(RunStore(store, tenant), session_id)
         listed = await session.entries() if entries else None
-        return _Shown(session.record, view, listed, stats)
+        return _Shown(
+            session.record, view, listed, stats, message_origins(view, origins, session.id)
+        )
 
-    shown = run(ctx, work)
+    shown = run(ctx, work, read_only=True)
     if wants_json(ctx, json_output):
         print_json(_shown_json(shown))
     else:
@@ -323,7 +335,7 @@ def export(ctx: typer.Context, session_id: SessionId, output: OutputFile = None)
     async def work(store: Store, tenant: str) -> dict[str, Any]:
         return await SessionManager(store, tenant).export(session_id)
 
-    document = run(ctx, work)
+    document = run(ctx, work, read_only=True)
     write_output(json.dumps(document, indent=2, ensure_ascii=False), output)
     if output is not None:
         entries = document.get("entries")
@@ -344,9 +356,13 @@ def import_(
     document = load_json(read_input(file), file)
 
     async def work(store: Store, tenant: str) -> SessionRecord:
-        return (await SessionManager(store, tenant).import_(document, session_id=new_id)).record
+        try:
+            manager = SessionManager(store, tenant)
+            return (await manager.import_(document, session_id=new_id)).record
+        except AlreadyExistsError as exc:
+            fail(f"{exc}; import it under another id with --id NEW_ID")
 
-    record = run(ctx, work)
+    record = run(ctx, work, create=True)
     if wants_json(ctx, json_output):
         print_json({"session": record.model_dump(mode="json")})
         return

@@ -20,7 +20,7 @@ from statekeeper.core.messages import Message
 from statekeeper.errors import InvalidInputError, InvalidPayloadError
 from statekeeper.jsoncodec import encode_json
 from statekeeper.sessions.handle import SessionOwner
-from statekeeper.sessions.view import active_branch, build_view, message_of
+from statekeeper.sessions.view import TranscriptView, active_branch, build_view, message_of
 from statekeeper.stores.base import Entry, EntryDraft, EntryKind, SessionPatch, SessionRecord
 
 __all__ = [
@@ -28,9 +28,11 @@ __all__ = [
     "ITEM_KIND",
     "SessionBasics",
     "branch_items",
+    "branch_origins",
     "clear_plan",
     "is_clear_marker",
     "item_messages",
+    "message_origins",
     "pop_plan",
     "verbatim_drafts",
 ]
@@ -159,9 +161,7 @@ def _last_poppable(record: SessionRecord, own: Sequence[Entry]) -> Entry:
 
 def clear_plan(record: SessionRecord) -> tuple[EntryDraft, SessionPatch]:
     """The root marker and head patch that empty the active view (history stays stored)."""
-    marker = EntryDraft(
-        kind=EntryKind.MARKER, payload={"marker": CLEAR_MARKER}, parent=None
-    )
+    marker = EntryDraft(kind=EntryKind.MARKER, payload={"marker": CLEAR_MARKER}, parent=None)
     patch = SessionPatch(set={"fresh_tokens": 0}, add={"message_count": -record.message_count})
     return marker, patch
 
@@ -201,3 +201,35 @@ def branch_items(branch: Sequence[Entry]) -> list[dict[str, Any]]:
     placed += [(i, [e.payload["item"]]) for i, e in enumerate(branch) if e.kind == ITEM_KIND]
     placed.sort(key=lambda pair: pair[0])
     return [item for _, items in placed for item in items]
+
+
+async def branch_origins(
+    owner: SessionOwner, record: SessionRecord, head_seq: int | None = None
+) -> list[str]:
+    """The session each entry of ``owner.load_branch(record)`` is stored in (a fork's
+    branch starts with the history of the session it was forked from, whose seqs are
+    that session's own)."""
+    head = record.head_seq if head_seq is None else head_seq
+    own = active_branch(
+        await owner.store.read_entries(owner.tenant, record.id, until_seq=head), head
+    )
+    inherited: list[str] = []
+    fork = record.forked_from
+    if fork is not None and (
+        not own or (own[0].parent_seq is None and not is_clear_marker(own[0]))
+    ):
+        origin = await owner.store.get_session(owner.tenant, fork.session_id)
+        inherited = await branch_origins(owner, origin, fork.seq)
+    return inherited + [record.id] * len(own)
+
+
+def message_origins(view: TranscriptView, origins: Sequence[str], default: str) -> list[str]:
+    """The session each message of ``view`` was stored in (``origins`` from
+    `branch_origins`, parallel to ``view.branch``)."""
+    where: dict[str, str] = {}
+    for entry, session_id in zip(view.branch, origins, strict=True):
+        where[entry.id] = session_id
+        summary = entry.payload.get("summary") if entry.kind == EntryKind.COMPACTION else None
+        if isinstance(summary, dict) and isinstance(summary.get("id"), str):
+            where[summary["id"]] = session_id
+    return [where.get(m.id, default) for m in view.messages]

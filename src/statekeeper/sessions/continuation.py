@@ -98,7 +98,10 @@ def check_limit(value: object, name: str) -> int | None:
 
 
 def crosses_boundary(
-    record: SessionRecord, extra: Sequence[Message], max_messages: int | None, max_tokens: int | None
+    record: SessionRecord,
+    extra: Sequence[Message],
+    max_messages: int | None,
+    max_tokens: int | None,
 ) -> bool:
     """Whether appending ``extra`` to ``record`` would cross the session boundary."""
     carried = record.metadata.get(CARRIED_KEY, 0)

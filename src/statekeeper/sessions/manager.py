@@ -26,8 +26,8 @@ from statekeeper.errors import (
     NotFoundError,
 )
 from statekeeper.ids import new_id, validate_id
-from statekeeper.sessions.compaction import CompactionResult, Summarizer, compact_session
 from statekeeper.sessions.basics import SessionBasics, is_clear_marker
+from statekeeper.sessions.compaction import CompactionResult, Summarizer, compact_session
 from statekeeper.sessions.continuation import (
     check_limit,
     check_room,
