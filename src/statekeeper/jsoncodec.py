@@ -1,7 +1,10 @@
 """Strict JSON encoding: the only serialisation statekeeper uses on disk and on the wire.
 
 Never pickle. NaN and infinities are refused (they are not JSON), and so is anything
-``json`` cannot encode. Sizes are checked here so every backend enforces the same limit.
+``json`` cannot encode: dict keys that are not strings (``json`` would silently turn
+``{1: "x"}`` into ``{"1": "x"}``) and values nested deeper than `MAX_JSON_DEPTH` (the
+reader refuses them, so they would be stored and never read back). Sizes are checked
+here so every backend enforces the same limit.
 """
 
 from __future__ import annotations
@@ -17,17 +20,62 @@ import pydantic_core
 
 from statekeeper.errors import InvalidPayloadError, PayloadTooLargeError, StoreCorruptError
 
-__all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "decode_json", "encode_json", "gc_paused", "loads"]
+__all__ = [
+    "DEFAULT_MAX_PAYLOAD_BYTES",
+    "MAX_JSON_DEPTH",
+    "check_json_shape",
+    "decode_json",
+    "encode_json",
+    "gc_paused",
+    "loads",
+]
 
 DEFAULT_MAX_PAYLOAD_BYTES = 16 * 1024 * 1024
+
+MAX_JSON_DEPTH = 100
+"""How deeply a stored JSON document may nest (the decoder stops near 200 levels, and
+stores wrap values in a few levels of their own)."""
+
+_CONTAINERS = (dict, list, tuple)
+
+
+def _too_deep(what: str) -> InvalidPayloadError:
+    return InvalidPayloadError(
+        f"{what} is nested more than {MAX_JSON_DEPTH} levels deep (or contains itself); "
+        f"the limit is {MAX_JSON_DEPTH} levels: flatten it, or store the deep part as a string"
+    )
+
+
+def check_json_shape(value: Any, *, what: str = "value") -> None:
+    """Raise `InvalidPayloadError` if ``value`` nests deeper than `MAX_JSON_DEPTH` or has
+    a dict key that is not a string. Iterative: never a `RecursionError`."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise _too_deep(what)
+        if isinstance(item, dict):
+            for key, child in item.items():
+                if type(key) is not str:
+                    raise InvalidPayloadError(
+                        f"{what} has the key {key!r} ({type(key).__name__}); JSON object keys "
+                        f"must be strings: use str(key) ({str(key)!r}) if that is what you mean"
+                    )
+                if isinstance(child, _CONTAINERS):
+                    stack.append((child, depth + 1))
+        elif isinstance(item, list | tuple):
+            stack.extend((child, depth + 1) for child in item if isinstance(child, _CONTAINERS))
 
 _encoder = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
 def encode_json(value: Any, *, what: str = "value", limit: int = DEFAULT_MAX_PAYLOAD_BYTES) -> str:
     """Encode ``value`` as compact JSON text, or raise a typed error naming ``what``."""
+    check_json_shape(value, what=what)
     try:
         text = _encoder.encode(value)
+    except RecursionError:
+        raise _too_deep(what) from None
     except (TypeError, ValueError) as exc:
         raise InvalidPayloadError(
             f"{what} is not plain JSON ({exc}); store only dicts, lists, str, int, "

@@ -8,7 +8,6 @@ import math
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from pydantic import ValidationError
 
 from statekeeper.core.limits import (
     BudgetFlag,
@@ -135,12 +134,12 @@ def test_flag_kinds_and_defaults() -> None:
     ],
 )
 def test_invalid_flag_fields_are_refused(fields: dict[str, object]) -> None:
-    with pytest.raises(ValidationError):
+    with pytest.raises(InvalidPayloadError):
         BudgetFlag(**fields)
 
 
 def test_iteration_flag_needs_whole_numbers() -> None:
-    with pytest.raises(ValidationError, match="fractional"):
+    with pytest.raises(InvalidPayloadError, match="fractional"):
         IterationFlag(current=1.5)
     flag = IterationFlag(maximum=5)
     with pytest.raises(InvalidInputError, match="iterations step amount must be a whole number"):
@@ -168,9 +167,9 @@ def test_non_numbers_are_refused(amount: object) -> None:
 
 def test_assignment_is_validated() -> None:
     flag = BudgetFlag(maximum=1.0)
-    with pytest.raises(ValidationError):
+    with pytest.raises(InvalidPayloadError):
         flag.maximum = -1.0
-    with pytest.raises(ValidationError):
+    with pytest.raises(InvalidPayloadError):
         flag.current = math.nan
     assert (flag.current, flag.maximum) == (0.0, 1.0)
 

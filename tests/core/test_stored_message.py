@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from pydantic import ValidationError
 
 from statekeeper.core.messages import Message, MessageCategory, Role, stored_message
 from statekeeper.jsoncodec import encode_json, loads
+from statekeeper.errors import InvalidPayloadError
 from statekeeper.sessions.view import message_draft
 
 json_scalars = st.none() | st.booleans() | st.integers() | st.text(max_size=8)
@@ -54,7 +54,7 @@ WHEN = datetime(2026, 1, 1, tzinfo=UTC)
     ],
 )
 def test_a_damaged_payload_is_refused_not_loaded(payload: dict[str, Any]) -> None:
-    with pytest.raises(ValidationError):
+    with pytest.raises(InvalidPayloadError):
         stored_message(payload, "m1", WHEN)
 
 

@@ -49,6 +49,7 @@ from statekeeper.core.messages import (
     ToolCallBlock,
     ToolResultBlock,
 )
+from statekeeper.core.typed import explain
 from statekeeper.errors import InvalidPayloadError
 
 __all__ = ["from_openai_chat", "from_openai_responses", "to_openai_chat", "to_openai_responses"]
@@ -77,12 +78,9 @@ def _run(kind: str, values: object, step: Callable[[Any, list[_T]], object]) -> 
     for index, value in enumerate(values):
         try:
             step(value, out)
-        except (_Bad, ValidationError) as exc:
-            detail = str(exc)
-            if isinstance(exc, ValidationError):
-                detail = "; ".join(
-                    f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in exc.errors()
-                )
+        except (_Bad, ValidationError, InvalidPayloadError) as exc:
+            cause = exc.__cause__ if isinstance(exc, InvalidPayloadError) else exc
+            detail = explain(cause) if isinstance(cause, ValidationError) else str(exc)
             raise InvalidPayloadError(f"{kind} {index}: {detail}") from None
     return out
 

@@ -18,8 +18,9 @@ import math
 from collections.abc import Iterator
 from typing import Any, ClassVar, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 
+from statekeeper.core.typed import TypedModel, explain
 from statekeeper.errors import InvalidInputError, InvalidPayloadError, LimitReachedError
 
 __all__ = [
@@ -32,14 +33,13 @@ __all__ = [
 ]
 
 
-def _explain(exc: Exception) -> str:
-    """An error as one line (a pydantic error as ``field: message; ...``)."""
-    if not isinstance(exc, ValidationError):
-        return str(exc)
-    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in exc.errors())
+def _cause(exc: InvalidPayloadError) -> str:
+    """The pydantic error behind a model's `InvalidPayloadError`, as one line."""
+    cause = exc.__cause__
+    return explain(cause) if isinstance(cause, ValidationError) else str(exc)
 
 
-class ControlFlag(BaseModel):
+class ControlFlag(TypedModel):
     """A counter with an optional maximum (None = unlimited) that can be raised.
 
     ``increase_amount`` is how much `increase_limit` adds in interactive mode (0 = never).
@@ -155,8 +155,8 @@ class ControlFlag(BaseModel):
         """Read `to_dict` output; bad data raises `InvalidPayloadError`."""
         try:
             return cls.model_validate(data)
-        except ValidationError as exc:
-            raise InvalidPayloadError(f"invalid {cls.__name__}: {_explain(exc)}") from exc
+        except InvalidPayloadError as exc:
+            raise InvalidPayloadError(f"invalid {cls.__name__}: {_cause(exc)}") from exc.__cause__
 
 
 class IterationFlag(ControlFlag):
@@ -191,7 +191,7 @@ class TimeFlag(ControlFlag):
     name: str = Field(default="time", min_length=1, max_length=128)
 
 
-class Limits(BaseModel):
+class Limits(TypedModel):
     """The control flags of a run: iterations always, budget, tokens and time optional."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -230,5 +230,5 @@ class Limits(BaseModel):
         """Read `to_dict` output; bad data raises `InvalidPayloadError`."""
         try:
             return cls.model_validate(data)
-        except ValidationError as exc:
-            raise InvalidPayloadError(f"invalid limits: {_explain(exc)}") from exc
+        except InvalidPayloadError as exc:
+            raise InvalidPayloadError(f"invalid limits: {_cause(exc)}") from exc.__cause__

@@ -7,7 +7,6 @@ from enum import IntEnum, StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Discriminator,
     Field,
@@ -18,7 +17,9 @@ from pydantic import (
     model_validator,
 )
 
+from statekeeper.core.typed import TypedModel
 from statekeeper.ids import new_id
+from statekeeper.jsoncodec import encode_json
 
 __all__ = [
     "ContentBlock",
@@ -66,7 +67,7 @@ class MessageCategory(IntEnum):
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
-class TextBlock(BaseModel):
+class TextBlock(TypedModel):
     """Plain text."""
 
     model_config = _FROZEN
@@ -74,7 +75,7 @@ class TextBlock(BaseModel):
     text: str
 
 
-class ImageBlock(BaseModel):
+class ImageBlock(TypedModel):
     """An image, by URL (including ``data:`` URLs) or by provider file id."""
 
     model_config = _FROZEN
@@ -90,8 +91,12 @@ class ImageBlock(BaseModel):
         return self
 
 
-class ToolCallBlock(BaseModel):
-    """A request from the model to call a tool. ``arguments`` is the JSON text the model sent."""
+class ToolCallBlock(TypedModel):
+    """A request from the model to call a tool. ``arguments`` is the JSON text the model sent.
+
+    Text is kept verbatim (even malformed JSON: it is what the model said); a dict or list
+    is encoded to JSON text; anything else raises `InvalidPayloadError`.
+    """
 
     model_config = _FROZEN
     type: Literal["tool_call"] = "tool_call"
@@ -99,8 +104,19 @@ class ToolCallBlock(BaseModel):
     name: str = Field(min_length=1)
     arguments: str = "{}"
 
+    @field_validator("arguments", mode="before")
+    @classmethod
+    def _arguments_as_text(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, dict | list):
+            return encode_json(value, what="tool call arguments")
+        raise ValueError(
+            f"tool call arguments must be JSON text or a dict, not {type(value).__name__}"
+        )
 
-class ToolResultBlock(BaseModel):
+
+class ToolResultBlock(TypedModel):
     """The result of a tool call, linked to the call by ``tool_call_id``."""
 
     model_config = _FROZEN
@@ -110,7 +126,7 @@ class ToolResultBlock(BaseModel):
     is_error: bool = False
 
 
-class FileBlock(BaseModel):
+class FileBlock(TypedModel):
     """An attached file, by URL, inline base64 data or provider file id."""
 
     model_config = _FROZEN
@@ -122,7 +138,7 @@ class FileBlock(BaseModel):
     file_id: str | None = None
 
 
-class OtherBlock(BaseModel):
+class OtherBlock(TypedModel):
     """Any adapter-specific block (audio, reasoning, citations ...), kept as JSON."""
 
     model_config = ConfigDict(frozen=True, extra="allow")
@@ -172,7 +188,7 @@ def default_category(role: Role | str) -> MessageCategory:
     return _DEFAULT_CATEGORY.get(Role(role), MessageCategory.DIALOG)
 
 
-class Message(BaseModel):
+class Message(TypedModel):
     """One message of a conversation. Immutable: changes make new instances.
 
     ``content`` is either a string or a list of blocks. ``category`` defaults from the
@@ -318,7 +334,7 @@ def stored_message(payload: dict[str, Any], message_id: str, created_at: datetim
     Reading 10,000 messages is the common hot path, and a stored payload was validated
     when it was written, so a plain one (text content, known role and category, nothing
     extra) is built without running validation again. Anything else is validated in full,
-    so a damaged row still raises `pydantic.ValidationError` instead of loading.
+    so a damaged row still raises `InvalidPayloadError` instead of loading.
     """
     role = _ROLES.get(payload.get("role"))  # type: ignore[arg-type]
     content = payload.get("content", "")

@@ -305,7 +305,7 @@ class RunState(BaseModel):
         """The exported items as messages (empty for a stored checkpoint)."""
         try:
             return [Message.model_validate(item) for item in self.items or []]
-        except ValidationError as exc:
+        except (ValidationError, InvalidPayloadError) as exc:
             raise InvalidPayloadError(f"run state items are not valid messages: {exc}") from exc
 
     def copy_state(self) -> RunState:

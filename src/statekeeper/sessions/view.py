@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pydantic import ValidationError
 
 from statekeeper.core.messages import Message, MessageCategory, default_category, stored_message
-from statekeeper.errors import StoreCorruptError
+from statekeeper.errors import InvalidPayloadError, StoreCorruptError
 from statekeeper.jsoncodec import gc_paused
 from statekeeper.stores.base import Entry, EntryDraft, EntryKind, SessionPatch
 
@@ -150,8 +150,8 @@ def _fill(
         if entry.kind == EntryKind.MESSAGE:
             try:
                 items.append((entry.seq, message_of(entry)))
-            except ValidationError as exc:
-                corrupt.append(_as_corrupt(entry, f"not a valid message: {exc.errors()[:1]}"))
+            except (ValidationError, InvalidPayloadError) as exc:
+                corrupt.append(_as_corrupt(entry, f"not a valid message: {str(exc)[:200]}"))
         elif entry.kind == EntryKind.COMPACTION:
             try:
                 summary = Message.model_validate(entry.payload["summary"])
