@@ -66,6 +66,7 @@ def check_json_shape(value: Any, *, what: str = "value") -> None:
         elif isinstance(item, list | tuple):
             stack.extend((child, depth + 1) for child in item if isinstance(child, _CONTAINERS))
 
+
 _encoder = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 

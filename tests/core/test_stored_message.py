@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from statekeeper.core.messages import Message, MessageCategory, Role, stored_message
-from statekeeper.jsoncodec import encode_json, loads
 from statekeeper.errors import InvalidPayloadError
+from statekeeper.jsoncodec import encode_json, loads
 from statekeeper.sessions.view import message_draft
 
 json_scalars = st.none() | st.booleans() | st.integers() | st.text(max_size=8)

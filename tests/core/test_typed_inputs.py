@@ -76,7 +76,7 @@ def test_message_with_an_unknown_role_is_typed_and_lists_the_roles() -> None:
 
 
 def test_message_with_an_empty_id_is_typed() -> None:
-    with pytest.raises(InvalidPayloadError, match="id.*at least 1 character"):
+    with pytest.raises(InvalidPayloadError, match=r"id.*at least 1 character"):
         Message(role="user", id="")
 
 
@@ -105,7 +105,7 @@ def test_blocks_are_typed() -> None:
 
 
 def test_iteration_flag_with_a_negative_current_is_typed() -> None:
-    with pytest.raises(InvalidPayloadError, match="current.*greater than or equal to 0"):
+    with pytest.raises(InvalidPayloadError, match=r"current.*greater than or equal to 0"):
         IterationFlag(current=-1)
 
 

@@ -26,7 +26,8 @@ _SHOWN_LOC = 6  # a value nested thousands deep has a location thousands long
 
 
 def _where(loc: tuple[int | str, ...]) -> str:
-    parts = [str(part) for part in loc]
+    # "dict" and "list" are the tags of JsonValue's union, not keys the caller wrote.
+    parts = [str(part) for part in loc if part not in ("dict", "list")]
     if len(parts) > _SHOWN_LOC:
         parts = [*parts[:_SHOWN_LOC], "..."]
     return ".".join(parts) or "value"

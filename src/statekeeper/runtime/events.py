@@ -112,7 +112,7 @@ class EventBus:
         used). A publish cancelled while writing may still log its event (the store
         finishes a write it started); the run's subscribers then read it from the log.
         """
-        if run_id not in self._snapshots:  # cached runs were validated before
+        if type(run_id) is not str or run_id not in self._snapshots:  # cached: validated
             validate_id(run_id, "run id")
         payload = {} if payload is None else payload
         check_event(stream, kind, payload)

@@ -20,6 +20,7 @@ from pydantic import JsonValue
 from statekeeper.core.context import ContextWindow, build_context_window
 from statekeeper.core.messages import Message
 from statekeeper.core.tokens import DEFAULT_COUNTER, TokenCounter, counted
+from statekeeper.core.typed import typed_input
 from statekeeper.errors import (
     AlreadyExistsError,
     InvalidInputError,
@@ -42,6 +43,7 @@ from statekeeper.sessions.view import (
     active_branch,
     appended_counters,
     build_view,
+    check_messages,
     message_draft,
 )
 from statekeeper.stores.base import (
@@ -115,16 +117,20 @@ class SessionManager:
         messages: Sequence[Message] = (),
     ) -> Session:
         """Create a session (optionally with first messages). `AlreadyExistsError` if taken."""
-        record = SessionRecord(
-            id=validate_id(session_id, "session id") if session_id is not None else new_id("ses"),
-            tenant=self.tenant,
-            agent_id=agent_id or self.agent_id,
-            title=title,
-            metadata=metadata or {},
-            model_override=model_override,
-            thinking_level=thinking_level,
-            delivery=delivery,
-        )
+        check_messages(messages)
+        with typed_input("session"):
+            record = SessionRecord(
+                id=validate_id(session_id, "session id")
+                if session_id is not None
+                else new_id("ses"),
+                tenant=self.tenant,
+                agent_id=agent_id or self.agent_id,
+                title=title,
+                metadata=metadata or {},
+                model_override=model_override,
+                thinking_level=thinking_level,
+                delivery=delivery,
+            )
         session = Session(self, await self.store.create_session(record))
         if messages:
             await session.append(*messages)
@@ -293,6 +299,7 @@ class Session(SessionBasics):
         """
         if not messages:
             raise InvalidInputError("append needs at least one message")
+        check_messages(messages)
         with_tokens = [counted(m, self.manager.counter) for m in messages]
         continued_from = None
         if self.manager.auto_continue and self.needs_continuation(extra=with_tokens):
@@ -360,6 +367,11 @@ class Session(SessionBasics):
             return self._record.head_seq
         if isinstance(at, str):
             return (await self._store.get_entry(self._tenant, self.id, at)).seq
+        if not isinstance(at, int) or isinstance(at, bool):
+            raise InvalidInputError(
+                f"at must be an entry's seq number (int) or an entry id (str), got {at!r}; "
+                "session.entries() lists both"
+            )
         if not 0 <= at <= self._record.last_seq:
             raise InvalidInputError(
                 f"no entry {at} in session {self.id!r} (entries 1..{self._record.last_seq})"

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pydantic import ValidationError
 
 from statekeeper.core.messages import Message, MessageCategory, default_category, stored_message
-from statekeeper.errors import InvalidPayloadError, StoreCorruptError
+from statekeeper.errors import InvalidInputError, InvalidPayloadError, StoreCorruptError
 from statekeeper.jsoncodec import gc_paused
 from statekeeper.stores.base import Entry, EntryDraft, EntryKind, SessionPatch
 
@@ -25,6 +25,7 @@ __all__ = [
     "active_branch",
     "appended_counters",
     "build_view",
+    "check_messages",
     "covered_seq",
     "is_replaceable",
     "message_draft",
@@ -53,6 +54,17 @@ class TranscriptView:
     def tokens(self) -> int:
         """Sum of the messages' stored token counts."""
         return sum(m.tokens or 0 for m in self.messages)
+
+
+def check_messages(messages: Sequence[object]) -> None:
+    """Raise `InvalidInputError` unless every item is a `Message`."""
+    for item in messages:
+        if not isinstance(item, Message):
+            raise InvalidInputError(
+                f"append takes Message objects, not {type(item).__name__} ({item!r:.60}); "
+                "build one with Message.user(text), Message.assistant(text) or "
+                "Message.from_dict(data)"
+            )
 
 
 def message_draft(message: Message) -> EntryDraft:

@@ -34,6 +34,7 @@ from statekeeper.stores.rules import (
     apply_patch,
     check_limit,
     check_prunable_kind,
+    check_read,
     check_record_ids,
     check_record_listing,
     check_record_version,
@@ -180,8 +181,8 @@ class MemoryStore(EngineWrites, ClosingStore):
     ) -> list[Entry]:
         self._session(tenant, session_id)
         transcript = self._transcripts[tenant, session_id]
+        check_read(after_seq, until_seq, limit)
         last = 2**62 if until_seq is None else until_seq
-        check_limit(limit)
         seqs = [s for s in transcript.rows if after_seq < s <= last]
         return [transcript.entry(seq) for seq in seqs[:limit]]
 
@@ -290,6 +291,7 @@ class MemoryStore(EngineWrites, ClosingStore):
         self, tenant: str, log_id: str, *, after_seq: int = 0, limit: int | None = None
     ) -> list[Event]:
         check_record_ids(tenant, log_id)
+        check_read(after_seq, None, limit)
         log = self._events.get((tenant, log_id), [])
         start = max(after_seq, 0)
         stop = len(log) if check_limit(limit) is None else min(len(log), start + (limit or 0))

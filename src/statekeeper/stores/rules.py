@@ -382,11 +382,26 @@ def check_record_version(
         )
 
 
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def check_limit(limit: int | None) -> int | None:
     """A read's ``limit``: None (no limit) or a count >= 0."""
-    if limit is not None and limit < 0:
-        raise InvalidInputError(f"limit must be >= 0, got {limit}")
+    if limit is not None and (not _whole(limit) or limit < 0):
+        raise InvalidInputError(f"limit must be None or a whole number >= 0, got {limit!r}")
     return limit
+
+
+def check_read(after_seq: int, until_seq: int | None, limit: int | None) -> int | None:
+    """A read's range: ``after_seq`` (and ``until_seq`` unless None) are seq numbers;
+    returns the checked ``limit``."""
+    for name, seq in (("after_seq", after_seq), ("until_seq", until_seq)):
+        if not _whole(seq) and not (name == "until_seq" and seq is None):
+            raise InvalidInputError(
+                f"{name} must be a whole number (an entry or event seq), got {seq!r}"
+            )
+    return check_limit(limit)
 
 
 def check_prunable_kind(kind: str) -> None:

@@ -16,6 +16,7 @@ from typing import Any, Literal, NamedTuple, get_args
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue
 
 from statekeeper.core.messages import utcnow
+from statekeeper.core.typed import TypedModel
 from statekeeper.errors import InvalidInputError
 from statekeeper.ids import new_id, validate_id
 
@@ -203,8 +204,11 @@ class AppendResult(BaseModel):
     """True when every draft was already stored identically (an idempotent retry)."""
 
 
-class SessionQuery(BaseModel):
-    """Filters and paging for listing sessions (newest activity first)."""
+class SessionQuery(TypedModel):
+    """Filters and paging for listing sessions (newest activity first).
+
+    Bad values raise `InvalidInputError` (`InvalidPayloadError` for a field pydantic refuses).
+    """
 
     model_config = _FROZEN
     limit: int = Field(default=50, ge=1, le=1000)
@@ -217,7 +221,13 @@ class SessionQuery(BaseModel):
     active_before: AwareDatetime | None = None
 
     def __init__(self, **data: Any) -> None:
-        for key, value in (data.get("metadata") or {}).items():
+        metadata = data.get("metadata") or {}
+        if not isinstance(metadata, Mapping):
+            raise InvalidInputError(
+                f"metadata filter must be a dict of key to JSON scalar, like {{'key': 'value'}}; "
+                f"got {type(metadata).__name__}"
+            )
+        for key, value in metadata.items():
             validate_id(key, "metadata filter key")
             if isinstance(value, dict | list) or (
                 isinstance(value, float) and not math.isfinite(value)

@@ -41,7 +41,7 @@ from statekeeper.stores.files.sessions import SessionCtx, SessionFiles
 from statekeeper.stores.files.transcripts import FileTranscripts
 from statekeeper.stores.options import StoreOptions
 from statekeeper.stores.rules import (
-    check_limit,
+    check_read,
     check_record_ids,
     check_record_listing,
     check_tenant_and_id,
@@ -256,7 +256,7 @@ class FileStore(FileTranscripts, ClosingStore):
         self, tenant: str, log_id: str, *, after_seq: int = 0, limit: int | None = None
     ) -> list[Event]:
         check_record_ids(tenant, log_id)
-        check_limit(limit)
+        check_read(after_seq, None, limit)
         return await self._call(lambda: self._events.read(tenant, log_id, after_seq, limit))
 
     async def delete_event_log(self, tenant: str, log_id: str) -> None:

@@ -20,8 +20,8 @@ from statekeeper.stores.files.logs import EPOCH, entry_line, header_line, new_ge
 from statekeeper.stores.files.sessions import SessionCtx, SessionFiles
 from statekeeper.stores.rules import (
     apply_patch,
-    check_limit,
     check_prunable_kind,
+    check_read,
     check_tenant_and_id,
     prunable,
 )
@@ -108,7 +108,7 @@ class FileTranscripts(EngineWrites):
         limit: int | None = None,
     ) -> list[Entry]:
         check_tenant_and_id(tenant, session_id)
-        check_limit(limit)
+        check_read(after_seq, until_seq, limit)
 
         def read(ctx: SessionCtx) -> list[Entry]:
             fd, index = self._sessions.open_log(ctx, write=False)

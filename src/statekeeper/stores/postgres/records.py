@@ -21,7 +21,7 @@ from statekeeper.stores.base import Event, EventDraft, VersionedRecord
 from statekeeper.stores.postgres.conn import ATTEMPTS, Connection, PostgresBase
 from statekeeper.stores.postgres.transcripts import KEY_END
 from statekeeper.stores.rules import (
-    check_limit,
+    check_read,
     check_record_ids,
     check_record_listing,
     check_record_version,
@@ -199,7 +199,7 @@ class PostgresRecordsAndEvents(PostgresBase):
         self, tenant: str, log_id: str, *, after_seq: int = 0, limit: int | None = None
     ) -> list[Event]:
         check_record_ids(tenant, log_id)
-        check_limit(limit)
+        check_read(after_seq, None, limit)
 
         async def read(conn: Connection) -> list[tuple[Any, ...]]:
             cur = await conn.execute(self._q.read_events, (tenant, log_id, after_seq, limit))

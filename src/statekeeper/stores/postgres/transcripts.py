@@ -40,8 +40,8 @@ from statekeeper.stores.postgres.conn import (
 from statekeeper.stores.postgres.schema import DEFAULT_SCHEMA, metadata_tokens
 from statekeeper.stores.rules import (
     apply_patch,
-    check_limit,
     check_prunable_kind,
+    check_read,
     check_tenant_and_id,
     corrupt_entry,
     session_not_found,
@@ -228,7 +228,7 @@ class PostgresTranscripts(EngineWrites, PostgresBase):
         limit: int | None = None,
     ) -> list[Entry]:
         check_tenant_and_id(tenant, session_id)
-        check_limit(limit)
+        check_read(after_seq, until_seq, limit)
         last = until_seq if until_seq is not None else 2**63 - 1
         params = (after_seq, last, limit, tenant, session_id)
         return await self._session_rows(self._q.read_entries, params, session_id)

@@ -34,7 +34,7 @@ from statekeeper.stores.redis.scripts import (
     PUT_RECORD,
 )
 from statekeeper.stores.rules import (
-    check_limit,
+    check_read,
     check_record_ids,
     check_record_listing,
     check_record_version,
@@ -171,7 +171,7 @@ class RedisRecords(RedisBase):
         self, tenant: str, log_id: str, *, after_seq: int = 0, limit: int | None = None
     ) -> list[Event]:
         check_record_ids(tenant, log_id)
-        if check_limit(limit) == 0:
+        if check_read(after_seq, None, limit) == 0:
             return []
         client = self._redis
         with self._translated():

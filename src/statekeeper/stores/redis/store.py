@@ -85,8 +85,8 @@ from statekeeper.stores.redis.scripts import (
 )
 from statekeeper.stores.rules import (
     apply_patch,
-    check_limit,
     check_prunable_kind,
+    check_read,
     check_tenant_and_id,
     decode_cursor,
     encode_cursor,
@@ -230,7 +230,7 @@ class RedisStore(EngineWrites, RedisRecords):
         limit: int | None = None,
     ) -> list[Entry]:
         check_tenant_and_id(tenant, session_id)
-        check_limit(limit)
+        check_read(after_seq, until_seq, limit)
         if limit == 0:
             await self.get_session(tenant, session_id)
             return []

@@ -16,6 +16,7 @@ from statekeeper.jsoncodec import encode_json, loads
 from statekeeper.stores.base import Event, EventDraft, VersionedRecord
 from statekeeper.stores.rules import (
     check_limit,
+    check_read,
     check_record_ids,
     check_record_listing,
     check_record_version,
@@ -190,6 +191,7 @@ class SQLiteRecordsAndEvents(SQLiteConnection):
         self, tenant: str, log_id: str, *, after_seq: int = 0, limit: int | None = None
     ) -> list[Event]:
         check_record_ids(tenant, log_id)
+        check_read(after_seq, None, limit)
 
         def read(db: sqlite3.Connection) -> list[Event]:
             out: list[Event] = []

@@ -40,6 +40,7 @@ from statekeeper.stores.options import StoreOptions
 from statekeeper.stores.rules import (
     apply_patch,
     check_prunable_kind,
+    check_read,
     check_tenant_and_id,
     corrupt_entry,
     decode_cursor,
@@ -316,6 +317,7 @@ class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
         limit: int | None = None,
     ) -> list[Entry]:
         check_tenant_and_id(tenant, session_id)
+        check_read(after_seq, until_seq, limit)
 
         def read(db: sqlite3.Connection) -> list[Entry]:
             sk, _ = self._head(db, tenant, session_id)
