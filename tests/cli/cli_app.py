@@ -85,3 +85,8 @@ def make_runner(store: Store, tenant: str) -> Runner:
 def not_a_runner(store: Store, tenant: str) -> str:
     """A wrong factory, for the error test."""
     return "nope"
+
+
+def boom_factory(store: Store, tenant: str) -> Runner:
+    """A factory that fails, for the error test."""
+    raise RuntimeError("no config")

@@ -249,10 +249,16 @@ def parse_when(value: str, *, now: datetime | None = None) -> datetime:
     """
     text = value.strip().lower()
     if text and _DURATION.sub("", text).strip() == "":
-        delta = timedelta()
-        for amount, unit in _DURATION.findall(text):
-            delta += timedelta(**{_UNITS[unit]: float(amount)})
-        return (now or datetime.now(UTC)) - delta
+        try:
+            delta = timedelta()
+            for amount, unit in _DURATION.findall(text):
+                delta += timedelta(**{_UNITS[unit]: float(amount)})
+            return (now or datetime.now(UTC)) - delta
+        except OverflowError:
+            raise typer.BadParameter(
+                f"{value!r} is too far back (before the year 1); pass a smaller age such "
+                "as 3650d, or an ISO 8601 date such as 2000-01-01"
+            ) from None
     try:
         moment = datetime.fromisoformat(value.strip())
     except ValueError:

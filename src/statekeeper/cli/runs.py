@@ -227,8 +227,28 @@ def load_app(spec: str) -> Callable[..., Any]:
             fail(f"module {module_name!r} has no attribute {attr!r} (from --app {spec})")
     if not callable(target):
         fail(f"--app {spec} is not callable; it must be a function (store, tenant) -> Runner")
+    try:
+        inspect.signature(target).bind(None, None)
+    except TypeError:
+        fail(f"--app {spec} must take (store, tenant) and return a Runner (see docs/cli.md)")
+    except ValueError:
+        pass  # no signature to check (some builtins): calling it is checked below
     factory: Callable[..., Any] = target
     return factory
+
+
+async def make_runner(factory: Callable[..., Any], spec: str, store: Store, tenant: str) -> Runner:
+    """Call the ``--app`` factory; anything but a Runner is a clear error, not a traceback."""
+    try:
+        made = factory(store, tenant)
+        runner = await made if inspect.isawaitable(made) else made
+    except StatekeeperError:
+        raise
+    except Exception as exc:
+        fail(f"--app {spec} failed: {type(exc).__name__}: {exc}")
+    if not isinstance(runner, Runner):
+        fail(f"--app {spec} returned {type(runner).__name__}, not a statekeeper Runner")
+    return runner
 
 
 @dataclass
@@ -270,10 +290,7 @@ async def _resume(
     input_text: str | None,
     take_over: bool,
 ) -> _Resumed:
-    made = factory(store, tenant)
-    runner = await made if inspect.isawaitable(made) else made
-    if not isinstance(runner, Runner):
-        fail(f"--app {app_spec} returned {type(runner).__name__}, not a statekeeper Runner")
+    runner = await make_runner(factory, app_spec, store, tenant)
     before = (await runner.load(run_id)).status
     if before == "waiting_for_input" and not input_text:
         # Checked here too: the runner takes the run's lease before it checks this.

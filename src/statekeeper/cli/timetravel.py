@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import json
 from typing import Annotated, Any
 
@@ -20,10 +19,10 @@ from statekeeper.cli._common import (
     stamp,
     wants_json,
 )
-from statekeeper.cli.runs import load_app
+from statekeeper.cli.runs import load_app, make_runner
 from statekeeper.errors import StatekeeperError
 from statekeeper.runs.history import CheckpointInfo
-from statekeeper.runs.runner import Runner, RunResult
+from statekeeper.runs.runner import RunResult
 from statekeeper.runs.state import RunState
 from statekeeper.runs.store import RunStore
 from statekeeper.stores import Store
@@ -129,10 +128,7 @@ def _state_update(text: str | None) -> dict[str, Any] | None:
 async def _fork_and_run(
     spec: str, store: Store, tenant: str, run_id: str, options: dict[str, Any]
 ) -> RunResult:
-    made = load_app(spec)(store, tenant)
-    runner = await made if inspect.isawaitable(made) else made
-    if not isinstance(runner, Runner):
-        fail(f"--app {spec} returned {type(runner).__name__}, not a statekeeper Runner")
+    runner = await make_runner(load_app(spec), spec, store, tenant)
     try:
         return await runner.fork(run_id, **options)
     except StatekeeperError:

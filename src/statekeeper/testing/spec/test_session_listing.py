@@ -9,9 +9,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from pydantic import ValidationError
 
-from statekeeper.errors import InvalidInputError
+from statekeeper.errors import InvalidInputError, InvalidPayloadError
 from statekeeper.sessions import SessionManager
 from statekeeper.stores import Store
 from statekeeper.stores.base import SessionPatch, SessionQuery, SessionRecord
@@ -135,11 +134,11 @@ async def test_a_naive_activity_bound_is_refused_when_the_query_is_built(
 ) -> None:
     await make_sessions(store, {"s1": 1})
     naive: dict[str, Any] = {bound: datetime(2030, 1, 1)}
-    with pytest.raises(ValidationError):
+    with pytest.raises(InvalidPayloadError, match=bound):
         SessionQuery(**naive)
-    with pytest.raises(ValidationError):
+    with pytest.raises(InvalidPayloadError, match=bound):
         SessionQuery.model_validate(naive)
-    with pytest.raises(ValidationError):
+    with pytest.raises(InvalidPayloadError, match=bound):
         await SessionManager(store, TENANT).list(**naive)
     aware: dict[str, Any] = {bound: T0}
     page = await SessionManager(store, TENANT).list(**aware)
