@@ -100,3 +100,20 @@ def test_fork_with_an_app_that_is_not_a_runner_factory_is_a_clear_error(
     bad = cli("runs", "fork", run_id, "--at", "1", "--app", "os:system", code=1)
     assert isinstance(bad.exception, SystemExit)
     assert "must take (store, tenant)" in bad.output
+
+
+def test_importing_a_file_nested_thousands_deep_is_a_clear_error(cli: Cli, tmp_path: Path) -> None:
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 5000 + "]" * 5000)
+    bad = cli("sessions", "import", str(path), code=1)
+    assert isinstance(bad.exception, SystemExit)
+    assert "nested too deeply; the limit is 100 levels" in bad.output
+
+
+def test_fork_with_a_state_nested_thousands_deep_is_a_bad_parameter(
+    cli: Cli, cli_app: ModuleType
+) -> None:
+    run_id = start_run(cli, cli_app, "support")
+    deep = '{"metadata": {"x": ' + "[" * 5000 + "]" * 5000 + "}}"
+    bad = cli("runs", "fork", run_id, "--at", "1", "--state", deep, code=2)
+    assert "nests deeper than 100 levels" in bad.output

@@ -26,6 +26,7 @@ from rich.text import Text
 
 from statekeeper.core.messages import Message, TextBlock, ToolCallBlock, ToolResultBlock
 from statekeeper.errors import StatekeeperError
+from statekeeper.jsoncodec import MAX_JSON_DEPTH
 from statekeeper.stores import Store, open_store
 
 __all__ = [
@@ -224,6 +225,8 @@ def load_json(data: bytes, source: str) -> Any:
         return json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
         fail(f"{source} is not valid JSON: {exc}")
+    except RecursionError:
+        fail(f"{source} is nested too deeply; the limit is {MAX_JSON_DEPTH} levels")
 
 
 def write_output(text: str, path: Path | None) -> None:

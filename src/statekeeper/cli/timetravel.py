@@ -21,6 +21,7 @@ from statekeeper.cli._common import (
 )
 from statekeeper.cli.runs import load_app, make_runner
 from statekeeper.errors import StatekeeperError
+from statekeeper.jsoncodec import MAX_JSON_DEPTH
 from statekeeper.runs.history import CheckpointInfo
 from statekeeper.runs.runner import RunResult
 from statekeeper.runs.state import RunState
@@ -120,6 +121,8 @@ def _state_update(text: str | None) -> dict[str, Any] | None:
         value = json.loads(text)
     except ValueError as exc:
         raise typer.BadParameter(f"--state is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise typer.BadParameter(f"--state nests deeper than {MAX_JSON_DEPTH} levels") from None
     if not isinstance(value, dict):
         raise typer.BadParameter("--state must be a JSON object of run state fields")
     return value
