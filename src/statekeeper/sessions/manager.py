@@ -44,6 +44,7 @@ from statekeeper.sessions.view import (
     appended_counters,
     build_view,
     check_messages,
+    check_seq_arg,
     message_draft,
 )
 from statekeeper.stores.base import (
@@ -118,11 +119,10 @@ class SessionManager:
     ) -> Session:
         """Create a session (optionally with first messages). `AlreadyExistsError` if taken."""
         check_messages(messages)
+        sid = validate_id(session_id, "session id") if session_id is not None else new_id("ses")
         with typed_input("session"):
             record = SessionRecord(
-                id=validate_id(session_id, "session id")
-                if session_id is not None
-                else new_id("ses"),
+                id=sid,
                 tenant=self.tenant,
                 agent_id=agent_id or self.agent_id,
                 title=title,
@@ -367,11 +367,7 @@ class Session(SessionBasics):
             return self._record.head_seq
         if isinstance(at, str):
             return (await self._store.get_entry(self._tenant, self.id, at)).seq
-        if not isinstance(at, int) or isinstance(at, bool):
-            raise InvalidInputError(
-                f"at must be an entry's seq number (int) or an entry id (str), got {at!r}; "
-                "session.entries() lists both"
-            )
+        check_seq_arg(at)
         if not 0 <= at <= self._record.last_seq:
             raise InvalidInputError(
                 f"no entry {at} in session {self.id!r} (entries 1..{self._record.last_seq})"

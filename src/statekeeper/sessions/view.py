@@ -26,6 +26,7 @@ __all__ = [
     "appended_counters",
     "build_view",
     "check_messages",
+    "check_seq_arg",
     "covered_seq",
     "is_replaceable",
     "message_draft",
@@ -65,6 +66,15 @@ def check_messages(messages: Sequence[object]) -> None:
                 "build one with Message.user(text), Message.assistant(text) or "
                 "Message.from_dict(data)"
             )
+
+
+def check_seq_arg(at: object) -> None:
+    """Raise `InvalidInputError` unless ``at`` is an entry's seq number (an int)."""
+    if not isinstance(at, int) or isinstance(at, bool):
+        raise InvalidInputError(
+            f"at must be an entry's seq number (int) or an entry id (str), got {at!r}; "
+            "session.entries() lists both"
+        )
 
 
 def message_draft(message: Message) -> EntryDraft:
