@@ -160,12 +160,13 @@ class Runner:
         metrics start from the parent's snapshot.
         """
         find_agent(self.agents, agent)
+        run_id = validate_id(run_id, "run id") if run_id is not None else new_id("run")
         if session_id is None:
             session_id = (await self.sessions.create(title=title, agent_id=agent)).id
         else:
             await self.sessions.get(session_id)
         state = RunState(
-            run_id=validate_id(run_id, "run id") if run_id else new_id("run"),
+            run_id=run_id,
             group_id=group_id,
             tenant=self.tenant,
             session_id=session_id,

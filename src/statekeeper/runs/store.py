@@ -28,6 +28,7 @@ from statekeeper.errors import (
     AlreadyExistsError,
     ConflictError,
     NotFoundError,
+    StatekeeperError,
 )
 from statekeeper.ids import validate_id
 from statekeeper.runs.history import CheckpointInfo, checkpoint_history, fork_run
@@ -345,9 +346,20 @@ class RunStore:
         await self.store.create_session(
             SessionRecord(id=state.session_id, tenant=self.tenant, agent_id=state.agent)
         )
-        index_version = await self.create(state)
-        await self.save(state, items, index_version=index_version)
+        try:
+            index_version = await self.create(state)
+            await self.save(state, items, index_version=index_version)
+        except BaseException:
+            await self._undo_import(state)
+            raise
         return state
+
+    async def _undo_import(self, state: RunState) -> None:
+        """Remove what a failed `import_` created (its run index, then its new session)."""
+        with contextlib.suppress(StatekeeperError):
+            await self.store.delete_record(self.tenant, RUNS_NAMESPACE, state.run_id)
+        with contextlib.suppress(StatekeeperError):
+            await self.store.delete_session(self.tenant, state.session_id)
 
     # -- retention -----------------------------------------------------------------------
 

@@ -7,9 +7,15 @@ its origin is included, so the file stands on its own.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
-from statekeeper.errors import InvalidPayloadError, SchemaVersionError
+from statekeeper.errors import (
+    InvalidInputError,
+    InvalidPayloadError,
+    SchemaVersionError,
+    StatekeeperError,
+)
 from statekeeper.ids import validate_id
 from statekeeper.sessions.handle import SessionOwner
 from statekeeper.stores.base import Entry, EntryDraft, SessionPatch, SessionRecord
@@ -91,21 +97,29 @@ async def import_session(
     created = await manager.store.create_session(record)
     if not drafts:
         return created
-    result = await manager.store.append_entries(
-        manager.tenant,
-        created.id,
-        drafts,
-        expected_version=created.version,
-        move_head=False,
-        patch=SessionPatch(
-            set={"head_seq": head, "fresh_tokens": source.fresh_tokens},
-            add={
-                "total_tokens": source.total_tokens,
-                "message_count": source.message_count,
-                "compaction_count": source.compaction_count,
-            },
-        ),
+    patch = SessionPatch(
+        set={"head_seq": head, "fresh_tokens": source.fresh_tokens},
+        add={
+            "total_tokens": source.total_tokens,
+            "message_count": source.message_count,
+            "compaction_count": source.compaction_count,
+        },
     )
+    try:
+        result = await manager.store.append_entries(
+            manager.tenant,
+            created.id,
+            drafts,
+            expected_version=created.version,
+            move_head=False,
+            patch=patch,
+        )
+    except BaseException:
+        # What the checks above cannot know (the store's size limit, a failing disk):
+        # the import fails whole, and the session it had just created goes too.
+        with contextlib.suppress(StatekeeperError):
+            await manager.store.delete_session(manager.tenant, created.id)
+        raise
     return result.session
 
 
@@ -138,4 +152,24 @@ def _parse(document: object) -> tuple[SessionRecord, list[EntryDraft], int]:
             raise ValueError("entries must be numbered 1..n and the head must be one of them")
     except (KeyError, TypeError, ValueError) as exc:
         raise InvalidPayloadError(f"invalid session export: {exc}") from exc
+    _check_entries(drafts)
     return source, drafts, head
+
+
+def _check_entries(drafts: list[EntryDraft]) -> None:
+    """Refuse what the append would refuse, before the import creates anything."""
+    seen: set[str] = set()
+    for seq, draft in enumerate(drafts, start=1):
+        validate_id(draft.id, "entry id")
+        if draft.id in seen:
+            raise InvalidInputError(
+                f"invalid session export: entry id {draft.id!r} appears twice; "
+                "every entry needs an id of its own"
+            )
+        seen.add(draft.id)
+        parent = draft.parent
+        if parent is not None and (type(parent) is not int or not 1 <= parent < seq):
+            raise InvalidInputError(
+                f"invalid session export: parent_seq {parent!r} of entry {seq} must be "
+                f"an earlier entry (1..{seq - 1}) or null"
+            )

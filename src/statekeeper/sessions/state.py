@@ -13,13 +13,18 @@ holding the delta, so the history of state is replayable like the conversation.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from pydantic import JsonValue
 
-from statekeeper.errors import ConflictError, InvalidInputError, NotFoundError
+from statekeeper.errors import ConflictError, InvalidInputError, NotFoundError, StatekeeperError
+from statekeeper.jsoncodec import encode_json
 from statekeeper.sessions.handle import SessionHandle
 from statekeeper.stores.base import EntryDraft, EntryKind, SessionPatch
+from statekeeper.stores.rules import check_version
 
 __all__ = ["APP_TENANT", "ScopedState"]
 
@@ -96,6 +101,9 @@ class ScopedState:
         await self._change({}, list(keys))
 
     async def _change(self, delta: dict[str, JsonValue], deleted: Iterable[str]) -> None:
+        """Apply a change whole or not at all: the session's compare-and-set is checked
+        before the shared scopes are written, and they are put back if the delta entry
+        cannot be recorded after all (another writer got in between)."""
         by_scope: dict[str, tuple[dict[str, JsonValue], list[str]]] = {
             s: ({}, []) for s in ("app", "user", "session", "temp")
         }
@@ -105,44 +113,86 @@ class ScopedState:
         for key in deleted:
             scope, name = _split(key)
             by_scope[scope][1].append(name)
-
-        for scope in ("app", "user"):
-            sets, removes = by_scope[scope]
-            if sets or removes:
-                await self._write_shared(scope, sets, removes)
-
-        sets, removes = by_scope["session"]
         recorded = {
             scope: {"set": by_scope[scope][0], "deleted": by_scope[scope][1]}
             for scope in ("app", "user", "session")
             if by_scope[scope][0] or by_scope[scope][1]
         }
         if recorded:
-            new_state = {**self._session.record.state, **sets}
-            for name in removes:
-                new_state.pop(name, None)
-            draft = EntryDraft(kind=EntryKind.STATE, payload={"delta": recorded})
-            patch = SessionPatch(set={"state": new_state})
-            await self._session._append_raw([draft], patch, expected_version=self._session.version)
-
+            await self._record(by_scope, recorded)
         temp_sets, temp_removes = by_scope["temp"]
         self._temp.update(temp_sets)
         for name in temp_removes:
             self._temp.pop(name, None)
 
+    async def _record(
+        self,
+        by_scope: dict[str, tuple[dict[str, JsonValue], list[str]]],
+        recorded: dict[str, dict[str, Any]],
+    ) -> None:
+        session = self._session
+        payload = {"delta": recorded}
+        encode_json(payload, what="state update")  # NaN, non-JSON: refused before any write
+        expected = session.version
+        store = session.manager.store
+        check_version(await store.get_session(session.manager.tenant, session.id), expected)
+        undo: list[_Undo] = []
+        try:
+            for scope in ("app", "user"):
+                sets, removes = by_scope[scope]
+                if sets or removes:
+                    undo.append(await self._write_shared(scope, sets, removes))
+            sets, removes = by_scope["session"]
+            new_state = {**session.record.state, **sets}
+            for name in removes:
+                new_state.pop(name, None)
+            draft = EntryDraft(kind=EntryKind.STATE, payload=payload)
+            patch = SessionPatch(set={"state": new_state})
+            await session._append_raw([draft], patch, expected_version=expected)
+        except BaseException:
+            for step in reversed(undo):
+                await self._restore(step)
+            raise
+
     async def _write_shared(
         self, scope: str, sets: dict[str, JsonValue], removes: list[str]
-    ) -> None:
+    ) -> _Undo:
         tenant, namespace, key = self._shared(scope)
         store = self._session.manager.store
         for _ in range(_MAX_ATTEMPTS):
             values, version = await self._load_shared(scope)
+            before = dict(values)
             values.update(sets)
             for name in removes:
                 values.pop(name, None)
             try:
-                await store.put_record(tenant, namespace, key, values, expected_version=version)
-                return
+                written = await store.put_record(
+                    tenant, namespace, key, values, expected_version=version
+                )
             except ConflictError:
                 continue
+            return _Undo(scope, before, version, written.version)
         raise ConflictError(f"{scope} state kept changing under concurrent writers; retry")
+
+    async def _restore(self, step: _Undo) -> None:
+        """Put a shared scope back as it was, unless someone else has written it since."""
+        tenant, namespace, key = self._shared(step.scope)
+        store = self._session.manager.store
+        with contextlib.suppress(StatekeeperError):
+            if step.version == 0:
+                await store.delete_record(tenant, namespace, key, expected_version=step.written)
+            else:
+                await store.put_record(
+                    tenant, namespace, key, step.values, expected_version=step.written
+                )
+
+
+@dataclass(frozen=True, slots=True)
+class _Undo:
+    """How to put a shared scope back: its values and version before, and the version
+    written."""
+
+    scope: str
+    values: dict[str, JsonValue]
+    version: int
+    written: int

@@ -19,7 +19,7 @@ import binascii
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Final
 
 from statekeeper.errors import (
     ConflictError,
@@ -313,11 +313,17 @@ def check_session_record(record: SessionRecord, limit: int) -> SessionRecord:
     return record
 
 
-def check_record_ids(tenant: str, namespace: str, key: str | None = None) -> None:
-    """Validate the ids that address a record or an event log."""
+_NO_KEY: Final = object()
+
+
+def check_record_ids(tenant: str, namespace: str, key: object = _NO_KEY) -> None:
+    """Validate the ids that address a record (with ``key``) or an event log (without).
+
+    A ``key`` that is given is always checked: None is refused, not taken for "no key".
+    """
     validate_id(tenant, "tenant")
     validate_id(namespace, "namespace")
-    if key is not None:
+    if key is not _NO_KEY:
         validate_id(key, "record key")
 
 
