@@ -113,3 +113,20 @@ async def test_a_record_with_a_bad_key_is_refused_before_anything_is_written(
     with pytest.raises(InvalidIdError, match="record key"):
         await store.delete_record("alice", "ns", key)
     assert await snapshot(store, "alice", namespaces=["ns"]) == before
+
+
+async def test_start_with_a_taken_run_id_creates_no_session(store: Store) -> None:
+    runner = Runner(store, "alice", [agent()])
+    await runner.start("a", "hi", run_id="r1")
+    before = await snapshot(store, "alice")
+    with pytest.raises(StatekeeperError, match="already exists"):
+        await runner.start("a", "hi", run_id="r1")
+    assert await snapshot(store, "alice") == before
+
+
+async def test_create_with_first_messages_that_fail_leaves_no_session(store: Store) -> None:
+    before = await snapshot(store, "alice")
+    bad = Message.user("hi", metadata={"v": float("nan")})
+    with pytest.raises(InvalidPayloadError):
+        await SessionManager(store, "alice").create(session_id="s", messages=[bad])
+    assert await snapshot(store, "alice") == before

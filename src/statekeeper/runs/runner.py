@@ -12,6 +12,7 @@ and events) and the `RunLoop` (the steps) — over a `RunStore` and a `SessionMa
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Unpack
 
@@ -21,7 +22,7 @@ from statekeeper.core.lifecycle import AgentStatus
 from statekeeper.core.limits import Limits
 from statekeeper.core.messages import Message, utcnow
 from statekeeper.core.metrics import DelegationInfo
-from statekeeper.errors import InvalidInputError
+from statekeeper.errors import InvalidInputError, StatekeeperError
 from statekeeper.ids import new_id, validate_id
 from statekeeper.runs.agent import Agent, Tool
 from statekeeper.runs.compaction import AutoCompaction, compact_published
@@ -161,25 +162,32 @@ class Runner:
         """
         find_agent(self.agents, agent)
         run_id = validate_id(run_id, "run id") if run_id is not None else new_id("run")
+        created = session_id is None
         if session_id is None:
             session_id = (await self.sessions.create(title=title, agent_id=agent)).id
         else:
             await self.sessions.get(session_id)
-        state = RunState(
-            run_id=run_id,
-            group_id=group_id,
-            tenant=self.tenant,
-            session_id=session_id,
-            agent=agent,
-            headless=headless,
-            limits=self.policy.limits_for(limits),
-            context=self.context_codec.dump(context),
-            metadata=metadata or {},
-            delegation=delegation,
-        )
-        if delegation is not None:  # the total so far: local = total - snapshot
-            state.metrics = delegation.parent_metrics_snapshot.snapshot()
-        await self.runs.create(state)
+        try:
+            state = RunState(
+                run_id=run_id,
+                group_id=group_id,
+                tenant=self.tenant,
+                session_id=session_id,
+                agent=agent,
+                headless=headless,
+                limits=self.policy.limits_for(limits),
+                context=self.context_codec.dump(context),
+                metadata=metadata or {},
+                delegation=delegation,
+            )
+            if delegation is not None:  # the total so far: local = total - snapshot
+                state.metrics = delegation.parent_metrics_snapshot.snapshot()
+            await self.runs.create(state)
+        except BaseException:
+            if created:  # a run that could not be registered leaves no session behind
+                with contextlib.suppress(StatekeeperError):
+                    await self.sessions.delete(session_id)
+            raise
         lease = self.coordination.lease_ttl
         index_version = await self.runs.claim(state.run_id, self.owner, ttl=lease)
         active = await self._open(state, index_version, context)

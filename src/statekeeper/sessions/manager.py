@@ -10,6 +10,7 @@ serialise appends instead (each is chained onto whatever the head is then).
 from __future__ import annotations
 
 import builtins
+import contextlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -25,6 +26,7 @@ from statekeeper.errors import (
     AlreadyExistsError,
     InvalidInputError,
     NotFoundError,
+    StatekeeperError,
 )
 from statekeeper.ids import new_id, validate_id
 from statekeeper.sessions.basics import SessionBasics, is_clear_marker
@@ -133,7 +135,13 @@ class SessionManager:
             )
         session = Session(self, await self.store.create_session(record))
         if messages:
-            await session.append(*messages)
+            try:
+                await session.append(*messages)
+            except BaseException:
+                # Created with its first messages or not at all.
+                with contextlib.suppress(StatekeeperError):
+                    await self.store.delete_session(self.tenant, record.id)
+                raise
         return session
 
     async def get(self, session_id: str) -> Session:

@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import JsonValue
 
 from statekeeper.errors import ConflictError, InvalidInputError, NotFoundError, StatekeeperError
-from statekeeper.jsoncodec import encode_json
+from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES, encode_json
 from statekeeper.sessions.handle import SessionHandle
 from statekeeper.stores.base import EntryDraft, EntryKind, SessionPatch
 from statekeeper.stores.rules import check_version
@@ -132,7 +132,11 @@ class ScopedState:
     ) -> None:
         session = self._session
         payload = {"delta": recorded}
-        encode_json(payload, what="state update")  # NaN, non-JSON: refused before any write
+        sets, removes = by_scope["session"]
+        new_state = {**session.record.state, **sets}
+        for name in removes:
+            new_state.pop(name, None)
+        await self._check_fits(by_scope, payload, new_state)
         expected = session.version
         store = session.manager.store
         check_version(await store.get_session(session.manager.tenant, session.id), expected)
@@ -142,10 +146,6 @@ class ScopedState:
                 sets, removes = by_scope[scope]
                 if sets or removes:
                     undo.append(await self._write_shared(scope, sets, removes))
-            sets, removes = by_scope["session"]
-            new_state = {**session.record.state, **sets}
-            for name in removes:
-                new_state.pop(name, None)
             draft = EntryDraft(kind=EntryKind.STATE, payload=payload)
             patch = SessionPatch(set={"state": new_state})
             await session._append_raw([draft], patch, expected_version=expected)
@@ -153,6 +153,29 @@ class ScopedState:
             for step in reversed(undo):
                 await self._restore(step)
             raise
+
+    async def _check_fits(
+        self,
+        by_scope: dict[str, tuple[dict[str, JsonValue], list[str]]],
+        payload: dict[str, Any],
+        new_state: dict[str, JsonValue],
+    ) -> None:
+        """Refuse, before anything is written, what a write below would refuse: values
+        that are not JSON (NaN, objects) and scopes, entries or heads past the store's
+        size limit."""
+        store = self._session.manager.store
+        limit = getattr(store, "max_payload_bytes", DEFAULT_MAX_PAYLOAD_BYTES)
+        encode_json(payload, what="state update", limit=limit)
+        head = self._session.record.model_copy(update={"state": new_state})
+        encode_json(head.to_doc(), what=f"session {head.id!r} with this state", limit=limit)
+        for scope in ("app", "user"):
+            sets, removes = by_scope[scope]
+            if sets or removes:
+                values, _ = await self._load_shared(scope)
+                values.update(sets)
+                for name in removes:
+                    values.pop(name, None)
+                encode_json(values, what=f"{scope} state", limit=limit)
 
     async def _write_shared(
         self, scope: str, sets: dict[str, JsonValue], removes: list[str]
