@@ -10,7 +10,6 @@ serialise appends instead (each is chained onto whatever the head is then).
 from __future__ import annotations
 
 import builtins
-import contextlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -26,7 +25,6 @@ from statekeeper.errors import (
     AlreadyExistsError,
     InvalidInputError,
     NotFoundError,
-    StatekeeperError,
 )
 from statekeeper.ids import new_id, validate_id
 from statekeeper.sessions.basics import SessionBasics, is_clear_marker
@@ -38,7 +36,7 @@ from statekeeper.sessions.continuation import (
     crosses_boundary,
     reserve_continuation,
 )
-from statekeeper.sessions.portable import export_session, import_session
+from statekeeper.sessions.portable import export_session, import_session, removed_on_failure
 from statekeeper.sessions.state import ScopedState
 from statekeeper.sessions.view import (
     TranscriptView,
@@ -134,14 +132,9 @@ class SessionManager:
                 delivery=delivery,
             )
         session = Session(self, await self.store.create_session(record))
-        if messages:
-            try:
+        if messages:  # created with its first messages or not at all
+            async with removed_on_failure(self.store, self.tenant, record.id):
                 await session.append(*messages)
-            except BaseException:
-                # Created with its first messages or not at all.
-                with contextlib.suppress(StatekeeperError):
-                    await self.store.delete_session(self.tenant, record.id)
-                raise
         return session
 
     async def get(self, session_id: str) -> Session:

@@ -8,6 +8,7 @@ its origin is included, so the file stands on its own.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 from statekeeper.errors import (
@@ -18,9 +19,15 @@ from statekeeper.errors import (
 )
 from statekeeper.ids import validate_id
 from statekeeper.sessions.handle import SessionOwner
-from statekeeper.stores.base import Entry, EntryDraft, SessionPatch, SessionRecord
+from statekeeper.stores.base import Entry, EntryDraft, SessionPatch, SessionRecord, Store
 
-__all__ = ["EXPORT_FORMAT", "EXPORT_VERSION", "export_session", "import_session"]
+__all__ = [
+    "EXPORT_FORMAT",
+    "EXPORT_VERSION",
+    "export_session",
+    "import_session",
+    "removed_on_failure",
+]
 
 EXPORT_FORMAT = "statekeeper.session"
 EXPORT_VERSION = 1
@@ -105,7 +112,9 @@ async def import_session(
             "compaction_count": source.compaction_count,
         },
     )
-    try:
+    # What the checks above cannot know (the store's size limit, a failing disk): the
+    # import fails whole, and the session it had just created goes too.
+    async with removed_on_failure(manager.store, manager.tenant, created.id):
         result = await manager.store.append_entries(
             manager.tenant,
             created.id,
@@ -114,13 +123,19 @@ async def import_session(
             move_head=False,
             patch=patch,
         )
-    except BaseException:
-        # What the checks above cannot know (the store's size limit, a failing disk):
-        # the import fails whole, and the session it had just created goes too.
-        with contextlib.suppress(StatekeeperError):
-            await manager.store.delete_session(manager.tenant, created.id)
-        raise
     return result.session
+
+
+@contextlib.asynccontextmanager
+async def removed_on_failure(store: Store, tenant: str, session_id: str) -> AsyncIterator[None]:
+    """Delete the session just created if the block raises (then re-raise): a call that
+    creates a session and fills it succeeds whole or leaves nothing."""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(StatekeeperError):
+            await store.delete_session(tenant, session_id)
+        raise
 
 
 def _parse(document: object) -> tuple[SessionRecord, list[EntryDraft], int]:
