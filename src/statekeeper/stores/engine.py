@@ -276,12 +276,7 @@ class AppendEngine:
         self, tenant: str, session_id: str, plan: Plan, ids: Sequence[str]
     ) -> Any:
         """`_apply_batch` for a batch of one, returning its result or raising its error."""
-        cached = self.heads.get((tenant, session_id))
-        proved = cached is None  # errors count only against a head the backend returned
-        if cached is None:
-            state = await self._load(tenant, session_id, ids)
-        else:
-            state = Snapshot(cached[0], cached[1], {})
+        state, proved = await self._start(tenant, session_id, ids)
         while True:
             try:
                 planned = plan(state.record, state.existing)
@@ -317,12 +312,7 @@ class AppendEngine:
 
     async def _apply_batch(self, tenant: str, session_id: str, batch: list[_Change]) -> None:
         ids = list(dict.fromkeys(i for change in batch for i in change.ids))
-        cached = self.heads.get((tenant, session_id))
-        proved = cached is None  # errors count only against a head the backend returned
-        if cached is None:
-            state = await self._load(tenant, session_id, ids)
-        else:
-            state = Snapshot(cached[0], cached[1], {})
+        state, proved = await self._start(tenant, session_id, ids)
         while True:
             head, known = state.record, dict(state.existing)
             outcomes: list[tuple[_Change, Any, bool]] = []
@@ -357,6 +347,18 @@ class AppendEngine:
                     else:
                         change.done.set_exception(outcome)
             return
+
+    async def _start(
+        self, tenant: str, session_id: str, ids: Sequence[str]
+    ) -> tuple[Snapshot, bool]:
+        """The head to plan from: the cached one (not proved current), else the stored one.
+
+        Errors count only against a proved head, one the backend returned.
+        """
+        cached = self.heads.get((tenant, session_id))
+        if cached is None:
+            return await self._load(tenant, session_id, ids), True
+        return Snapshot(cached[0], cached[1], {}), False
 
     async def _load(self, tenant: str, session_id: str, ids: Sequence[str]) -> Snapshot:
         try:

@@ -80,21 +80,18 @@ class FileTranscripts(EngineWrites):
             fd, index = sessions.open_log(ctx, write=True)
             assert fd is not None
             try:
-                if any(i in index.ids for i in ids):
-                    os.close(fd)
-                    fd = -1
-                    return self._snapshot(ctx, ids)
-                lines = "".join(entry_line(e, text, side) for e, text, side in writes)
-                end = sessions.write_lines(ctx, fd, index, lines.encode())
-                # The commit point: the head now says the new lines are part of the log.
-                sessions.save_head(ctx, head, stored.gen, end)
-                return None
+                taken = any(i in index.ids for i in ids)
+                if not taken:
+                    lines = "".join(entry_line(e, text, side) for e, text, side in writes)
+                    end = sessions.write_lines(ctx, fd, index, lines.encode())
+                    # The commit point: the head now says the new lines are part of the log.
+                    sessions.save_head(ctx, head, stored.gen, end)
             except BaseException:
                 sessions.indexes.pop(ctx.key, None)  # it may hold lines never committed
                 raise
             finally:
-                if fd >= 0:
-                    os.close(fd)
+                os.close(fd)
+            return self._snapshot(ctx, ids) if taken else None
 
         return await self._in_session(tenant, session_id, commit)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from statekeeper.stores.worker import Worker
@@ -33,9 +33,9 @@ class Queued:
     """One write waiting for (or done by) a group transaction."""
 
     fn: Callable[[Any], Any]
+    done: asyncio.Future[None]
     result: Any = None
     error: BaseException | None = None
-    done: asyncio.Future[None] | None = field(default=None)
 
 
 class GroupCommit:
@@ -67,11 +67,10 @@ class GroupCommit:
 
     async def submit(self, fn: Callable[[Any], T]) -> T:
         """Queue a write for the next group transaction and wait for its outcome."""
-        item = Queued(fn, done=asyncio.get_running_loop().create_future())
+        item = Queued(fn, asyncio.get_running_loop().create_future())
         self._queue.append(item)
         if not self._running:
             self._start()
-        assert item.done is not None
         try:
             await asyncio.shield(item.done)
         except asyncio.CancelledError:
@@ -100,7 +99,7 @@ class GroupCommit:
         self._running = False
         self.batches += 1
         for item in batch:
-            if item.done is not None and not item.done.done():
+            if not item.done.done():
                 item.done.set_result(None)
         if self._queue:
             self._start()
