@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint types unit bench clean
+.PHONY: setup browser demo test lint types unit bench clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -11,6 +11,13 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+# The control UI's tests drive Debian's chromium headless (Playwright never downloads a browser
+# here). Installing it needs root; without it those tests skip locally and fail under CI.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
+	  echo "could not install Debian's chromium: the browser tests will skip"
 
 demo: $(STAMP)
 	$(PY) -m statekeeper.demo
@@ -22,7 +29,7 @@ lint: $(STAMP)
 types: $(STAMP)
 	$(VENV)/bin/mypy
 
-unit: $(STAMP)
+unit: $(STAMP) browser
 	$(VENV)/bin/pytest -q
 
 test: lint types unit
