@@ -1,0 +1,1 @@
+"""LangGraph on statekeeper: a checkpointer and a long-term store (extra ``langgraph``)."""
