@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from typing import Any
 
@@ -86,6 +87,47 @@ async def test_export_and_import_move_a_run_between_stores(store: Store, tmp_pat
         await other.close()
     with pytest.raises(InvalidPayloadError):
         await runner.runs.import_(snapshot[: len(snapshot) // 2])
+
+
+async def test_inspection_survives_export_and_import(store: Store, tmp_path: Any) -> None:
+    agent = ScriptedAgent("a", [*chatty(2).script[:2], AskInput("more?"), Finish("x")])
+    runner = Runner(store, "alice", [agent])
+    asked = await runner.start("a", "go")
+    here = RunInspector(runner.runs, asked.run_id)
+    before_responses = await here.model_responses()
+    before_timeline = await here.timeline()
+    assert len(before_responses) == 2
+    assert before_timeline
+
+    other = await open_store(f"sqlite:///{tmp_path / 'moved.db'}")
+    try:
+        there = Runner(other, "bob", [agent])
+        state = await there.runs.import_(await runner.runs.export(asked.run_id))
+        moved = RunInspector(there.runs, state.run_id)
+        assert await moved.model_responses() == before_responses
+        assert await moved.timeline() == before_timeline
+        done = await there.resume(state.run_id, "yes")  # the log goes on after the import
+        assert done.status == "completed"
+        timeline = await RunInspector(there.runs, state.run_id).timeline()
+        assert timeline[: len(before_timeline)] == before_timeline
+        assert timeline[-1].target == "completed"
+    finally:
+        await other.close()
+
+
+async def test_an_import_with_bad_events_creates_nothing(store: Store) -> None:
+    runner = Runner(store, "alice", [chatty(1)])
+    done = await runner.start("a", "go")
+    data = json.loads(await runner.runs.export(done.run_id))
+    data["events"].append({"stream": "x"})  # no kind
+    data["run_id"] = "moved"
+    data["session_id"] = "moved-session"
+    with pytest.raises(InvalidPayloadError, match="events"):
+        await runner.runs.import_(json.dumps(data))
+    with pytest.raises(NotFoundError):
+        await runner.runs.index("moved")
+    with pytest.raises(NotFoundError):
+        await store.get_session("alice", "moved-session")
 
 
 async def test_inspection(store: Store) -> None:

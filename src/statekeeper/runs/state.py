@@ -218,6 +218,9 @@ class RunState(BaseModel):
     updated_at: AwareDatetime = Field(default_factory=utcnow)
     items: list[dict[str, Any]] | None = None
     """Transcript messages, only in exported snapshots (`to_json`)."""
+    events: list[dict[str, Any]] | None = None
+    """The run's event log (model responses, status timeline ...), only in exported
+    snapshots (`to_json`): each ``{"stream", "kind", "ts", "payload"}``."""
 
     @field_validator("run_id", "session_id", "tenant")
     @classmethod
@@ -341,12 +344,21 @@ class RunState(BaseModel):
 
     def checkpoint_data(self) -> dict[str, Any]:
         """The stored checkpoint: JSON data without items."""
-        return self.model_dump(mode="json", exclude={"items"})
+        return self.model_dump(mode="json", exclude={"items", "events"})
 
-    def to_json(self, items: list[Message] | None = None, *, indent: int | None = None) -> str:
-        """A self-contained JSON snapshot, with the transcript ``items`` if given."""
+    def to_json(
+        self,
+        items: list[Message] | None = None,
+        *,
+        events: list[dict[str, Any]] | None = None,
+        indent: int | None = None,
+    ) -> str:
+        """A self-contained JSON snapshot, with the transcript ``items`` and the run's
+        ``events`` if given."""
         data = self.checkpoint_data()
         data["items"] = [m.to_dict() for m in items] if items is not None else (self.items or [])
+        if events is not None or self.events is not None:
+            data["events"] = events if events is not None else self.events
         return json.dumps(data, ensure_ascii=False, allow_nan=False, indent=indent)
 
     @classmethod

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from statekeeper.codec import StateCodec
 from statekeeper.core.messages import Message, utcnow
@@ -27,6 +27,7 @@ from statekeeper.core.tokens import DEFAULT_COUNTER, TokenCounter, counted
 from statekeeper.errors import (
     AlreadyExistsError,
     ConflictError,
+    InvalidPayloadError,
     NotFoundError,
     StatekeeperError,
 )
@@ -39,7 +40,7 @@ from statekeeper.runs.sealing import CheckpointSeal
 from statekeeper.runs.state import RunState
 from statekeeper.sessions.manager import SessionManager
 from statekeeper.sessions.view import appended_counters, build_view, message_draft
-from statekeeper.stores.base import Entry, EntryDraft, SessionRecord, Store
+from statekeeper.stores.base import Entry, EntryDraft, EventDraft, SessionRecord, Store
 
 __all__ = ["CHECKPOINT_KIND", "RUNS_NAMESPACE", "Loaded", "RunIndex", "RunStore", "Saved"]
 
@@ -316,12 +317,20 @@ class RunStore:
     # -- moving runs between stores -------------------------------------------------------
 
     async def export(self, run_id: str) -> str:
-        """A self-contained JSON snapshot: the checkpoint plus the messages the run sees."""
+        """A self-contained JSON snapshot: the checkpoint, the messages the run sees and
+        its event log (so inspection's model responses and timeline survive the move)."""
         state, _, _ = await self.load(run_id)
         manager = SessionManager(self.store, self.tenant, max_messages=None)
         record = await self.store.get_session(self.tenant, state.session_id)
         branch = await manager.load_branch(record, state.transcript_seq)
-        return state.to_json(items=build_view(branch).messages)
+        events = await self.store.read_events(self.tenant, run_id)
+        return state.to_json(
+            items=build_view(branch).messages,
+            events=[
+                {"stream": e.stream, "kind": e.kind, "ts": e.ts.isoformat(), "payload": e.payload}
+                for e in events
+            ],
+        )
 
     async def import_(
         self, snapshot: str | bytes, *, run_id: str | None = None, session_id: str | None = None
@@ -332,7 +341,9 @@ class RunStore:
         """
         state = RunState.from_json(snapshot)
         items = state.messages()
+        events = _event_drafts(state.events or [])
         state.items = None
+        state.events = None
         state.tenant = self.tenant
         state.run_id = validate_id(run_id, "run id") if run_id else state.run_id
         state.session_id = validate_id(session_id, "session id") if session_id else state.session_id
@@ -349,6 +360,8 @@ class RunStore:
         try:
             index_version = await self.create(state)
             await self.save(state, items, index_version=index_version)
+            if events:
+                await self.store.append_events(self.tenant, state.run_id, events)
         except BaseException:
             await self._undo_import(state)
             raise
@@ -356,6 +369,8 @@ class RunStore:
 
     async def _undo_import(self, state: RunState) -> None:
         """Remove what a failed `import_` created (its run index, then its new session)."""
+        with contextlib.suppress(StatekeeperError):
+            await self.store.delete_event_log(self.tenant, state.run_id)
         with contextlib.suppress(StatekeeperError):
             await self.store.delete_record(self.tenant, RUNS_NAMESPACE, state.run_id)
         with contextlib.suppress(StatekeeperError):
@@ -394,6 +409,16 @@ class RunStore:
             before_seq=index.checkpoint_seq,
             id_prefix=f"{run_id}.c",
         )
+
+
+def _event_drafts(raw: builtins.list[dict[str, Any]]) -> builtins.list[EventDraft]:
+    """The exported events as drafts to append, or `InvalidPayloadError` naming the bad one."""
+    try:
+        return [EventDraft.model_validate(item) for item in raw]
+    except ValidationError as exc:
+        raise InvalidPayloadError(
+            f"the snapshot's events are not valid ({exc.errors()[0]['msg']}); export the run again"
+        ) from exc
 
 
 def owner_alive(owner: str | None) -> bool:
