@@ -91,7 +91,10 @@ def test_fixture_loads_to_the_current_version(path: Path) -> None:
     assert state.tenant == raw["tenant"]
     assert state.session_id == raw["session_id"]
     assert state.status == raw["status"]
-    assert state.trace.trace_id.startswith("trace_")
+    if "trace" in raw:
+        assert state.trace.trace_id == raw["trace"]["trace_id"]
+    else:  # v1 had none: the migration derives it from the run id
+        assert state.trace.trace_id == f"trace_{raw['run_id']}"
     assert all(g.kind for g in state.guardrails)
     assert state.error is None or state.error.type
     assert len(state.messages()) == len(raw["items"])
@@ -284,14 +287,15 @@ def test_v2_features() -> None:
     assert state.child_usage == {}  # what the v2 -> v3 step adds
 
 
-def test_v2_export_is_v2_plus_what_v3_added() -> None:
+def test_v2_export_is_v2_plus_what_v3_and_v4_added() -> None:
     for name in ("v2/minimal.json", "v2/features.json"):
         raw = json.loads(read(name))
         again = json.loads(load(name).to_json())
-        assert again == {**raw, "schema_version": 3, "child_usage": {}}
+        trace = {**raw["trace"], "traceparent": None}
+        assert again == {**raw, "schema_version": 4, "child_usage": {}, "trace": trace}
 
 
-# -- version 3 (current) ----------------------------------------------------------------
+# -- version 3 --------------------------------------------------------------------------
 
 
 def test_v3_minimal() -> None:
@@ -331,11 +335,58 @@ def test_v3_features() -> None:
     assert state.messages() == v2.messages()
 
 
-def test_v3_export_is_byte_stable() -> None:
-    """Reading and writing a current fixture again gives the same JSON data."""
+def test_v3_export_is_v3_plus_what_v4_added() -> None:
     for name in ("v3/minimal.json", "v3/features.json"):
         raw = json.loads(read(name))
+        trace = {**raw["trace"], "traceparent": None}  # never traced with OpenTelemetry
+        assert json.loads(load(name).to_json()) == {**raw, "schema_version": 4, "trace": trace}
+
+
+# -- version 4 (current) ----------------------------------------------------------------
+
+
+def test_v4_minimal() -> None:
+    state = load("v4/minimal.json")
+
+    assert state == RunState(
+        run_id="run_minimal_v4",
+        tenant="tenant-a",
+        session_id="sess_minimal",
+        agent="assistant",
+        trace=TraceState(trace_id="trace_minimal_v4"),
+        created_at=when("2025-03-14T09:26:53.589793Z"),
+        updated_at=when("2025-03-14T09:26:53.589793Z"),
+        items=[],
+    )
+
+
+def test_v4_features_keep_the_w3c_trace() -> None:
+    state = load("v4/features.json")
+    v3 = load("v3/features.json")
+
+    assert state.trace == TraceState(
+        trace_id="4bf92f3577b34da6a3ce929d0e0e4736",
+        spans=7,
+        current_span="53995c3f42cd8ad8",
+        traceparent="00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+    )
+    same = ("metrics", "limits", "tool_use", "guardrails", "error")
+    assert all(getattr(state, name) == getattr(v3, name) for name in same)
+    assert state.messages() == v3.messages()
+
+
+def test_v4_export_is_byte_stable() -> None:
+    """Reading and writing a current fixture again gives the same JSON data."""
+    for name in ("v4/minimal.json", "v4/features.json"):
+        raw = json.loads(read(name))
         assert json.loads(load(name).to_json()) == raw
+
+
+def test_a_malformed_traceparent_is_refused() -> None:
+    data = json.loads(read("v4/minimal.json"))
+    data["trace"]["traceparent"] = "00-not-a-trace"
+    with pytest.raises(InvalidPayloadError):
+        RunState.from_data(data)
 
 
 def test_checkpoint_data_drops_items_and_reads_back() -> None:

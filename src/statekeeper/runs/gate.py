@@ -16,6 +16,7 @@ from statekeeper.core.messages import Message, ToolCallBlock
 from statekeeper.errors import InvalidInputError
 from statekeeper.runs.approvals import record_decision, settle
 from statekeeper.runs.lifecycle import RunLifecycle
+from statekeeper.runs.spans import wait_spans
 from statekeeper.runs.state import Interruption, RunState
 from statekeeper.runs.store import RunStore
 from statekeeper.runs.tools import ToolBox
@@ -73,6 +74,7 @@ class ApprovalGate:
         settled = settle(state)
         if settled.pending:
             return None
+        wait_spans(state)  # each wait ended at its decision, under the step that held it
         message = Message.model_validate(state.interruptions[0].message)
         approved = {c.call_id for c in settled.approved}
         calls = [c for c in message.tool_calls if c.id in approved]

@@ -8,6 +8,7 @@ from statekeeper.core.lifecycle import AgentStatus, TransitionTable
 from statekeeper.errors import InvalidTransitionError
 from statekeeper.runs.results import EventSink
 from statekeeper.runs.state import RunState
+from statekeeper.tracing import current_span_id
 
 __all__ = ["FINISHED", "RunLifecycle"]
 
@@ -53,6 +54,9 @@ class RunLifecycle:
         """Publish an event of the run (after the queued status events), with its trace."""
         await self.flush()
         payload = {**payload, "trace_id": state.trace.trace_id, "turn": state.turn}
+        span_id = current_span_id()  # the span the event happened in, when traced
+        if span_id is not None:
+            payload["span_id"] = span_id
         await self.events.publish(state.run_id, stream, kind, payload)
 
     async def flush(self) -> None:

@@ -18,6 +18,7 @@ counts); `AutoCompaction` may compact the session before a step.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -49,6 +50,7 @@ from statekeeper.runs.lifecycle import FINISHED, RunLifecycle
 from statekeeper.runs.limiting import Stopwatch, reached, stop_at_limit
 from statekeeper.runs.results import ReadOnlyMessages, RunResult
 from statekeeper.runs.rollup import report_usage
+from statekeeper.runs.spans import RunTrace
 from statekeeper.runs.state import ErrorDetails, RunState
 from statekeeper.runs.step import StepPaused, ask, said
 from statekeeper.runs.store import RunStore
@@ -80,6 +82,8 @@ class ActiveRun:
     """The auth profile the current step's model call used."""
     stopwatch: Stopwatch = field(default_factory=lambda: Stopwatch(time.monotonic))
     """Counts the time the run is driven into its time limit."""
+    trace: RunTrace | None = None
+    """The drive's spans (None: tracing is off)."""
 
 
 def find_agent(agents: Mapping[str, Agent], name: str) -> Agent:
@@ -169,6 +173,16 @@ class RunLoop:
         self._cancel[state.run_id] = cancel = asyncio.Event()
         active.stopwatch = Stopwatch(self.clock)
         active.stopwatch.start()
+        current = active.trace.current() if active.trace else contextlib.nullcontext()
+        with current:
+            try:
+                return await self._drive_steps(active, cancel)
+            finally:
+                self._cancel.pop(state.run_id, None)
+                await self._end(active)
+
+    async def _drive_steps(self, active: ActiveRun, cancel: asyncio.Event) -> RunResult:
+        state = active.state
         try:
             if await self._begin(active):
                 await self._steps(active, cancel)
@@ -178,9 +192,6 @@ class RunLoop:
             if not expected and state.status not in FINISHED:
                 await self._fail(active, exc)
             raise
-        finally:
-            self._cancel.pop(state.run_id, None)
-            await self._end(active)
 
     async def _begin(self, active: ActiveRun) -> bool:
         """Get a loaded run going: False if it stops before its first step."""
@@ -235,6 +246,13 @@ class RunLoop:
     # -- one step ------------------------------------------------------------------------
 
     async def _step(self, active: ActiveRun) -> None:
+        if active.trace is None:
+            await self._take_step(active)
+            return
+        with active.trace.step(active.state):
+            await self._take_step(active)
+
+    async def _take_step(self, active: ActiveRun) -> None:
         state = active.state
         await self._foreign_messages(active)
         steering = self.coordination.steering(state.session_id)
@@ -253,7 +271,8 @@ class RunLoop:
         span = state.trace.current_span
         state.turn += 1
         state.trace.spans += 1
-        state.trace.current_span = f"{state.trace.trace_id}.s{state.trace.spans}"
+        step_id = active.trace.step_id() if active.trace else None
+        state.trace.current_span = step_id or f"{state.trace.trace_id}.s{state.trace.spans}"
         agent = find_agent(self.agents, state.agent)
         step_input = StepInput(
             state=state.copy_state(),
@@ -263,6 +282,7 @@ class RunLoop:
             tools=self.tools.tools,
         )
         profiles = self.auth.get(state.agent) if isinstance(self.auth, Mapping) else self.auth
+        started = time.time_ns()
         try:
             action, active.profile = await ask(agent, step_input, self.lifecycle, state, profiles)
         except StepPaused as paused:
@@ -275,6 +295,8 @@ class RunLoop:
             return None
         state.pending_input = []
         _account(state, action)
+        if active.trace is not None and action.call is not None:
+            active.trace.model_call(action.call, state.agent, started)
         return action
 
     async def _say(self, active: ActiveRun, action: Action, messages: list[Message]) -> None:

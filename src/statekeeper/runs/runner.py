@@ -42,6 +42,7 @@ from statekeeper.runs.options import (
 )
 from statekeeper.runs.results import EventSink, RunResult, as_messages
 from statekeeper.runs.rollup import child_limits, current_parent
+from statekeeper.runs.spans import RunTrace, child_parent, drive_span
 from statekeeper.runs.state import RunState
 from statekeeper.runs.stats import SessionStats, session_stats
 from statekeeper.runs.store import RunStore
@@ -51,6 +52,7 @@ from statekeeper.runtime.events import EventBus
 from statekeeper.runtime.profiles import AuthProfiles
 from statekeeper.sessions import CompactionResult, SessionManager, Summarizer
 from statekeeper.stores.base import Store
+from statekeeper.tracing import traced
 
 __all__ = ["EventSink", "RunResult", "Runner"]
 
@@ -92,6 +94,8 @@ class Runner:
         auth: AuthProfiles | Mapping[str, AuthProfiles] | None = None,
         **flat: Unpack[FlatOptions],
     ) -> None:
+        # Store spans only when a tracer provider is configured now: none costs nothing.
+        store = traced(store)
         self.store, self.tenant = store, tenant
         self.checkpoints = apply_flat("checkpoints", checkpoints or CheckpointOptions(), flat)
         self.coordination = apply_flat("coordination", coordination or Coordination(), flat)
@@ -162,6 +166,44 @@ class Runner:
         """
         find_agent(self.agents, agent)
         run_id = validate_id(run_id, "run id") if run_id is not None else new_id("run")
+        with drive_span(agent=agent, run_id=run_id, trace=None) as trace:
+            state = await self._new_run(
+                agent,
+                session_id=session_id,
+                title=title,
+                run_id=run_id,
+                group_id=group_id,
+                headless=headless,
+                limits=limits,
+                context=context,
+                metadata=metadata,
+                delegation=delegation,
+                trace=trace,
+            )
+            lease = self.coordination.lease_ttl
+            index_version = await self.runs.claim(state.run_id, self.owner, ttl=lease)
+            active = await self._open(state, index_version, context, trace)
+            active.new_input = as_messages(input)
+            payload = {"agent": agent, "headless": headless}
+            await self.lifecycle.publish(state, "lifecycle", "start", payload)
+            return await self.loop.drive(active)
+
+    async def _new_run(
+        self,
+        agent: str,
+        *,
+        session_id: str | None,
+        title: str | None,
+        run_id: str,
+        group_id: str | None,
+        headless: bool,
+        limits: Limits | None,
+        context: Any,
+        metadata: dict[str, JsonValue] | None,
+        delegation: DelegationInfo | None,
+        trace: RunTrace | None,
+    ) -> RunState:
+        """Create and register a new run (on a new session unless ``session_id``)."""
         created = session_id is None
         if session_id is None:
             session_id = (await self.sessions.create(title=title, agent_id=agent)).id
@@ -182,19 +224,15 @@ class Runner:
             )
             if delegation is not None:  # the total so far: local = total - snapshot
                 state.metrics = delegation.parent_metrics_snapshot.snapshot()
+            if trace is not None:
+                trace.adopt(state)
             await self.runs.create(state)
         except BaseException:
             if created:  # a run that could not be registered leaves no session behind
                 with contextlib.suppress(StatekeeperError):
                     await self.sessions.delete(session_id)
             raise
-        lease = self.coordination.lease_ttl
-        index_version = await self.runs.claim(state.run_id, self.owner, ttl=lease)
-        active = await self._open(state, index_version, context)
-        active.new_input = as_messages(input)
-        payload = {"agent": agent, "headless": headless}
-        await self.lifecycle.publish(state, "lifecycle", "start", payload)
-        return await self.loop.drive(active)
+        return state
 
     async def resume(
         self,
@@ -218,14 +256,17 @@ class Runner:
         if state.status == AgentStatus.WAITING_FOR_INPUT and not new_input:
             raise InvalidInputError(f"run {run_id} is waiting for input; pass input= to resume")
         lease = self.coordination.lease_ttl
-        index_version = await self.runs.claim(run_id, self.owner, ttl=lease, take_over=take_over)
-        try:
-            active = await self._open(state, index_version, context)
-        except BaseException:
-            await self.runs.release(state, owner=self.owner, checkpoint_seq=None)
-            raise
-        active.new_input = new_input
-        return await self.loop.drive(active)
+        with drive_span(agent=state.agent, run_id=run_id, trace=state.trace) as trace:
+            index_version = await self.runs.claim(
+                run_id, self.owner, ttl=lease, take_over=take_over
+            )
+            try:
+                active = await self._open(state, index_version, context, trace)
+            except BaseException:
+                await self.runs.release(state, owner=self.owner, checkpoint_seq=None)
+                raise
+            active.new_input = new_input
+            return await self.loop.drive(active)
 
     async def fork(
         self,
@@ -250,7 +291,11 @@ class Runner:
         )
         return await self.resume(state.run_id, input, context=context)
 
-    async def _open(self, state: RunState, index_version: int, context: Any) -> ActiveRun:
+    async def _open(
+        self, state: RunState, index_version: int, context: Any, trace: RunTrace | None
+    ) -> ActiveRun:
+        if trace is not None:
+            trace.adopt(state)
         if context is None and state.context is not None:
             context = self.context_codec.load(state.context)
         session = await self.sessions.get(state.session_id)
@@ -262,7 +307,7 @@ class Runner:
             owner=self.owner,
             lease_ttl=self.coordination.lease_ttl,
         )
-        active = ActiveRun(state, writer, await session.messages(), context)
+        active = ActiveRun(state, writer, await session.messages(), context, trace=trace)
         active.seen_seq = session.record.last_seq
         return active
 
@@ -404,14 +449,15 @@ class Runner:
             requester_session_id=parent.session_id,
             task=task or (messages[0].text if messages else agent),
         )
-        return await self.start(
-            agent,
-            messages,
-            session_id=session_id,
-            run_id=run_id,
-            headless=parent.headless if headless is None else headless,
-            limits=child_limits(parent, self.policy.limits_for(limits)),
-            group_id=parent.group_id or parent.run_id,
-            delegation=delegation,
-            context=self.context_codec.load(parent.context),
-        )
+        with child_parent(parent):  # the child's span goes under the parent's step
+            return await self.start(
+                agent,
+                messages,
+                session_id=session_id,
+                run_id=run_id,
+                headless=parent.headless if headless is None else headless,
+                limits=child_limits(parent, self.policy.limits_for(limits)),
+                group_id=parent.group_id or parent.run_id,
+                delegation=delegation,
+                context=self.context_codec.load(parent.context),
+            )

@@ -48,6 +48,7 @@ SCHEMA_VERSION_SUMMARIES: dict[int, str] = {
     1: "Initial schema: run, status, turn, limits, metrics, tools, approvals, context.",
     2: "Added trace state, guardrail kinds and delegation info; error details got a type.",
     3: "Added child_usage: what each delegated child run used, rolled up into the metrics.",
+    4: "Added trace.traceparent: the W3C traceparent of the run's OpenTelemetry span.",
 }
 """One line per schema version; a new version must add its line (checked at import)."""
 
@@ -75,9 +76,18 @@ def _v2_to_v3(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "child_usage": {}}
 
 
+def _v3_to_v4(data: dict[str, Any]) -> dict[str, Any]:
+    # A v3 run was never traced with OpenTelemetry: its next drive starts its trace.
+    trace = data.get("trace")
+    if isinstance(trace, dict):
+        data = {**data, "trace": {**trace, "traceparent": None}}
+    return data
+
+
 MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
     1: _v1_to_v2,
     2: _v2_to_v3,
+    3: _v3_to_v4,
 }
 """``version -> function`` turning a state of that version into the next one."""
 
@@ -115,6 +125,7 @@ def migrate(data: dict[str, Any]) -> dict[str, Any]:
 
 
 _MODEL = ConfigDict(extra="forbid", validate_assignment=True)
+_TRACEPARENT = r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$"
 
 
 class Interruption(BaseModel):
@@ -171,12 +182,19 @@ class ErrorDetails(BaseModel):
 
 
 class TraceState(BaseModel):
-    """The run's trace: a resumed run continues the same trace id."""
+    """The run's trace: a resumed run continues the same trace (see ``docs/tracing.md``).
+
+    With OpenTelemetry tracing on, ``trace_id`` is the W3C trace id (32 hex digits) of
+    the run's span, ``traceparent`` that span's W3C traceparent (every resumed drive's
+    span is its child) and ``current_span`` the id of the latest step's span (16 hex
+    digits); without, ``trace_id`` is statekeeper's own and ``current_span`` counts steps.
+    """
 
     model_config = _MODEL
     trace_id: str = Field(default_factory=lambda: new_id("trace"))
     spans: int = 0
     current_span: str | None = None
+    traceparent: str | None = Field(default=None, pattern=_TRACEPARENT)
 
 
 class RunState(BaseModel):

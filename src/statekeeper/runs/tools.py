@@ -28,6 +28,7 @@ from statekeeper.core.messages import Message, ToolCallBlock
 from statekeeper.runs.agent import Tool, ToolContext
 from statekeeper.runs.guardrails import check_tool_guardrail
 from statekeeper.runs.lifecycle import RunLifecycle
+from statekeeper.runs.spans import failed, tool_span
 from statekeeper.runs.state import GuardrailResult, RunState
 
 __all__ = ["ToolBox", "parse_arguments"]
@@ -98,18 +99,25 @@ class ToolBox:
         for call in calls:
             state.tool_use[call.name] = state.tool_use.get(call.name, 0) + 1
             info = {"call_id": call.id, "tool": call.name, "span": state.trace.current_span}
-            if not announced:
-                await self.lifecycle.publish(state, "tool", "call_start", info)
-            try:
-                text = await self._call(state, context, call)
-            except _Failed as failed:
-                payload = {**info, "error": failed.error, **failed.details}
-                await self.lifecycle.publish(state, "tool", "error", payload)
-                out.append(Message.tool_result(call.id, failed.text, is_error=True))
-                continue
-            await self.lifecycle.publish(state, "tool", "result", {**info, "output": text[:2000]})
-            out.append(Message.tool_result(call.id, text))
+            with tool_span(call) as span:
+                if not announced:
+                    await self.lifecycle.publish(state, "tool", "call_start", info)
+                out.append(await self._result(state, context, call, info, span))
         return out
+
+    async def _result(
+        self, state: RunState, context: Any, call: ToolCallBlock, info: dict[str, Any], span: Any
+    ) -> Message:
+        """Run one call and publish its outcome; its result message."""
+        try:
+            text = await self._call(state, context, call)
+        except _Failed as error:
+            failed(span, error.error)
+            payload = {**info, "error": error.error, **error.details}
+            await self.lifecycle.publish(state, "tool", "error", payload)
+            return Message.tool_result(call.id, error.text, is_error=True)
+        await self.lifecycle.publish(state, "tool", "result", {**info, "output": text[:2000]})
+        return Message.tool_result(call.id, text)
 
     async def _call(self, state: RunState, context: Any, call: ToolCallBlock) -> str:
         """The output text of ``call``; `_Failed` when it produced none."""
