@@ -195,7 +195,7 @@ def current_span_id() -> str | None:
 
 
 class TracedStore:
-    """A store whose every public async method runs in a span (``store <method>``,
+    """A store whose every public async method runs in a span (``statekeeper.store <m>``,
     with ``db.system.name`` and ``db.operation.name``); everything else passes through.
 
     Made by `traced`; a `Runner` made while a tracer provider is configured wraps its
@@ -220,7 +220,9 @@ class TracedStore:
         attributes = {"db.system.name": self._system, "db.operation.name": name}
 
         async def spanned(*args: Any, **kwargs: Any) -> Any:
-            with self._tracer.start_as_current_span(f"store {name}", attributes=attributes):
+            with self._tracer.start_as_current_span(
+                f"statekeeper.store {name}", attributes=attributes
+            ):
                 return await call(*args, **kwargs)
 
         return spanned
@@ -243,8 +245,9 @@ class TracedStore:
 
 
 def traced(store: _StoreT) -> _StoreT:
-    """``store`` with a span around each of its operations, or ``store`` itself when
-    tracing is off (`get_tracer` is None) or it is traced already."""
+    """``store`` with a span around each of its operations (``statekeeper.store
+    <method>``), or ``store`` itself when tracing is off (`get_tracer` is None) or it is
+    traced already."""
     tracer = get_tracer()
     if tracer is None or isinstance(store, TracedStore):
         return store

@@ -38,7 +38,7 @@ class RunLifecycle:
             )
         source, state.status = state.status, target
         payload = {"status": target, "from": source, "to": target, **details}
-        self._pending.append((state.run_id, payload))
+        self._pending.append((state.run_id, _traced(state, payload)))
 
     def cancel(self, state: RunState, reason: str | None) -> None:
         """Move to CANCELLED (through PAUSED when the table wants it) and say why."""
@@ -51,12 +51,10 @@ class RunLifecycle:
     async def publish(
         self, state: RunState, stream: str, kind: str, payload: dict[str, Any]
     ) -> None:
-        """Publish an event of the run (after the queued status events), with its trace."""
+        """Publish an event of the run (after the queued status events), with its trace
+        id and, when traced, ``span_id``: the span it happened in."""
         await self.flush()
-        payload = {**payload, "trace_id": state.trace.trace_id, "turn": state.turn}
-        span_id = current_span_id()  # the span the event happened in, when traced
-        if span_id is not None:
-            payload["span_id"] = span_id
+        payload = _traced(state, {**payload, "turn": state.turn})
         await self.events.publish(state.run_id, stream, kind, payload)
 
     async def flush(self) -> None:
@@ -64,3 +62,12 @@ class RunLifecycle:
         pending, self._pending = self._pending, []
         for run_id, payload in pending:
             await self.events.publish(run_id, "lifecycle", "status", payload)
+
+
+def _traced(state: RunState, payload: dict[str, Any]) -> dict[str, Any]:
+    """``payload`` with the run's trace id, and the span it happened in when traced."""
+    payload["trace_id"] = state.trace.trace_id
+    span_id = current_span_id()
+    if span_id is not None:
+        payload["span_id"] = span_id
+    return payload
