@@ -16,7 +16,8 @@ An HTML comment on the line before the fence changes that:
 
 Afterwards, stores a block left open in its namespace are closed, and the registries a
 block may extend (``register_backend``, the conformance kit's schemes and backends)
-are restored, so examples cannot leak into other tests.
+are restored, and a global OpenTelemetry tracer provider it set is forgotten, so
+examples cannot leak into other tests.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import asyncio
 import contextlib
 import inspect
 import re
+import sys
 import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -163,6 +165,12 @@ def registries_restored() -> Iterator[None]:
         for registry, items in zip(registries, saved, strict=True):
             registry.clear()
             registry.update(items)
+        trace = sys.modules.get("opentelemetry.trace")
+        if trace is not None:  # docs/tracing.md sets the API's global tracer provider
+            from opentelemetry.util._once import Once
+
+            trace._TRACER_PROVIDER_SET_ONCE = Once()  # type: ignore[attr-defined]
+            trace._TRACER_PROVIDER = None  # type: ignore[attr-defined]
 
 
 async def close_stores(namespace: dict[str, object]) -> None:

@@ -29,6 +29,7 @@ PACKAGES = [
     "statekeeper.runs",
     "statekeeper.runtime",
     "statekeeper.testing",
+    "statekeeper.tracing",
 ]
 
 KNOWN_UNRESOLVED: dict[str, set[str]] = {}
