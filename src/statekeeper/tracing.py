@@ -27,6 +27,8 @@ from importlib import metadata
 from types import ModuleType, TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
 
+from statekeeper.stores.base import EventLogStore, RecordStore, SessionStore, TranscriptStore
+
 if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.trace import SpanContext, Tracer
@@ -195,8 +197,9 @@ def current_span_id() -> str | None:
 
 
 class TracedStore:
-    """A store whose every public async method runs in a span (``statekeeper.store <m>``,
-    with ``db.system.name`` and ``db.operation.name``); everything else passes through.
+    """A store whose operations (the methods of the `Store` protocol) each run in a span,
+    ``statekeeper.store <operation>`` with ``db.system.name`` and ``db.operation.name``;
+    anything else (``url``, a backend's own methods) passes through untraced.
 
     Made by `traced`; a `Runner` made while a tracer provider is configured wraps its
     store in one.
@@ -209,23 +212,7 @@ class TracedStore:
         self._system = module[2] if module[:2] == ["statekeeper", "stores"] else module[0]
 
     def __getattr__(self, name: str) -> Any:
-        value = getattr(self.wrapped, name)
-        if name.startswith("_") or not inspect.iscoroutinefunction(value):
-            return value
-        return self._spanned(name, value)
-
-    def _spanned(
-        self, name: str, call: Callable[..., Awaitable[Any]]
-    ) -> Callable[..., Awaitable[Any]]:
-        attributes = {"db.system.name": self._system, "db.operation.name": name}
-
-        async def spanned(*args: Any, **kwargs: Any) -> Any:
-            with self._tracer.start_as_current_span(
-                f"statekeeper.store {name}", attributes=attributes
-            ):
-                return await call(*args, **kwargs)
-
-        return spanned
+        return getattr(self.wrapped, name)
 
     async def close(self) -> None:
         """Close the wrapped store."""
@@ -242,6 +229,27 @@ class TracedStore:
         tb: TracebackType | None,
     ) -> None:
         await self.wrapped.__aexit__(kind, exc, tb)
+
+
+def _operation(name: str) -> Callable[..., Awaitable[Any]]:
+    async def operation(self: TracedStore, *args: Any, **kwargs: Any) -> Any:
+        attributes = {"db.system.name": self._system, "db.operation.name": name}
+        with self._tracer.start_as_current_span(f"statekeeper.store {name}", attributes=attributes):
+            return await getattr(self.wrapped, name)(*args, **kwargs)
+
+    operation.__name__ = operation.__qualname__ = name
+    return operation
+
+
+# Defined on the class, not found through __getattr__: runtime protocol checks
+# (``isinstance(s, Store)``) look at the class from Python 3.12 on.
+for _name in sorted(
+    name
+    for part in (SessionStore, TranscriptStore, RecordStore, EventLogStore)
+    for name, value in vars(part).items()
+    if not name.startswith("_") and inspect.iscoroutinefunction(value)
+):
+    setattr(TracedStore, _name, _operation(_name))
 
 
 def traced(store: _StoreT) -> _StoreT:

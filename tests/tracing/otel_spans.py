@@ -33,6 +33,7 @@ def span_record(span: ReadableSpan) -> dict[str, Any]:
         "parent_trace": f"{span.parent.trace_id:032x}" if span.parent else None,
         "kind": span.kind.name,
         "status": span.status.status_code.name,
+        "description": span.status.description,
         "attributes": dict(span.attributes or {}),
         "links": [
             {"trace_id": f"{link.context.trace_id:032x}", "span_id": f"{link.context.span_id:016x}"}

@@ -172,7 +172,8 @@ async def test_tool_calls_are_spans_and_a_failed_one_says_why(
     }
     bad = only(spans, "execute_tool boom")
     assert bad["status"] == "ERROR"
-    assert "disk on fire" in bad["attributes"]["error.type"]
+    assert bad["attributes"]["error.type"] == "RuntimeError"
+    assert "disk on fire" in bad["description"]
 
 
 async def test_a_failed_run_marks_its_span(exporter: InMemorySpanExporter, sqlite: Store) -> None:
@@ -193,6 +194,8 @@ async def test_traced_store_operations_name_the_backend(
 ) -> None:
     store = tracing.traced(sqlite)
     assert tracing.traced(store) is store  # never wrapped twice
+    assert isinstance(store, Store)
+    assert store.url == sqlite.url  # not an operation: passed through, no span
     runner = Runner(store, "t", [ScriptedAgent("a", [Finish("ok")])])
     assert runner.store is store
     await store.list_sessions("t", SessionQuery())

@@ -52,7 +52,7 @@ from statekeeper.runs.results import ReadOnlyMessages, RunResult
 from statekeeper.runs.rollup import report_usage
 from statekeeper.runs.spans import RunTrace
 from statekeeper.runs.state import ErrorDetails, RunState
-from statekeeper.runs.step import StepPaused, ask, said
+from statekeeper.runs.step import StepPaused, account, ask, said
 from statekeeper.runs.store import RunStore
 from statekeeper.runs.tools import ToolBox
 from statekeeper.runs.writer import CheckpointWriter
@@ -294,7 +294,7 @@ class RunLoop:
             await self._rate_limited(active, paused)
             return None
         state.pending_input = []
-        _account(state, action)
+        account(state, action)
         if active.trace is not None and action.call is not None:
             active.trace.model_call(action.call, state.agent, started)
         return action
@@ -448,18 +448,3 @@ class RunLoop:
             await self.lifecycle.publish(state, "error", "error", payload)
         except StatekeeperError:
             pass  # the original error is what the caller needs to see
-
-
-def _account(state: RunState, action: Action) -> None:
-    """Record what the action reports: its model call, metadata and guardrail results."""
-    if action.call is not None:
-        call = action.call
-        state.metrics.add(call.model, cost=call.cost, usage=call.usage, latency=call.latency)
-        state.measure_spend()
-    if action.metadata:
-        state.metadata = {**state.metadata, **action.metadata}
-    if action.guardrails:
-        state.guardrails = [
-            *state.guardrails,
-            *(g.model_copy(update={"turn": state.turn}) for g in action.guardrails),
-        ]

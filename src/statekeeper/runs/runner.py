@@ -167,19 +167,32 @@ class Runner:
         find_agent(self.agents, agent)
         run_id = validate_id(run_id, "run id") if run_id is not None else new_id("run")
         with drive_span(agent=agent, run_id=run_id, trace=None) as trace:
-            state = await self._new_run(
-                agent,
-                session_id=session_id,
-                title=title,
-                run_id=run_id,
-                group_id=group_id,
-                headless=headless,
-                limits=limits,
-                context=context,
-                metadata=metadata,
-                delegation=delegation,
-                trace=trace,
-            )
+            created = session_id is None
+            if session_id is None:
+                session_id = (await self.sessions.create(title=title, agent_id=agent)).id
+            else:
+                await self.sessions.get(session_id)
+            try:
+                state = RunState(
+                    run_id=run_id,
+                    group_id=group_id,
+                    tenant=self.tenant,
+                    session_id=session_id,
+                    agent=agent,
+                    headless=headless,
+                    limits=self.policy.limits_for(limits),
+                    context=self.context_codec.dump(context),
+                    metadata=metadata or {},
+                    delegation=delegation,
+                )
+                if delegation is not None:  # the total so far: local = total - snapshot
+                    state.metrics = delegation.parent_metrics_snapshot.snapshot()
+                await self.runs.create(state)
+            except BaseException:
+                if created:  # a run that could not be registered leaves no session behind
+                    with contextlib.suppress(StatekeeperError):
+                        await self.sessions.delete(session_id)
+                raise
             lease = self.coordination.lease_ttl
             index_version = await self.runs.claim(state.run_id, self.owner, ttl=lease)
             active = await self._open(state, index_version, context, trace)
@@ -187,52 +200,6 @@ class Runner:
             payload = {"agent": agent, "headless": headless}
             await self.lifecycle.publish(state, "lifecycle", "start", payload)
             return await self.loop.drive(active)
-
-    async def _new_run(
-        self,
-        agent: str,
-        *,
-        session_id: str | None,
-        title: str | None,
-        run_id: str,
-        group_id: str | None,
-        headless: bool,
-        limits: Limits | None,
-        context: Any,
-        metadata: dict[str, JsonValue] | None,
-        delegation: DelegationInfo | None,
-        trace: RunTrace | None,
-    ) -> RunState:
-        """Create and register a new run (on a new session unless ``session_id``)."""
-        created = session_id is None
-        if session_id is None:
-            session_id = (await self.sessions.create(title=title, agent_id=agent)).id
-        else:
-            await self.sessions.get(session_id)
-        try:
-            state = RunState(
-                run_id=run_id,
-                group_id=group_id,
-                tenant=self.tenant,
-                session_id=session_id,
-                agent=agent,
-                headless=headless,
-                limits=self.policy.limits_for(limits),
-                context=self.context_codec.dump(context),
-                metadata=metadata or {},
-                delegation=delegation,
-            )
-            if delegation is not None:  # the total so far: local = total - snapshot
-                state.metrics = delegation.parent_metrics_snapshot.snapshot()
-            if trace is not None:
-                trace.adopt(state)
-            await self.runs.create(state)
-        except BaseException:
-            if created:  # a run that could not be registered leaves no session behind
-                with contextlib.suppress(StatekeeperError):
-                    await self.sessions.delete(session_id)
-            raise
-        return state
 
     async def resume(
         self,

@@ -205,11 +205,11 @@ def tool_span(call: ToolCallBlock) -> AbstractContextManager[Span | None]:
     return tracer.start_as_current_span(f"execute_tool {call.name}", attributes=attributes)
 
 
-def failed(span: Span | None, error: str) -> None:
-    """Mark a tool call's span as failed with ``error``."""
+def failed(span: Span | None, error_type: str, message: str) -> None:
+    """Mark a tool call's span as failed: ``error.type`` and the status' description."""
     if span is not None:
-        span.set_attribute("error.type", error[:200])
-        span.set_status(_otel().StatusCode.ERROR, error[:200])
+        span.set_attribute("error.type", error_type)
+        span.set_status(_otel().StatusCode.ERROR, message[:200])
 
 
 def wait_spans(state: RunState) -> None:

@@ -10,6 +10,8 @@ no profile is free (or there are none) `ask` raises `StepPaused` and the run pau
 message, with its text and tool calls; the model call behind the action (model, usage,
 cost, the auth profile) rides on the last one, or on an event of its own carrying what
 the call produced when the action has no assistant message (a `Finish` output, say).
+`account` records what an action reports (its model call, metadata, guardrail results)
+in the run state.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from statekeeper.runs.lifecycle import RunLifecycle
 from statekeeper.runs.state import ErrorDetails, RunState
 from statekeeper.runtime.profiles import AllProfilesCoolingDownError, AuthProfile, AuthProfiles
 
-__all__ = ["TEXT_LIMIT", "LiveStep", "StepPaused", "ask", "said"]
+__all__ = ["TEXT_LIMIT", "LiveStep", "StepPaused", "account", "ask", "said"]
 
 TEXT_LIMIT = 8000
 """Characters of a message's text an ``assistant/complete`` event carries (``truncated``
@@ -191,3 +193,18 @@ def _produced(action: Action) -> dict[str, Any]:
     if isinstance(action, Cancel):
         return {"text": action.reason, "cancelled": True}
     return {}
+
+
+def account(state: RunState, action: Action) -> None:
+    """Record what the action reports: its model call, metadata and guardrail results."""
+    if action.call is not None:
+        call = action.call
+        state.metrics.add(call.model, cost=call.cost, usage=call.usage, latency=call.latency)
+        state.measure_spend()
+    if action.metadata:
+        state.metadata = {**state.metadata, **action.metadata}
+    if action.guardrails:
+        state.guardrails = [
+            *state.guardrails,
+            *(g.model_copy(update={"turn": state.turn}) for g in action.guardrails),
+        ]

@@ -44,11 +44,12 @@ def parse_arguments(call: ToolCallBlock) -> dict[str, Any]:
 
 
 class _Failed(Exception):
-    """A call that produced no output: its result text and the event's error."""
+    """A call that produced no output: its result text, the event's error, and the
+    span's ``error.type`` (an exception's type name, or what went wrong)."""
 
-    def __init__(self, text: str, error: str, **details: Any) -> None:
+    def __init__(self, text: str, error: str, error_type: str, **details: Any) -> None:
         super().__init__(text)
-        self.text, self.error, self.details = text, error, details
+        self.text, self.error, self.error_type, self.details = text, error, error_type, details
 
 
 class ToolBox:
@@ -112,7 +113,7 @@ class ToolBox:
         try:
             text = await self._call(state, context, call)
         except _Failed as error:
-            failed(span, error.error)
+            failed(span, error.error_type, error.error)
             payload = {**info, "error": error.error, **error.details}
             await self.lifecycle.publish(state, "tool", "error", payload)
             return Message.tool_result(call.id, error.text, is_error=True)
@@ -123,16 +124,19 @@ class ToolBox:
         """The output text of ``call``; `_Failed` when it produced none."""
         tool = self._tools.get(call.name)
         if tool is None:
-            raise _Failed(f"error: no tool named {call.name!r}", "unknown tool")
+            raise _Failed(f"error: no tool named {call.name!r}", "unknown tool", "unknown_tool")
         try:
             arguments = parse_arguments(call)
         except ValueError as exc:
-            raise _Failed(f"error: invalid arguments: {exc}", str(exc)) from None
+            raise _Failed(
+                f"error: invalid arguments: {exc}", str(exc), "invalid_arguments"
+            ) from None
         _guard(state, tool.input_guardrail, arguments, "tool_input")
         try:
             result = await tool.fn(arguments, ToolContext(state, call.id, context))
         except Exception as exc:
-            raise _Failed(f"error: {type(exc).__name__}: {exc}", repr(exc)) from None
+            name = type(exc).__name__
+            raise _Failed(f"error: {name}: {exc}", repr(exc), name) from None
         _guard(state, tool.output_guardrail, result, "tool_output")
         if isinstance(result, str):
             return result
@@ -141,7 +145,7 @@ class ToolBox:
         except (TypeError, ValueError) as exc:
             # The tool has run; its output just cannot be stored. Say so, never crash the run.
             text = f"error: the tool's output is not JSON ({type(result).__name__}): {exc}"
-            raise _Failed(text, "output is not JSON") from None
+            raise _Failed(text, "output is not JSON", "output_not_json") from None
 
 
 def _guard(
@@ -155,6 +159,7 @@ def _guard(
         raise _Failed(
             f"blocked by guardrail {blocked.name}",
             f"blocked by guardrail {blocked.name}",
+            "guardrail",
             guardrail=blocked.name,
             kind=kind,
         )
