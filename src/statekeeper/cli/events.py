@@ -34,7 +34,7 @@ __all__ = ["events_app", "pause", "stdout_is_terminal"]
 
 _PAGE = 500
 _PAYLOAD_WIDTH = 240
-_HIDDEN_KEYS = ("trace_id",)  # on every runner event; kept in --json output
+_HIDDEN_KEYS = ("trace_id", "span_id")  # on runner events; kept in --json output
 _OVERVIEW_RUNS = 10
 
 events_app = typer.Typer(
@@ -70,7 +70,7 @@ def event_json(event: Event) -> dict[str, Any]:
 
 
 def _payload_text(event: Event) -> str:
-    """The payload as compact JSON without the trace id, clipped ("" when empty)."""
+    """The payload as compact JSON without the trace and span ids, clipped ("" when empty)."""
     payload = {k: v for k, v in event.payload.items() if k not in _HIDDEN_KEYS}
     if not payload:
         return ""
@@ -312,7 +312,7 @@ def tail(
     The store keeps one event log per run and cannot list logs: without --run this
     shows the latest event of recent runs from the runs index instead (runs that only
     ever published through an EventBus, with no runner, need --run). --json prints one
-    JSON object per line; text lines leave out the payload's trace_id.
+    JSON object per line; text lines leave out the payload's trace_id and span_id.
     """
     as_json = wants_json(ctx, json_output)
     wanted = frozenset(streams) if streams else None

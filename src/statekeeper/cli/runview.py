@@ -34,7 +34,7 @@ def timeline(events: list[Event]) -> list[dict[str, Any]]:
     for event in events:
         if event.stream != "lifecycle":
             continue
-        payload = {k: v for k, v in event.payload.items() if k not in ("trace_id",)}
+        payload = {k: v for k, v in event.payload.items() if k not in ("trace_id", "span_id")}
         rows.append({"seq": event.seq, "ts": event.ts.isoformat(), "kind": event.kind, **payload})
     return rows
 
