@@ -252,3 +252,25 @@ async def test_without_a_provider_there_is_no_span_and_no_cost(sqlite: Store) ->
     assert events
     assert all("span_id" not in e.payload for e in events)
     assert all(e.payload["trace_id"] == result.state.trace.trace_id for e in events)
+
+
+async def test_a_run_moved_to_another_store_continues_its_trace(
+    exporter: InMemorySpanExporter, sqlite: Store
+) -> None:
+    agent = ScriptedAgent("a", [call("wire", "pay"), Finish("paid")])
+
+    async def wire(args: dict[str, Any], ctx: ToolContext) -> str:
+        return "sent"
+
+    tools = [Tool("wire", wire, requires_approval=True)]
+    paused = await Runner(sqlite, "t", [agent], tools).start("a", "go")
+    snapshot = await Runner(sqlite, "t", [agent], tools).runs.export(paused.run_id)
+    async with await open_store("memory://") as elsewhere:
+        runner = Runner(elsewhere, "t", [agent], tools)
+        await runner.runs.import_(snapshot)
+        await runner.approve(paused.run_id, "pay")
+        done = await runner.resume(paused.run_id)
+    assert done.status == "completed"
+    first, resumed = [s for s in records(exporter) if s["name"] == "invoke_agent a"]
+    assert (resumed["trace_id"], resumed["parent"]) == (first["trace_id"], first["span_id"])
+    assert done.state.trace.traceparent == paused.state.trace.traceparent
