@@ -52,11 +52,13 @@ async def test_put_get_delete_keep_created_at_and_report_absence(store: Store) -
     got = await memories.get(("users", "alice"), "theme")
 
     assert isinstance(got, MemoryItem)
-    assert got.value == {"value": "light"} and got.key == "theme"
+    assert got.value == {"value": "light"}
+    assert got.key == "theme"
     assert got.namespace == ("users", "alice")
     assert got.created_at == first.created_at == second.created_at
     assert got.updated_at == second.updated_at >= first.updated_at
-    assert got.expires_at is None and got.score is None
+    assert got.expires_at is None
+    assert got.score is None
     assert await memories.get(("users", "alice"), "other") is None
     assert await memories.get(("users",), "theme") is None
     assert await memories.delete(("users", "alice"), "theme") is True
@@ -172,16 +174,19 @@ async def test_ttl_expires_items_and_reads_refresh_it(store: Store) -> None:
     assert sorted(i.key for i in found) == ["default", "forever"]
     assert await memories.list_namespaces() == [("t",)]
     kept = await memories.get(("t",), "default", refresh_ttl=False)
-    assert kept is not None and kept.expires_at is not None
+    assert kept is not None
+    assert kept.expires_at is not None
     assert kept.expires_at < clock.now + timedelta(minutes=31)
     refreshed = await memories.get(("t",), "default")
-    assert refreshed is not None and refreshed.expires_at is not None
+    assert refreshed is not None
+    assert refreshed.expires_at is not None
     assert refreshed.expires_at >= clock.now + timedelta(minutes=60)
     assert refreshed.updated_at == kept.updated_at  # a refresh is not an update
     stored = await store.get_record("alice", "ltm.default", "t.:default")
     assert stored.expires_at == refreshed.expires_at
     forever = await memories.get(("t",), "forever")
-    assert forever is not None and forever.expires_at is None
+    assert forever is not None
+    assert forever.expires_at is None
 
 
 async def test_search_refreshes_only_what_it_returns(store: Store) -> None:
@@ -191,7 +196,8 @@ async def test_search_refreshes_only_what_it_returns(store: Store) -> None:
         await memories.put(("t",), key, {"key": key})
     clock.now = utcnow()
     [hit] = await memories.search(("t",), filter={"key": "b"})
-    assert hit.expires_at is not None and hit.expires_at >= clock.now + timedelta(minutes=60)
+    assert hit.expires_at is not None
+    assert hit.expires_at >= clock.now + timedelta(minutes=60)
     no_refresh = LongTermStore(store, tenant="alice", refresh_on_read=False, clock=clock)
     for item in await no_refresh.search(("t",)):
         assert item.expires_at is not None
@@ -217,11 +223,13 @@ async def test_semantic_search_ranks_by_cosine_similarity(store: Store, asynchro
     scored = [i for i in found if i.score is not None]
     assert [i.key for i in found[len(scored) :]] == ["plain"]
     assert [i.score for i in scored] == sorted((i.score for i in scored), reverse=True)
-    assert scored[0].key == "notes" and scored[0].score == pytest.approx(1.0, abs=1e-6)
+    assert scored[0].key == "notes"
+    assert scored[0].score == pytest.approx(1.0, abs=1e-6)
     assert [i.key for i in scored[1:]] == ["k1", "k2", "k3", "k4"]
     assert scored[-1].score == pytest.approx(0.0)
     narrowed = await memories.search(("docs",), query="aaab", filter={"text": {"$ne": "aaaa"}})
-    assert "k1" not in [i.key for i in narrowed] and narrowed[0].key == "notes"
+    assert "k1" not in [i.key for i in narrowed]
+    assert narrowed[0].key == "notes"
     assert [i.key for i in await memories.search(("docs",), query="b", limit=2, offset=1)] == [
         i.key for i in (await memories.search(("docs",), query="b", limit=10))[1:3]
     ]
@@ -295,7 +303,7 @@ async def test_a_corrupt_record_is_reported_and_the_rest_still_served(
     await memories.put(("a",), "good", {"v": 1})
     await store.put_record("alice", "ltm.default", "a.:bad", {"not": "an envelope"})
 
-    with pytest.raises(StoreCorruptError, match="a.:bad"):
+    with pytest.raises(StoreCorruptError, match=r"a\.:bad"):
         await memories.get(("a",), "bad")
     with caplog.at_level(logging.WARNING, logger="statekeeper.longterm"):
         assert [i.key for i in await memories.search(("a",))] == ["good"]
@@ -307,5 +315,6 @@ async def test_concurrent_writers_of_one_key_leave_one_whole_item(store: Store) 
     first = await memories.put(("c",), "k", {"writer": -1})
     await asyncio.gather(*(memories.put(("c",), "k", {"writer": n}) for n in range(4)))
     got = await memories.get(("c",), "k")
-    assert got is not None and got.value["writer"] in range(4)
+    assert got is not None
+    assert got.value["writer"] in range(4)
     assert got.created_at == first.created_at
