@@ -233,7 +233,7 @@ def _field_matches(have: object, want: Any) -> bool:
 
 # -- field paths and vectors -------------------------------------------------------------
 
-_STEP_RE: Final = re.compile(r"([^.\[\]]+)|\[(\*|\d+)\]")
+_STEP_RE: Final = re.compile(r"([^.\[\]]+)|\[(\*|-?\d+)\]")
 
 
 def _steps(path: str) -> list[str | int | None]:
