@@ -7,6 +7,7 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -241,15 +242,17 @@ async def test_semantic_search_ranks_by_cosine_similarity(store: Store, asynchro
         (("..", "x"), "k"),
         (("a.b",), "k"),
         (("a/b",), "k"),
-        (("a:b",), "k"),
+        (("a b",), "k"),
+        ((":a",), "k"),
         (("",), "k"),
         ((), "k"),
         ("users", "k"),
         (("users", 1), "k"),
-        (("users",), "../x"),
-        (("users",), "a/b"),
+        (("n" * 90,), "k"),
         (("users",), ""),
-        (("users",), "k" * 125),
+        (("users",), "a\x00b"),
+        (("users",), "k" * 1025),
+        (("users",), 7),
     ],
 )
 async def test_hostile_names_are_refused_and_nothing_is_written(
@@ -261,6 +264,26 @@ async def test_hostile_names_are_refused_and_nothing_is_written(
     with pytest.raises(InvalidIdError):
         await memories.get(namespace, key)  # type: ignore[arg-type]
     assert await all_records(store) == []
+
+
+async def test_any_text_is_a_key_and_none_reaches_a_path_or_another_item(
+    store: Store, tmp_path: Path
+) -> None:
+    memories = LongTermStore(store, tenant="alice")
+    keys = ["../x", "/notes/todo.md", "a b", "é", ":k", "k" * 1024, "k" * 60, "plain"]
+    for n, key in enumerate(keys):
+        await memories.put(("files",), key, {"n": n})
+    for n, key in enumerate(keys):
+        got = await memories.get(("files",), key)
+        assert got is not None
+        assert (got.key, got.value) == (key, {"n": n})
+    found = await memories.search(("files",), limit=100)
+    assert sorted(i.key for i in found) == sorted(keys)
+    assert await memories.list_namespaces() == [("files",)]
+    outside = [p for p in tmp_path.parent.rglob("*") if p.name in ("x", "todo.md")]
+    assert outside == []
+    assert await memories.delete(("files",), "../x") is True
+    assert await memories.get(("files",), "../x") is None
 
 
 @pytest.mark.parametrize(

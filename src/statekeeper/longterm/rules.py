@@ -6,16 +6,22 @@ store in `statekeeper.longterm.store` only reads, writes and composes.
 A namespace is a tuple of labels; an item is addressed by (namespace, key). Both are
 folded into one record key of the underlying store (its *slot*)::
 
-    ("users", "alice", "prefs") + "theme"  ->  "users.alice.prefs.:theme"
+    ("users", "alice", "prefs") + "theme"      ->  "users.alice.prefs.:theme"
+    ("users", "alice", "prefs") + "/notes a"   ->  "users.alice.prefs.::<40 hex digits>"
 
-Every label ends with ``.``, and ``:`` starts the key. Labels may not contain either, so a
-slot names exactly one (namespace, key), and every item under a namespace prefix shares
-the prefix ``"users.alice."``: a prefix search is one range scan of the record store.
+Every label ends with ``.`` and the key follows ``.:``. Labels start with a letter or digit
+and hold no ``.``, so the first ``.:`` ends the namespace: a slot names exactly one
+(namespace, key), and every item under a namespace prefix shares the prefix
+``"users.alice."``, so a prefix search is one range scan of the record store. A key that
+is not a statekeeper id (or would make the slot too long) is stored under a digest,
+marked by its leading ``:`` that no id has; the key itself is kept in the item. So any
+text is a key, and none can reach a file name or another item.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import math
 import operator
@@ -29,8 +35,17 @@ from pydantic import JsonValue
 from statekeeper.errors import InvalidIdError, InvalidInputError
 from statekeeper.ids import MAX_ID_LENGTH, validate_id
 
+MAX_KEY_LENGTH: Final = 1024
+"""The longest key, in characters."""
+
+MAX_NAMESPACE_LENGTH: Final = MAX_ID_LENGTH - 43
+"""The longest namespace, in characters with its labels joined by ``.`` (a slot must
+fit in an id with a 41-character digest key after the ``.:`` that ends the namespace)."""
+
 __all__ = [
     "COMPARISONS",
+    "MAX_KEY_LENGTH",
+    "MAX_NAMESPACE_LENGTH",
     "OPERATORS",
     "check_filter",
     "check_key",
@@ -41,15 +56,16 @@ __all__ = [
     "match_namespace",
     "matches",
     "pack_vector",
-    "parse_slot",
     "scope_prefix",
     "slot",
+    "slot_namespace",
     "texts_at",
     "unit",
     "unpack_vector",
 ]
 
-_LABEL_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_@-]*")
+_LABEL_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_:@-]*")
+_CONTROL_RE: Final = re.compile(r"[\x00-\x1f\x7f]")
 _WILDCARD: Final = "*"
 
 COMPARISONS: Final = frozenset({"$gt", "$gte", "$lt", "$lte"})
@@ -63,14 +79,14 @@ OPERATORS: Final = frozenset({"$eq", "$ne", "$in", "$nin", *COMPARISONS})
 
 
 def check_label(label: object, *, wildcard: bool = False) -> str:
-    """A namespace label: letters, digits, ``_ @ -``, starting with a letter or digit."""
+    """A namespace label: letters, digits, ``_ : @ -``, starting with a letter or digit."""
     if wildcard and label == _WILDCARD:
         return _WILDCARD
     if not isinstance(label, str) or not _LABEL_RE.fullmatch(label):
         shown = repr(label) if isinstance(label, str) else type(label).__name__
         raise InvalidIdError(
-            f"namespace label {shown} is not allowed: use letters, digits, '_', '@' and '-', "
-            "starting with a letter or digit ('.', ':' and '/' separate labels and keys)"
+            f"namespace label {shown} is not allowed: use letters, digits, '_', ':', '@' "
+            "and '-', starting with a letter or digit (no '.', '/' or spaces)"
         )
     return label
 
@@ -90,8 +106,15 @@ def check_namespace(
 
 
 def check_key(key: object) -> str:
-    """An item key: a statekeeper id (letters, digits and ``. _ : @ -``)."""
-    return validate_id(key, "memory key")
+    """An item key: any text of 1 to `MAX_KEY_LENGTH` characters without control characters."""
+    if not isinstance(key, str) or not key:
+        raise InvalidIdError(f"a memory key is a non-empty string, got {key!r}")
+    if len(key) > MAX_KEY_LENGTH or _CONTROL_RE.search(key):
+        raise InvalidIdError(
+            f"memory key {key[:40]!r} is not allowed: at most {MAX_KEY_LENGTH} characters, "
+            "no control characters"
+        )
+    return key
 
 
 def scope_prefix(namespace: tuple[str, ...]) -> str:
@@ -100,22 +123,34 @@ def scope_prefix(namespace: tuple[str, ...]) -> str:
 
 
 def slot(namespace: tuple[str, ...], key: str) -> str:
-    """The record key of (namespace, key); `InvalidIdError` if it is too long."""
-    text = f"{scope_prefix(namespace)}:{key}"
-    if len(text) > MAX_ID_LENGTH:
+    """The record key of (namespace, key); `InvalidIdError` if the namespace is too long."""
+    joined = ".".join(namespace)
+    if len(joined) > MAX_NAMESPACE_LENGTH:
         raise InvalidIdError(
-            f"namespace {namespace!r} and key {key[:40]!r} make a {len(text)}-character "
-            f"address; the limit is {MAX_ID_LENGTH} (use shorter labels or keys)"
+            f"namespace {namespace!r} is {len(joined)} characters joined with '.'; the limit "
+            f"is {MAX_NAMESPACE_LENGTH} (use fewer or shorter labels)"
         )
-    return text
+    head = f"{joined}.:"
+    if len(head) + len(key) <= MAX_ID_LENGTH and _is_id(key):
+        return head + key
+    digest = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=20)
+    return f"{head}:{digest.hexdigest()}"
 
 
-def parse_slot(text: str) -> tuple[tuple[str, ...], str]:
-    """The (namespace, key) a slot names; `InvalidIdError` for a foreign record key."""
-    head, sep, key = text.partition(".:")
-    if not sep or not key:
+def _is_id(text: str) -> bool:
+    try:
+        validate_id(text)
+    except InvalidIdError:
+        return False
+    return True
+
+
+def slot_namespace(text: str) -> tuple[str, ...]:
+    """The namespace a slot belongs to; `InvalidIdError` for a foreign record key."""
+    head, sep, rest = text.partition(".:")
+    if not sep or not rest:
         raise InvalidIdError(f"record key {text!r} is not a long-term memory slot")
-    return tuple(head.split(".")), key
+    return tuple(head.split("."))
 
 
 def match_namespace(

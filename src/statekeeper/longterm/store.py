@@ -318,7 +318,7 @@ class LongTermStore:
             )
             if not page:
                 break
-            namespace, _ = rules.parse_slot(page[0].key)
+            namespace = rules.slot_namespace(page[0].key)
             after = f"{rules.scope_prefix(namespace)}:{_AFTER_ALL}"  # past its own items
             if not rules.match_namespace(namespace, want_prefix, want_suffix):
                 continue
