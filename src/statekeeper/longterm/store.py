@@ -139,6 +139,7 @@ class LongTermStore:
     """Namespaced long-term memory for one tenant, over any statekeeper store.
 
     ``embed`` turns texts into vectors (plain or async) and enables ``search(query=...)``;
+    ``embed_query`` embeds the queries if they need another function (default: ``embed``).
     ``fields`` are the value paths embedded by default (``"$"`` is the whole value).
     ``default_ttl`` (minutes) applies to puts that do not give one; reads refresh an
     item's TTL unless ``refresh_on_read`` is False. ``clock`` is for tests.
@@ -151,6 +152,7 @@ class LongTermStore:
         tenant: str,
         name: str = "default",
         embed: EmbedFunc | None = None,
+        embed_query: EmbedFunc | None = None,
         fields: Sequence[str] = ("$",),
         dims: int | None = None,
         default_ttl: float | None = None,
@@ -161,6 +163,7 @@ class LongTermStore:
         self.tenant = validate_id(tenant, "tenant")
         self.namespace = validate_id(f"ltm.{validate_id(name, 'store name')}", "store name")
         self.embed = embed
+        self.embed_query = embed_query or embed
         self.fields = tuple(fields)
         for path in self.fields:
             rules.texts_at({}, path)  # a bad path fails here, not at the first put
@@ -273,7 +276,9 @@ class LongTermStore:
             raise InvalidInputError(
                 "search(query=...) needs an embedding function: LongTermStore(..., embed=fn)"
             )
-        probe = rules.unit((await self._embed_texts([query]))[0]) if query is not None else None
+        probe = None
+        if query is not None:
+            probe = rules.unit((await self._embed_texts([query], self.embed_query))[0])
         found: list[_Found] = []
         async for candidate in self._scan(rules.scope_prefix(ns)):
             if rules.matches(candidate.envelope["value"], checked):
@@ -395,11 +400,11 @@ class LongTermStore:
         texts = [text for path in paths for text in rules.texts_at(value, path)]
         if not texts:
             return []
-        return [rules.pack_vector(v) for v in await self._embed_texts(texts)]
+        return [rules.pack_vector(v) for v in await self._embed_texts(texts, self.embed)]
 
-    async def _embed_texts(self, texts: list[str]) -> list[list[float]]:
-        assert self.embed is not None
-        result = self.embed(texts)
+    async def _embed_texts(self, texts: list[str], embed: EmbedFunc | None) -> list[list[float]]:
+        assert embed is not None
+        result = embed(texts)
         if inspect.isawaitable(result):
             result = await result
         vectors = [list(v) for v in result]
