@@ -341,3 +341,24 @@ async def test_concurrent_writers_of_one_key_leave_one_whole_item(store: Store) 
     assert got is not None
     assert got.value["writer"] in range(4)
     assert got.created_at == first.created_at
+
+
+async def test_list_namespaces_skips_through_many_small_and_large_namespaces(store: Store) -> None:
+    memories = LongTermStore(store, tenant="alice")
+    spaces = [("a", f"n{i}") for i in range(24)] + [("a", "n3", "deep", f"d{i}") for i in range(4)]
+    spaces += [("b",), ("a",)]
+    for i, namespace in enumerate(spaces):
+        for k in range(12 if i % 5 == 0 else 1):  # some namespaces hold many items
+            await memories.put(namespace, f"k{k}", {"i": i})
+
+    assert await memories.list_namespaces(limit=1000) == sorted(spaces)
+    for depth in (1, 2, 3, 4):
+        assert await memories.list_namespaces(max_depth=depth, limit=1000) == sorted(
+            {ns[:depth] for ns in spaces}
+        )
+    assert await memories.list_namespaces(suffix=("deep", "*"), limit=1000) == sorted(
+        ns for ns in spaces if len(ns) >= 2 and ns[-2] == "deep"
+    )
+    assert await memories.list_namespaces(prefix=("a", "*", "deep"), max_depth=3) == [
+        ("a", "n3", "deep")
+    ]

@@ -322,10 +322,15 @@ def unpack_vector(text: str) -> array[float]:
     return out
 
 
+_SUMPROD: Final = getattr(math, "sumprod", None)  # Python 3.12+: a C loop, ~10x faster
+
+
 def cosine(query: Sequence[float], stored: Sequence[float]) -> float | None:
     """Cosine similarity of two unit-length vectors; None if their sizes differ."""
     if len(query) != len(stored):
         return None
+    if _SUMPROD is not None:
+        return float(_SUMPROD(query, stored))
     return float(sum(map(operator.mul, query, stored)))
 
 

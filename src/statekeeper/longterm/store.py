@@ -43,7 +43,7 @@ EmbedFunc: TypeAlias = Callable[
 """Texts in, one vector per text out; a plain or an ``async`` function."""
 
 _log = logging.getLogger("statekeeper.longterm")
-_PAGE: Final = 256
+_PAGE: Final = 1000
 _AFTER_ALL: Final = "\x7f"  # sorts after every character an id may hold
 
 
@@ -72,51 +72,44 @@ class MemoryItem:
 class _Found:
     record: VersionedRecord
     envelope: dict[str, Any]
+    created_at: datetime
+    updated_at: datetime
 
     def item(self, score: float | None = None) -> MemoryItem:
-        env = self.envelope
         return MemoryItem(
-            tuple(env["namespace"]),
-            env["key"],
-            env["value"],
-            datetime.fromisoformat(env["created_at"]),
-            datetime.fromisoformat(env["updated_at"]),
+            rules.slot_namespace(self.record.key),
+            self.envelope["key"],
+            self.envelope["value"],
+            self.created_at,
+            self.updated_at,
             self.record.expires_at,
             score,
         )
 
 
 def _decode(record: VersionedRecord) -> _Found:
-    env = record.value
-    problem = _envelope_problem(env)
-    if problem:
+    """The item a record holds; `StoreCorruptError` if it is not an item envelope.
+
+    Cheap on purpose (a search decodes every record under its prefix): the namespace is
+    read from the record key, and vectors are checked when a query scores them.
+    """
+    env: Any = record.value
+    try:
+        if not isinstance(env, dict):
+            raise TypeError("not an object")
+        if not isinstance(env["value"], dict) or not isinstance(env["key"], str):
+            raise TypeError("no value or key")
+        created = datetime.fromisoformat(env["created_at"])
+        updated = datetime.fromisoformat(env["updated_at"])
+        ttl = env.get("ttl")
+        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int | float)):
+            raise TypeError("bad ttl")
+    except (KeyError, TypeError, ValueError) as exc:
         raise StoreCorruptError(
             f"long-term record {record.namespace}/{record.key} is not an item envelope "
-            f"({problem}); delete or rewrite it"
-        )
-    assert isinstance(env, dict)
-    return _Found(record, env)
-
-
-def _envelope_problem(env: object) -> str | None:
-    if not isinstance(env, dict):
-        return "not an object"
-    if not isinstance(env.get("value"), dict) or not isinstance(env.get("key"), str):
-        return "no value or key"
-    labels = env.get("namespace")
-    if not isinstance(labels, list) or not all(isinstance(label, str) for label in labels):
-        return "no namespace"
-    for name in ("created_at", "updated_at"):
-        try:
-            datetime.fromisoformat(env[name])
-        except (KeyError, TypeError, ValueError):
-            return f"no {name}"
-    ttl, vectors = env.get("ttl"), env.get("vectors", [])
-    if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int | float)):
-        return "bad ttl"
-    if not isinstance(vectors, list) or not all(isinstance(v, str) for v in vectors):
-        return "bad vectors"
-    return None
+            f"({exc}); delete or rewrite it"
+        ) from exc
+    return _Found(record, env, created, updated)
 
 
 def _check_ttl(ttl: object) -> float | None:
@@ -205,7 +198,7 @@ class LongTermStore:
             now = self._clock()
             try:
                 old = _decode(await self.store.get_record(self.tenant, self.namespace, where))
-                created, version = old.envelope["created_at"], old.record.version
+                created, version = old.created_at.isoformat(), old.record.version
             except NotFoundError:
                 created, version = now.isoformat(), 0
             envelope: dict[str, JsonValue] = {
@@ -314,24 +307,47 @@ class LongTermStore:
             if label == "*":
                 break
             fixed.append(label)
-        scope = rules.scope_prefix(tuple(fixed))
+
+        def keep(namespace: tuple[str, ...]) -> tuple[str, ...] | None:
+            if not rules.match_namespace(namespace, want_prefix, want_suffix):
+                return None
+            return namespace[:max_depth] if max_depth is not None else namespace
+
+        found = await self._walk_namespaces(rules.scope_prefix(tuple(fixed)), keep)
+        return sorted(found)[offset : offset + limit]
+
+    async def _walk_namespaces(
+        self, scope: str, keep: Callable[[tuple[str, ...]], tuple[str, ...] | None]
+    ) -> set[tuple[str, ...]]:
+        """The namespaces ``keep`` maps to, skipping from one namespace to the next.
+
+        After a namespace, the scan jumps past the rest of its items (and past its whole
+        subtree once ``keep`` cut it shorter), so it reads about one record per
+        namespace, not every item. Pages start at 16 records and drop to 2 while pages
+        hold mostly items of namespaces already seen (namespaces with many items).
+        """
         seen: set[tuple[str, ...]] = set()
         after: str | None = None
+        size = 16
         while True:
             page = await self.store.list_records(
-                self.tenant, self.namespace, prefix=scope, after_key=after, limit=1
+                self.tenant, self.namespace, prefix=scope, after_key=after, limit=size
             )
-            if not page:
-                break
-            namespace = rules.slot_namespace(page[0].key)
-            after = f"{rules.scope_prefix(namespace)}:{_AFTER_ALL}"  # past its own items
-            if not rules.match_namespace(namespace, want_prefix, want_suffix):
-                continue
-            cut = namespace[:max_depth] if max_depth is not None else namespace
-            seen.add(cut)
-            if len(cut) < len(namespace):  # its whole subtree yields the same cut
-                after = rules.scope_prefix(cut) + _AFTER_ALL
-        return sorted(seen)[offset : offset + limit]
+            new = 0
+            for record in page:
+                if after is not None and record.key <= after:
+                    continue  # inside a namespace or subtree already passed
+                new += 1
+                namespace = rules.slot_namespace(record.key)
+                after = f"{rules.scope_prefix(namespace)}:{_AFTER_ALL}"  # past its own items
+                cut = keep(namespace)
+                if cut is not None:
+                    seen.add(cut)
+                    if len(cut) < len(namespace):  # its whole subtree yields the same cut
+                        after = rules.scope_prefix(cut) + _AFTER_ALL
+            if len(page) < size:
+                return seen
+            size = 16 if new * 2 >= len(page) else 2
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -376,7 +392,7 @@ class LongTermStore:
             return None
         try:
             vectors = [rules.unpack_vector(v) for v in found.envelope.get("vectors", [])]
-        except ValueError:
+        except (TypeError, ValueError):
             _log.warning("long-term record %s has unreadable vectors", found.record.key)
             return None
         scores = [s for s in (rules.cosine(probe, v) for v in vectors) if s is not None]
