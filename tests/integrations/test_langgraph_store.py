@@ -279,3 +279,32 @@ async def test_bad_namespaces_and_keys_are_typed_errors_and_write_nothing(store:
     await memories.aput(("files",), "/notes/todo.md", {"v": 1})  # any text is a key
     found = await memories.asearch(("files",))
     assert [i.key for i in found] == ["/notes/todo.md"]
+
+
+async def test_namespace_listings_match_langgraph_over_a_grid_of_arguments(store: Store) -> None:
+    ours, theirs = StatekeeperStore(store, tenant="app"), InMemoryStore()
+    tree = [
+        ("a", "b", "c"),
+        ("a", "b", "d", "e"),
+        ("a", "b", "d", "i"),
+        ("a", "b", "f"),
+        ("a", "c", "f"),
+        ("a",),
+        ("b", "a", "f"),
+        ("users", "123"),
+        ("users", "456", "settings"),
+        ("admin", "users", "789"),
+    ]
+    for i, namespace in enumerate(tree):
+        for s in (ours, theirs):
+            await s.aput(namespace, f"id{i}", {"i": i})
+    prefixes = [None, ("a",), ("a", "b"), ("a", "*"), ("*", "b"), ("*", "users"), ("zz",)]
+    suffixes = [None, ("f",), ("*", "f"), ("d", "*"), ("789",)]
+    for prefix in prefixes:
+        for suffix in suffixes:
+            for max_depth in (None, 1, 2, 3):
+                for limit, offset in ((100, 0), (2, 1)):
+                    args = {"prefix": prefix, "suffix": suffix, "max_depth": max_depth}
+                    args |= {"limit": limit, "offset": offset}
+                    mine = await ours.alist_namespaces(**args)
+                    assert mine == await theirs.alist_namespaces(**args), args
