@@ -1,7 +1,7 @@
 """Run every benchmark and report ratios against baselines measured in the same run.
 
 python -m bench              # all of them
-python -m bench sessions runs lanes events postgres redis files tracing
+python -m bench sessions runs lanes events postgres redis files tracing longterm
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ SUITES = {
     "redis": "Redis store vs raw redis-py",
     "files": "plain-file store vs raw file appends",
     "tracing": "a runner step with tracing off, the OpenTelemetry API alone, the SDK",
+    "longterm": "long-term store (LangGraph BaseStore) on SQLite vs LangGraph's AsyncSqliteStore",
 }
 
 

@@ -1,4 +1,4 @@
-"""Every ```python block of README.md and docs/*.md runs, as written.
+"""Every ```python block of README.md and docs/**/*.md runs, as written.
 
 Each block runs in a fresh namespace (``__name__ == "__main__"``) in an empty temporary
 working directory, so a relative ``sqlite:///agent.db`` is a new file. Top-level
@@ -79,7 +79,7 @@ class Block:
 
 
 def pages() -> list[Path]:
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 def parse(path: Path) -> tuple[list[Block], list[int]]:

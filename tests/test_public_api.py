@@ -24,6 +24,7 @@ ROOT = Path(__file__).parents[1]
 PACKAGES = [
     "statekeeper",
     "statekeeper.core",
+    "statekeeper.longterm",
     "statekeeper.stores",
     "statekeeper.sessions",
     "statekeeper.runs",
@@ -57,7 +58,7 @@ def ruff_order(name: str) -> tuple[int, list[str | int]]:
 
 def code_in_docs() -> str:
     """Every code span and code block of README.md and docs/*.md, one per line."""
-    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
     text = "\n".join(page.read_text(encoding="utf-8") for page in pages)
     blocks = re.findall(r"```.*?```", text, flags=re.DOTALL)
     spans = re.findall(r"`[^`\n]+`", re.sub(r"```.*?```", "", text, flags=re.DOTALL))

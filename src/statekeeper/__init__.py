@@ -26,6 +26,7 @@ from statekeeper.errors import (
     StoreReadOnlyError,
     StoreUnavailableError,
 )
+from statekeeper.longterm import LongTermStore, MemoryItem
 from statekeeper.retry import retry_on_conflict
 from statekeeper.sessions import (
     AppendOutcome,
@@ -54,6 +55,8 @@ __all__ = [
     "InvalidPayloadError",
     "InvalidTransitionError",
     "LimitReachedError",
+    "LongTermStore",
+    "MemoryItem",
     "MissingExtraError",
     "NotFoundError",
     "PayloadTooLargeError",
