@@ -38,8 +38,18 @@ class ScriptedModel(Model):
         self.turns = list(turns)
         self.inputs: list[Any] = []
 
-    async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
-        self.inputs.append(json.loads(json.dumps(args[1], default=str)))
+    async def get_response(
+        self,
+        system_instructions: str | None,
+        input: str | list[Any],
+        model_settings: Any,
+        tools: list[Any],
+        output_schema: Any,
+        handoffs: list[Any],
+        tracing: Any,
+        **options: Any,
+    ) -> ModelResponse:
+        self.inputs.append(json.loads(json.dumps(input)))
         if not self.turns:
             raise AssertionError("the scripted model ran out of turns")
         return ModelResponse(output=self.turns.pop(0), usage=Usage(), response_id=None)

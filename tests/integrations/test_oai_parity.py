@@ -8,8 +8,8 @@ import asyncio
 import json
 import os
 import random
-import subprocess
 import sys
+from asyncio.subprocess import PIPE
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -124,13 +124,15 @@ async def test_the_settings_limit_matches(store: Store, tmp_path: Path) -> None:
             pair.close()
 
 
-def run_python(*argv: str) -> str:
+async def run_python(*argv: str) -> str:
+    """Run python in another process (this statekeeper and the test helpers importable)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), *sys.path])}
-    done = subprocess.run(
-        [sys.executable, *argv], capture_output=True, text=True, env=env, timeout=120, check=False
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, *argv, env=env, stdout=PIPE, stderr=PIPE
     )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0, err.decode()
+    return out.decode()
 
 
 @asynccontextmanager
@@ -158,7 +160,7 @@ async def test_another_process_reopens_by_id_and_sees_the_same(
         finally:
             pair.close()
         for limit in ("", "3"):
-            ours = run_python(
+            ours = await run_python(
                 str(HERE / "oai_app.py"), url, "items", "alpha", "default", *[limit][: bool(limit)]
             )
             script = (
@@ -167,7 +169,7 @@ async def test_another_process_reopens_by_id_and_sees_the_same(
                 "limit = int(sys.argv[2]) if sys.argv[2] else None\n"
                 "print(json.dumps(asyncio.run(s.get_items(limit))))\ns.close()\n"
             )
-            theirs = run_python("-c", script, str(db), limit)
+            theirs = await run_python("-c", script, str(db), limit)
             assert json.loads(ours) == json.loads(theirs)
             assert len(json.loads(ours)) == (3 if limit else 6)
 
