@@ -1,7 +1,7 @@
 """Run every benchmark and report ratios against baselines measured in the same run.
 
 python -m bench              # all of them
-python -m bench sessions runs lanes events postgres redis files
+python -m bench sessions runs lanes events postgres redis files openai_agents
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ SUITES = {
     "postgres": "PostgreSQL store vs raw psycopg",
     "redis": "Redis store vs raw redis-py",
     "files": "plain-file store vs raw file appends",
+    "openai_agents": "OpenAI Agents SDK session vs the SDK's SQLiteSession",
 }
 
 

@@ -29,6 +29,7 @@ PACKAGES = [
     "statekeeper.runs",
     "statekeeper.runtime",
     "statekeeper.testing",
+    "statekeeper.integrations.openai_agents",
 ]
 
 KNOWN_UNRESOLVED: dict[str, set[str]] = {}
@@ -56,7 +57,7 @@ def ruff_order(name: str) -> tuple[int, list[str | int]]:
 
 def code_in_docs() -> str:
     """Every code span and code block of README.md and docs/*.md, one per line."""
-    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
     text = "\n".join(page.read_text(encoding="utf-8") for page in pages)
     blocks = re.findall(r"```.*?```", text, flags=re.DOTALL)
     spans = re.findall(r"`[^`\n]+`", re.sub(r"```.*?```", "", text, flags=re.DOTALL))

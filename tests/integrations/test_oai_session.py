@@ -6,6 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -356,3 +359,25 @@ async def test_corrupt_item_is_reported_and_the_rest_served(
     assert [e.seq for e in session.corrupt] == [2]
     assert "cannot be decoded" in caplog.text
     assert native.id == "hurt"
+
+
+def python(code: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False
+    )
+
+
+def test_statekeeper_imports_no_sdk_and_a_missing_sdk_names_the_extra() -> None:
+    done = python(
+        "import sys, statekeeper, statekeeper.integrations\n"
+        "assert 'agents' not in sys.modules, 'import statekeeper imported the SDK'\n"
+        "sys.modules['agents'] = None  # as if it were not installed\n"
+        "from statekeeper.errors import MissingExtraError\n"
+        "try:\n"
+        "    import statekeeper.integrations.openai_agents\n"
+        "except MissingExtraError as exc:\n"
+        "    print(exc)\n"
+    )
+    assert done.returncode == 0, done.stderr
+    assert "pip install 'statekeeper[openai-agents]'" in done.stdout

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 from collections.abc import Awaitable
 from typing import TypeVar
 
@@ -16,8 +15,10 @@ _T = TypeVar("_T")
 
 def require_sdk() -> None:
     """Raise `MissingExtraError` (naming the extra) when the SDK is not installed."""
-    if importlib.util.find_spec("agents") is None:
-        raise MissingExtraError("the OpenAI Agents SDK adapter", "openai-agents")
+    try:
+        import agents  # noqa: F401
+    except ImportError:
+        raise MissingExtraError("the OpenAI Agents SDK adapter", "openai-agents") from None
 
 
 async def settled(awaitable: Awaitable[_T]) -> _T:

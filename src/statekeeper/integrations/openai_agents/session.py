@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 __all__ = ["StatekeeperSession"]
 
 _log = logging.getLogger(__name__)
-_FIRST_WINDOW = 64
+_SLACK = 16
 _CAS_ATTEMPTS = 50
 _MESSAGE_KINDS = frozenset({EntryKind.MESSAGE, EntryKind.COMPACTION})
 METADATA = {"integration": "openai-agents"}
@@ -247,7 +247,7 @@ class StatekeeperSession(SessionABC):
         order. `_NeedsBranch` when statekeeper messages or a fork's history lie on it."""
         found: list[Entry] = []
         loaded: dict[int, Entry] = {}
-        window = max(_FIRST_WINDOW, 2 * (wanted or 0))
+        window = (wanted or 0) + _SLACK  # a few more than asked: pops leave dead entries
         seq = record.head_seq
         while seq and (wanted is None or len(found) < wanted):
             if seq not in loaded:
