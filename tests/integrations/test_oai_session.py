@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from statekeeper.core.messages import Message
+from statekeeper.core.messages import Message, ToolCallBlock
 from statekeeper.errors import InvalidIdError, InvalidInputError, InvalidPayloadError
 from statekeeper.integrations.openai_agents import StatekeeperSession
 from statekeeper.sessions import SessionManager
@@ -287,6 +287,18 @@ async def test_statekeeper_messages_and_forks_show_as_items(store: Store) -> Non
     assert await session.pop_item() == items[1]
     assert await session.pop_item() == as_item
     assert await session.pop_item() is None
+
+    tool_use = Message.assistant(
+        "Looking.", tool_calls=[ToolCallBlock(id="c1", name="lookup", arguments="{}")]
+    )
+    await native.refresh()
+    await native.append(tool_use)  # two SDK items: the text and the function call
+    before = await session.get_items()
+    assert len(before) == 2
+    with pytest.raises(InvalidInputError, match="2 SDK items"):
+        await session.pop_item()
+    assert await session.get_items() == before  # the refused pop changed nothing
+    await session.clear_session()
 
     await session.add_items([{"n": 1}, {"n": 2}])  # type: ignore[list-item]
     fork = await (await session.statekeeper_session()).fork(session_id="forked")

@@ -37,6 +37,7 @@ from statekeeper.sessions.basics import (
     branch_items,
     clear_plan,
     is_clear_marker,
+    pop_plan,
     verbatim_drafts,
 )
 from statekeeper.stores.base import Entry, EntryKind, SessionPatch, SessionRecord, Store
@@ -177,7 +178,10 @@ class StatekeeperSession(SessionABC):
             try:
                 tail = await self._walk(record, 1, skip_corrupt=False)
             except _NeedsBranch:
-                return await self._pop_message(record)
+                try:
+                    return await self._pop_message(record)
+                except ConflictError:
+                    continue
             if not tail:
                 return None
             entry = tail[0]
@@ -194,19 +198,23 @@ class StatekeeperSession(SessionABC):
         )
 
     async def _pop_message(self, record: SessionRecord) -> dict[str, Any]:
-        # The last entry is a statekeeper message, not an SDK item: pop it as a message.
-        session = Session(self.manager, record)
-        popped = await session.pop()
+        # The newest entry is a statekeeper message, not an SDK item: pop it as a message,
+        # checked before the head moves so that a refused pop changes nothing.
+        patch, popped = await pop_plan(self.manager, record)
         if isinstance(popped, dict):
-            return popped
-        items = to_openai_responses([popped])
-        if len(items) != 1:
-            raise InvalidInputError(
-                f"the last message of session {self.session_id!r} is {len(items)} SDK items "
-                "(a message with tool calls) and was popped whole; read the rest with "
-                "get_items, or pop statekeeper messages with Session.pop"
-            )
-        return items[0]
+            item = popped
+        else:
+            items = to_openai_responses([popped])
+            if len(items) != 1:
+                raise InvalidInputError(
+                    f"the last message of session {self.session_id!r} is {len(items)} SDK "
+                    "items (a message with tool calls); pop it with Session.pop, or clear"
+                )
+            item = items[0]
+        await self.store.update_session(
+            self.tenant, self.session_id, patch, expected_version=record.version
+        )
+        return item
 
     async def _clear(self) -> None:
         for _ in range(_CAS_ATTEMPTS):
