@@ -209,6 +209,10 @@ async def test_decisions_are_checked_and_scoped(store: Store) -> None:
         await runs.reject(run_id, "call_1")
     with pytest.raises(NotFoundError):
         await runs.approve("run-unknown", "call_1")
+    with pytest.raises(InvalidInputError, match="message must be a string"):
+        await runs.reject(run_id, "call_1", message=42)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match="call_id must be a string"):
+        await runs.approve(run_id, None)  # type: ignore[arg-type]
     with pytest.raises(InvalidIdError):
         await runs.get("../etc/passwd")
     with pytest.raises(InvalidIdError):

@@ -226,6 +226,11 @@ class RunStateStore:
         message: str | None,
         decided_by: str | None,
     ) -> SavedRunState:
+        if not isinstance(call_id, str):
+            raise InvalidInputError(f"call_id must be a string, got {type(call_id).__name__}")
+        for name, text in (("message", message), ("decided_by", decided_by)):
+            if text is not None and not isinstance(text, str):
+                raise InvalidInputError(f"{name} must be a string, got {type(text).__name__}")
         for _ in range(_CAS_ATTEMPTS):
             record = await self._get(run_id)
             saved = _saved(record)
