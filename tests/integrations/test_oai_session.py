@@ -393,3 +393,34 @@ def test_statekeeper_imports_no_sdk_and_a_missing_sdk_names_the_extra() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "pip install 'statekeeper[openai-agents]'" in done.stdout
+
+
+class HeldAppends:
+    """A store whose appends wait for ``release`` (everything else goes straight through)."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.started = asyncio.Event()
+        self.release = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def append_entries(self, *args: Any, **kwargs: Any) -> Any:
+        self.started.set()
+        await self.release.wait()
+        return await self._store.append_entries(*args, **kwargs)
+
+
+async def test_a_cancelled_caller_learns_after_the_write_ended(store: Store) -> None:
+    held = HeldAppends(store)
+    session = StatekeeperSession("cancel", held)  # type: ignore[arg-type]
+    task = asyncio.create_task(session.add_items([{"n": 1}]))  # type: ignore[list-item]
+    await held.started.wait()
+    task.cancel()
+    await asyncio.sleep(0)
+    assert not task.done()  # still waiting for the write, not cancelled half-way
+    held.release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await sdk(store, "cancel").get_items() == [{"n": 1}]  # and the write happened
