@@ -1,7 +1,7 @@
 """Run every benchmark and report ratios against baselines measured in the same run.
 
 python -m bench              # all of them
-python -m bench sessions runs lanes events postgres redis files tracing longterm
+python -m bench sessions redis ...  # the named ones (see SUITES below)
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ SUITES = {
     "files": "plain-file store vs raw file appends",
     "tracing": "a runner step with tracing off, the OpenTelemetry API alone, the SDK",
     "longterm": "long-term store (LangGraph BaseStore) on SQLite vs LangGraph's AsyncSqliteStore",
+    "openai_agents": "OpenAI Agents SDK session vs the SDK's SQLiteSession",
 }
 
 

@@ -31,6 +31,7 @@ PACKAGES = [
     "statekeeper.runtime",
     "statekeeper.testing",
     "statekeeper.tracing",
+    "statekeeper.integrations.openai_agents",
 ]
 
 KNOWN_UNRESOLVED: dict[str, set[str]] = {}
