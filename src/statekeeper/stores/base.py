@@ -28,6 +28,7 @@ from pydantic import JsonValue
 
 from statekeeper.stores.types import (
     AppendResult,
+    CorruptItem,
     DeliveryContext,
     Durability,
     Entry,
@@ -38,6 +39,7 @@ from statekeeper.stores.types import (
     EventNotice,
     ForkPoint,
     Page,
+    RecordList,
     SessionPatch,
     SessionQuery,
     SessionRecord,
@@ -47,6 +49,7 @@ from statekeeper.stores.types import (
 __all__ = [
     "AppendResult",
     "ClosingStore",
+    "CorruptItem",
     "DeliveryContext",
     "Durability",
     "Entry",
@@ -58,6 +61,7 @@ __all__ = [
     "EventNotice",
     "ForkPoint",
     "Page",
+    "RecordList",
     "RecordStore",
     "SessionPatch",
     "SessionQuery",
@@ -80,7 +84,8 @@ class SessionStore(Protocol):
         ...
 
     async def get_session(self, tenant: str, session_id: str) -> SessionRecord:
-        """The session, or `NotFoundError`."""
+        """The session, or `NotFoundError`; `StoreCorruptError` (naming the id) if its
+        stored head cannot be decoded."""
         ...
 
     async def update_session(
@@ -95,11 +100,19 @@ class SessionStore(Protocol):
         ...
 
     async def list_sessions(self, tenant: str, query: SessionQuery) -> Page:
-        """A page of the tenant's sessions, most recently active first."""
+        """A page of the tenant's sessions, most recently active first.
+
+        A session whose stored head cannot be decoded is reported in ``Page.corrupt``
+        (with the error `get_session` raises for it), never allowed to fail the listing;
+        paging cursors come from the stored position, so they pass damaged rows too.
+        """
         ...
 
     async def delete_session(self, tenant: str, session_id: str) -> None:
-        """Delete the session and all its entries. `NotFoundError` if absent."""
+        """Delete the session and all its entries. `NotFoundError` if absent.
+
+        Works on a session whose head cannot be decoded (how an operator cleans up).
+        """
         ...
 
 
@@ -180,8 +193,12 @@ class RecordStore(Protocol):
         prefix: str = "",
         after_key: str | None = None,
         limit: int = 100,
-    ) -> list[VersionedRecord]:
-        """Live records of a namespace in key order."""
+    ) -> RecordList:
+        """Live records of a namespace in key order, at most ``limit``.
+
+        A record whose stored value cannot be decoded is reported in
+        ``RecordList.corrupt``, not listed, and does not count towards ``limit``.
+        """
         ...
 
     async def delete_record(

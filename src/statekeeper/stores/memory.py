@@ -23,6 +23,7 @@ from statekeeper.stores.base import (
     Event,
     EventDraft,
     Page,
+    RecordList,
     SessionPatch,
     SessionQuery,
     SessionRecord,
@@ -250,7 +251,7 @@ class MemoryStore(EngineWrites, ClosingStore):
         prefix: str = "",
         after_key: str | None = None,
         limit: int = 100,
-    ) -> list[VersionedRecord]:
+    ) -> RecordList:
         check_record_listing(tenant, namespace, prefix, limit)
         now = utcnow()
         keys = sorted(
@@ -260,7 +261,9 @@ class MemoryStore(EngineWrites, ClosingStore):
         )
         if after_key is not None:
             keys = [k for k in keys if k > after_key]
-        return [_versioned(namespace, k, self._records[tenant, namespace, k]) for k in keys[:limit]]
+        return RecordList(
+            _versioned(namespace, k, self._records[tenant, namespace, k]) for k in keys[:limit]
+        )
 
     async def delete_record(
         self, tenant: str, namespace: str, key: str, *, expected_version: int | None = None

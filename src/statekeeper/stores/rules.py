@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
+
+from pydantic import ValidationError
 
 from statekeeper.errors import (
     ConflictError,
@@ -27,20 +29,26 @@ from statekeeper.errors import (
     InvalidPayloadError,
     NotFoundError,
     StatekeeperError,
+    StoreCorruptError,
 )
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import decode_json, encode_json, loads
 from statekeeper.stores.base import (
+    CorruptItem,
     Entry,
     EntryDraft,
     EntryKind,
+    Page,
+    RecordList,
     SessionPatch,
     SessionQuery,
     SessionRecord,
+    VersionedRecord,
 )
 
 __all__ = [
     "AppendPlan",
+    "add_record",
     "apply_patch",
     "check_expiry",
     "check_limit",
@@ -53,16 +61,20 @@ __all__ = [
     "check_version",
     "check_wait",
     "corrupt_entry",
+    "corrupt_item",
     "decode_cursor",
+    "decode_session",
     "encode_cursor",
     "from_micros",
     "json_scalar_equal",
     "matches_query",
     "new_session_record",
+    "page_of",
     "plan_append",
     "prunable",
     "record_not_found",
     "record_text",
+    "record_value",
     "session_not_found",
     "to_micros",
 ]
@@ -243,6 +255,93 @@ def corrupt_entry(
     return Entry(
         seq, entry_id, parent_seq, EntryKind.CORRUPT, created_at, {"error": error, "raw": raw[:200]}
     )
+
+
+def decode_session(tenant: str, session_id: str, doc: str | bytes, where: str) -> SessionRecord:
+    """A stored session head; `StoreCorruptError` naming the id and the fix if it cannot
+    be decoded, or holds another session's record."""
+    try:
+        record = SessionRecord.model_validate_json(doc)
+        if (record.tenant, record.id) != (tenant, session_id):
+            raise ValueError(f"it holds session {record.id!r} of tenant {record.tenant!r}")
+    except ValueError as exc:
+        raise StoreCorruptError(
+            f"the stored head of session {session_id!r} in {where} cannot be decoded "
+            f"({_why(exc)}); delete the session (SessionManager.delete, or `statekeeper "
+            f"sessions delete {session_id}`) or restore it from a backup"
+        ) from exc
+    return record
+
+
+def _why(exc: ValueError) -> str:
+    """A one-line reason (pydantic's own message spans lines and links its docs)."""
+    if isinstance(exc, ValidationError):
+        parts = [
+            f"{'.'.join(str(p) for p in e['loc']) or 'head'}: {e['msg']}" for e in exc.errors()[:3]
+        ]
+        return "; ".join(parts)[:300]
+    return " ".join(str(exc).split())[:300]
+
+
+def corrupt_item(item_id: str, error: StoreCorruptError, raw: str | bytes) -> CorruptItem:
+    """How a listing reports a damaged session head or record (``raw``: what is stored)."""
+    text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+    return CorruptItem(id=item_id, error=str(error), raw=text[:200])
+
+
+def page_of(
+    rows: Sequence[tuple[datetime, str, str | bytes | SessionRecord]],
+    tenant: str,
+    limit: int,
+    where: str,
+) -> Page:
+    """A page from up to ``limit + 1`` stored rows (last active, id, head doc or the
+    record decoded already) in list order: damaged heads reported in ``corrupt``; the
+    cursor comes from the stored position (the index), not from the decoded head."""
+    items: list[SessionRecord] = []
+    corrupt: list[CorruptItem] = []
+    for _, session_id, doc in rows[:limit]:
+        if isinstance(doc, SessionRecord):
+            items.append(doc)
+            continue
+        try:
+            items.append(decode_session(tenant, session_id, doc, where))
+        except StoreCorruptError as exc:
+            corrupt.append(corrupt_item(session_id, exc, doc))
+    cursor = None
+    if len(rows) > limit:
+        last_active, last_id, _ = rows[limit - 1]
+        cursor = encode_cursor(last_active, last_id)
+    return Page(items=items, next_cursor=cursor, corrupt=corrupt)
+
+
+def record_value(namespace: str, key: str, text: str | bytes) -> Any:
+    """A stored record's value; `StoreCorruptError` naming the record and the fix."""
+    try:
+        return loads(text)
+    except ValueError as exc:
+        raise StoreCorruptError(
+            f"record {namespace}/{key} cannot be decoded ({exc}); delete it "
+            "(delete_record) or put a new value over it"
+        ) from exc
+
+
+def add_record(
+    found: RecordList,
+    limit: int,
+    key: str,
+    decode: Callable[[], VersionedRecord],
+    raw: str | bytes,
+) -> bool:
+    """Add a stored record to a listing (a damaged one to ``found.corrupt``, which does
+    not count towards ``limit``); False once ``found`` holds ``limit`` records."""
+    if len(found) >= limit:
+        return False
+    try:
+        found.append(decode())
+    except StoreCorruptError as exc:
+        found.corrupt.append(corrupt_item(key, exc, raw))
+    return len(found) < limit
 
 
 def encode_cursor(last_active: datetime, session_id: str) -> str:

@@ -7,7 +7,7 @@ protocol over them and re-exports them all.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -22,6 +22,7 @@ from statekeeper.ids import new_id, validate_id
 
 __all__ = [
     "AppendResult",
+    "CorruptItem",
     "DeliveryContext",
     "Durability",
     "Entry",
@@ -32,6 +33,7 @@ __all__ = [
     "EventNotice",
     "ForkPoint",
     "Page",
+    "RecordList",
     "SessionPatch",
     "SessionQuery",
     "SessionRecord",
@@ -238,12 +240,34 @@ class SessionQuery(TypedModel):
         super().__init__(**data)
 
 
+class CorruptItem(BaseModel):
+    """A stored session head or record that could not be decoded, as a listing reports it.
+
+    The listing goes on with the rest (one damaged row never hides the others); ``error``
+    is the message of the `StoreCorruptError` a get of ``id`` raises, naming the fix
+    (delete it, or restore it from a backup), and ``raw`` the start of the stored text.
+    """
+
+    model_config = _FROZEN
+    id: str
+    """The session id, or the record key."""
+    error: str
+    raw: str = ""
+
+
 class Page(BaseModel):
-    """One page of a listing; pass ``next_cursor`` back to get the next one."""
+    """One page of a listing; pass ``next_cursor`` back to get the next one.
+
+    A page covers up to ``limit`` stored sessions; one whose head cannot be decoded is
+    reported in ``corrupt`` instead of ``items`` (so ``items`` may be shorter than the
+    limit while ``next_cursor`` is set: follow it until it is None).
+    """
 
     model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
     items: list[SessionRecord]
     next_cursor: str | None = None
+    corrupt: list[CorruptItem] = Field(default_factory=list)
+    """Sessions of this page whose stored head cannot be decoded, in list order."""
 
 
 class VersionedRecord(BaseModel):
@@ -256,6 +280,21 @@ class VersionedRecord(BaseModel):
     version: int
     updated_at: datetime
     expires_at: datetime | None = None
+
+
+class RecordList(list[VersionedRecord]):
+    """What ``list_records`` returns: the live records (a list), and the damaged ones.
+
+    ``corrupt`` reports records whose stored value cannot be decoded, with keys before
+    the last listed record's (or anywhere up to the end, on the last page). They do not
+    count towards ``limit``, so paging with ``after_key=records[-1].key`` misses nothing.
+    """
+
+    def __init__(
+        self, records: Iterable[VersionedRecord] = (), corrupt: Iterable[CorruptItem] = ()
+    ) -> None:
+        super().__init__(records)
+        self.corrupt: list[CorruptItem] = list(corrupt)
 
 
 class EventDraft(BaseModel):

@@ -21,7 +21,7 @@ from statekeeper.core.messages import utcnow
 from statekeeper.errors import InvalidIdError, StoreCorruptError
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import gc_paused, loads
-from statekeeper.stores.base import Event, EventDraft, VersionedRecord
+from statekeeper.stores.base import CorruptItem, Event, EventDraft, RecordList, VersionedRecord
 from statekeeper.stores.files.layout import (
     Layout,
     Recovery,
@@ -42,6 +42,13 @@ from statekeeper.stores.files.recovery import BadFileError, decode_record, encod
 from statekeeper.stores.rules import check_record_version, record_not_found
 
 __all__ = ["EventFiles", "RecordFiles"]
+
+
+def _lost(tenant: str, namespace: str, key: str) -> StoreCorruptError:
+    return StoreCorruptError(
+        f"record {namespace}/{key} is damaged and has no usable backup; the file was moved "
+        f"to {tenant}/quarantine (put a new value to use the key again)"
+    )
 
 
 def _live(record: VersionedRecord, now: datetime) -> bool:
@@ -122,10 +129,7 @@ class RecordFiles:
             else self._read(tenant, namespace, key, path, locked=False)
         )
         if lost:
-            raise StoreCorruptError(
-                f"record {namespace}/{key} is damaged and has no usable backup; the file "
-                f"was moved to {tenant}/quarantine"
-            )
+            raise _lost(tenant, namespace, key)
         if found is None or not _live(found, utcnow()):
             raise record_not_found(namespace, key)
         return found
@@ -159,16 +163,16 @@ class RecordFiles:
 
     def list(
         self, tenant: str, namespace: str, prefix: str, after_key: str | None, limit: int
-    ) -> list[VersionedRecord]:
+    ) -> RecordList:
         folder = self.files.directory(tenant, "records", namespace)
         if folder is None:
-            return []
+            return RecordList()
         keys = sorted(
             name[:-5]
             for name in os.listdir(folder)
             if name.endswith(".json") and not name.startswith(".")
         )
-        out: list[VersionedRecord] = []
+        out = RecordList()
         now = utcnow()
         for key in keys:
             if len(out) >= limit:
@@ -177,12 +181,14 @@ class RecordFiles:
                 continue
             try:
                 validate_id(key)
-                found, _ = self._read(
+                found, lost = self._read(
                     tenant, namespace, key, child(folder, f"{key}.json"), locked=False
                 )
             except (InvalidIdError, UnsafePathError):
                 continue  # not a file this store wrote
-            if found is not None and _live(found, now):
+            if lost:  # quarantined just now: this listing reports it, later ones not
+                out.corrupt.append(CorruptItem(id=key, error=str(_lost(tenant, namespace, key))))
+            elif found is not None and _live(found, now):
                 out.append(found)
         return out
 

@@ -27,7 +27,7 @@ from statekeeper.errors import (
 )
 from statekeeper.ids import MAX_ID_LENGTH, validate_id
 from statekeeper.jsoncodec import gc_paused, loads
-from statekeeper.stores.base import Entry, SessionPatch, SessionRecord
+from statekeeper.stores.base import CorruptItem, Entry, SessionPatch, SessionRecord
 from statekeeper.stores.files.layout import (
     Layout,
     Lock,
@@ -52,7 +52,7 @@ from statekeeper.stores.files.recovery import (
     roll_forward,
     salvage_lines,
 )
-from statekeeper.stores.rules import apply_patch
+from statekeeper.stores.rules import apply_patch, corrupt_item
 
 __all__ = ["Head", "SessionCtx", "SessionFiles"]
 
@@ -214,13 +214,14 @@ class SessionFiles:
             if not found:
                 raise self.not_found(tenant, session_id)
 
-    def all_records(self, tenant: str) -> list[SessionRecord]:
-        """Every session of the tenant; damaged heads are recovered on the way."""
+    def all_records(self, tenant: str) -> tuple[list[SessionRecord], list[CorruptItem]]:
+        """Every session of the tenant, and those lost to damage just now: damaged heads
+        are recovered on the way (from the backup, else as a recovery session)."""
         folder = self.folder(tenant)
         if folder is None:
-            return []
+            return [], []
         records: list[SessionRecord] = []
-        repaired = False
+        lost: list[CorruptItem] = []
         for name in sorted(os.listdir(folder)):
             if not name.endswith(".json") or name.startswith("."):
                 continue
@@ -241,9 +242,14 @@ class SessionFiles:
             except BadFileError:
                 try:
                     records.append(self.run(tenant, session_id, lambda ctx: ctx.head.record))
-                except (StoreCorruptError, NotFoundError):
-                    repaired = True  # now a recovery session: list the folder again
-        return self.all_records(tenant) if repaired else records
+                except StoreCorruptError as exc:
+                    lost.append(corrupt_item(session_id, exc, raw))
+                except NotFoundError:
+                    continue  # deleted meanwhile
+        if lost:  # now recovery sessions: list the folder again
+            again, more = self.all_records(tenant)
+            return again, lost + more
+        return records, lost
 
     # -- damaged heads -------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ from statekeeper.stores.base import (
     Event,
     EventDraft,
     Page,
+    RecordList,
     SessionQuery,
     SessionRecord,
     VersionedRecord,
@@ -178,9 +179,9 @@ class FileStore(FileTranscripts, ClosingStore):
     async def list_sessions(self, tenant: str, query: SessionQuery) -> Page:
         validate_id(tenant, "tenant")
         position = decode_cursor(query.cursor) if query.cursor is not None else None
-        rows = await self._call(lambda: self._sessions.all_records(tenant))
+        found, lost = await self._call(lambda: self._sessions.all_records(tenant))
         rows = sorted(
-            (r for r in rows if matches_query(r, query)),
+            (r for r in found if matches_query(r, query)),
             key=lambda r: (r.last_active, r.id),
             reverse=True,
         )
@@ -190,7 +191,8 @@ class FileStore(FileTranscripts, ClosingStore):
         items = rows[: query.limit]
         more = len(rows) > query.limit
         cursor = encode_cursor(items[-1].last_active, items[-1].id) if more else None
-        return Page(items=items, next_cursor=cursor)
+        # A head lost to damage is repaired by the call that finds it: that call reports it.
+        return Page(items=items, next_cursor=cursor, corrupt=lost)
 
     async def delete_session(self, tenant: str, session_id: str) -> None:
         check_tenant_and_id(tenant, session_id)
@@ -226,7 +228,7 @@ class FileStore(FileTranscripts, ClosingStore):
         prefix: str = "",
         after_key: str | None = None,
         limit: int = 100,
-    ) -> list[VersionedRecord]:
+    ) -> RecordList:
         check_record_listing(tenant, namespace, prefix, limit)
         return await self._call(
             lambda: self._records.list(tenant, namespace, prefix, after_key, limit)

@@ -10,23 +10,26 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from pydantic import JsonValue
 
 from statekeeper.core.messages import utcnow
-from statekeeper.errors import StoreCorruptError, StoreUnavailableError
+from statekeeper.errors import StoreUnavailableError
 from statekeeper.jsoncodec import encode_json, loads
-from statekeeper.stores.base import Event, EventDraft, VersionedRecord
+from statekeeper.stores.base import Event, EventDraft, RecordList, VersionedRecord
 from statekeeper.stores.postgres.conn import ATTEMPTS, Connection, PostgresBase
 from statekeeper.stores.postgres.transcripts import KEY_END
 from statekeeper.stores.rules import (
+    add_record,
     check_read,
     check_record_ids,
     check_record_listing,
     check_record_version,
     record_not_found,
     record_text,
+    record_value,
 )
 
 __all__ = ["PostgresRecordsAndEvents"]
@@ -40,14 +43,10 @@ class PostgresRecordsAndEvents(PostgresBase):
     @staticmethod
     def _record(namespace: str, row: Sequence[Any]) -> VersionedRecord:
         key, version, updated_at, expires_at, text = row
-        try:
-            value = loads(text)
-        except ValueError as exc:
-            raise StoreCorruptError(f"record {namespace}/{key} cannot be decoded: {exc}") from exc
         return VersionedRecord(
             namespace=namespace,
             key=key,
-            value=value,
+            value=record_value(namespace, key, text),
             version=version,
             updated_at=updated_at,
             expires_at=expires_at,
@@ -113,7 +112,7 @@ class PostgresRecordsAndEvents(PostgresBase):
         prefix: str = "",
         after_key: str | None = None,
         limit: int = 100,
-    ) -> list[VersionedRecord]:
+    ) -> RecordList:
         check_record_listing(tenant, namespace, prefix, limit)
         params = {
             "t": tenant,
@@ -125,9 +124,18 @@ class PostgresRecordsAndEvents(PostgresBase):
             "limit": limit,
         }
 
-        async def run(conn: Connection) -> list[VersionedRecord]:
-            cur = await conn.execute(self._q.list_records, params)
-            return [self._record(namespace, row) for row in await cur.fetchall()]
+        async def run(conn: Connection) -> RecordList:
+            found, batch = RecordList(), dict(params)  # a retry starts from the beginning
+            while True:  # more batches only when damaged rows took places in this one
+                cur = await conn.execute(self._q.list_records, batch)
+                rows = await cur.fetchall()
+                for row in rows:
+                    decode = partial(self._record, namespace, row)
+                    if not add_record(found, limit, row[0], decode, row[4]):
+                        return found
+                if len(rows) < limit:
+                    return found
+                batch["after"] = rows[-1][0]
 
         return await self._run(run, idempotent=True)
 

@@ -222,7 +222,7 @@ class Statements:
             " {s}.entries WHERE session_sk = %s AND parent_seq IS NOT NULL)",
             q,
         )
-        self.list_sessions = "SELECT doc FROM " + q + ".sessions WHERE "
+        self.list_sessions = "SELECT last_active, id, doc FROM " + q + ".sessions WHERE "
 
     def _records(self, q: str) -> None:
         # -- records (%(now)s: the caller's clock, so expiry agrees with other backends)

@@ -20,6 +20,7 @@ its commit, or is idempotent (reads, appends, whose retry finds its own entries)
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -58,8 +59,8 @@ from statekeeper.stores.postgres.transcripts import PostgresTranscripts
 from statekeeper.stores.rules import (
     check_tenant_and_id,
     decode_cursor,
-    encode_cursor,
     new_session_record,
+    page_of,
     session_not_found,
 )
 
@@ -173,15 +174,11 @@ class PostgresStore(PostgresTranscripts, PostgresRecordsAndEvents):
         ).encode()
         params += [query.limit + 1, query.offset]
 
-        async def run(conn: Connection) -> list[SessionRecord]:
+        async def run(conn: Connection) -> list[tuple[datetime, str, str]]:
             cur = await conn.execute(sql, params)
-            return [SessionRecord.model_validate_json(doc) for (doc,) in await cur.fetchall()]
+            return [(active, sid, doc) for active, sid, doc in await cur.fetchall()]
 
-        rows = await self._run(run, idempotent=True)
-        items = rows[: query.limit]
-        more = len(rows) > query.limit
-        cursor = encode_cursor(items[-1].last_active, items[-1].id) if more else None
-        return Page(items=items, next_cursor=cursor)
+        return page_of(await self._run(run, idempotent=True), tenant, query.limit, self.url)
 
     async def delete_session(self, tenant: str, session_id: str) -> None:
         check_tenant_and_id(tenant, session_id)

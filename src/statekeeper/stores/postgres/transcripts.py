@@ -24,7 +24,6 @@ from statekeeper.errors import (
     NotFoundError,
     PayloadTooLargeError,
     StatekeeperError,
-    StoreCorruptError,
 )
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES, gc_paused, loads
@@ -44,6 +43,7 @@ from statekeeper.stores.rules import (
     check_read,
     check_tenant_and_id,
     corrupt_entry,
+    decode_session,
     session_not_found,
 )
 
@@ -93,12 +93,7 @@ class PostgresTranscripts(EngineWrites, PostgresBase):
         sk, _, doc = row
         if doc is None and cached is not None:
             return sk, cached[1]
-        try:
-            return sk, SessionRecord.model_validate_json(doc)
-        except ValueError as exc:
-            raise StoreCorruptError(
-                f"the record of session {session_id!r} in {self.url} cannot be decoded: {exc}"
-            ) from exc
+        return sk, decode_session(tenant, session_id, doc, self.url)
 
     def _head_params(self, record: SessionRecord, *, metadata_changed: bool) -> tuple[Any, ...]:
         """The parameters that set a head row (statements ``save_head`` and ``append``)."""

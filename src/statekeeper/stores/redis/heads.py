@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from statekeeper.errors import PayloadTooLargeError, StoreCorruptError
+from statekeeper.errors import PayloadTooLargeError
 from statekeeper.stores.base import SessionRecord
 from statekeeper.stores.engine import Snapshot, Write
 from statekeeper.stores.redis.base import (
@@ -25,7 +25,7 @@ from statekeeper.stores.redis.base import (
     us,
 )
 from statekeeper.stores.redis.scripts import COMMIT
-from statekeeper.stores.rules import session_not_found
+from statekeeper.stores.rules import decode_session, session_not_found
 
 __all__ = ["RedisHeads"]
 
@@ -36,15 +36,10 @@ class RedisHeads:
     def __init__(self, base: RedisBase) -> None:
         self._base = base
 
-    def decode(self, session_id: str | None, doc: bytes | str) -> SessionRecord:
-        """A stored head; `StoreCorruptError` if it cannot be decoded."""
-        try:
-            return SessionRecord.model_validate_json(doc)
-        except ValueError as exc:
-            which = "a listed session" if session_id is None else f"session {session_id!r}"
-            raise StoreCorruptError(
-                f"the record of {which} in Redis {self._base.url} cannot be decoded: {exc}"
-            ) from exc
+    def decode(self, tenant: str, session_id: str, doc: bytes | str) -> SessionRecord:
+        """A stored head; `StoreCorruptError` (naming the id and the fix) if it cannot be
+        decoded."""
+        return decode_session(tenant, session_id, doc, f"Redis {self._base.url}")
 
     async def load_head(self, tenant: str, session_id: str, ids: Sequence[str]) -> Snapshot:
         """The stored head and the stored entries among ``ids`` (one atomic read)."""
@@ -105,7 +100,7 @@ class RedisHeads:
         if reply[0] == 0:
             raise session_not_found(session_id)
         generation = to_bytes(reply[1])
-        current = self.decode(session_id, reply[2])
+        current = self.decode(tenant, session_id, reply[2])
         found = {
             to_text(reply[i]): decode_entry(to_bytes(reply[i + 2]), int(reply[i + 1]))
             for i in range(3, len(reply), 3)

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from pydantic import JsonValue
 
 from statekeeper.core.messages import utcnow
-from statekeeper.errors import StoreCorruptError
 from statekeeper.jsoncodec import encode_json, loads
-from statekeeper.stores.base import Event, EventDraft, VersionedRecord
+from statekeeper.stores.base import Event, EventDraft, RecordList, VersionedRecord
 from statekeeper.stores.redis.base import RedisBase, decode_event, dt, to_text, us
 from statekeeper.stores.redis.scripts import (
     APPEND_EVENTS,
@@ -34,12 +34,14 @@ from statekeeper.stores.redis.scripts import (
     PUT_RECORD,
 )
 from statekeeper.stores.rules import (
+    add_record,
     check_read,
     check_record_ids,
     check_record_listing,
     check_record_version,
     record_not_found,
     record_text,
+    record_value,
 )
 
 __all__ = ["EVENT_NOTICES_KEPT", "RedisRecords"]
@@ -56,14 +58,10 @@ class RedisRecords(RedisBase):
 
     def _record(self, namespace: str, key: str, row: Sequence[Any]) -> VersionedRecord:
         version, updated_us, expires_us, text = row
-        try:
-            value = loads(text)
-        except ValueError as exc:
-            raise StoreCorruptError(f"record {namespace}/{key} cannot be decoded: {exc}") from exc
         return VersionedRecord(
             namespace=namespace,
             key=key,
-            value=value,
+            value=record_value(namespace, key, text),
             version=int(version),
             updated_at=dt(int(updated_us)),
             expires_at=dt(int(expires_us)) if expires_us else None,
@@ -109,13 +107,13 @@ class RedisRecords(RedisBase):
         prefix: str = "",
         after_key: str | None = None,
         limit: int = 100,
-    ) -> list[VersionedRecord]:
+    ) -> RecordList:
         check_record_listing(tenant, namespace, prefix, limit)
         low = f"({after_key}" if after_key is not None and after_key >= prefix else f"[{prefix}"
         high = f"({prefix}\x7f" if prefix else "+"
-        out: list[VersionedRecord] = []
+        found = RecordList()
         batch = min(max(limit, 16), 1000)
-        while len(out) < limit:
+        while len(found) < limit:
             reply = await self._run(
                 LIST_RECORDS,
                 [self.keys.record_index(tenant, namespace)],
@@ -123,13 +121,16 @@ class RedisRecords(RedisBase):
             )
             now = us(utcnow())
             for i in range(2, len(reply), 5):
-                row = reply[i + 1 : i + 5]
-                if (not row[2] or int(row[2]) > now) and len(out) < limit:
-                    out.append(self._record(namespace, to_text(reply[i]), row))
+                key, row = to_text(reply[i]), reply[i + 1 : i + 5]
+                if row[2] and int(row[2]) <= now:
+                    continue  # expired
+                decode = partial(self._record, namespace, key, row)
+                if not add_record(found, limit, key, decode, row[3]):
+                    return found
             if int(reply[0]) < batch:
                 break
             low = f"({to_text(reply[1])}"
-        return out
+        return found
 
     async def delete_record(
         self, tenant: str, namespace: str, key: str, *, expected_version: int | None = None

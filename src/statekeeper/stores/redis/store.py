@@ -46,12 +46,14 @@ stored forms), `heads` (the append engine's read and commit primitives), `record
 from __future__ import annotations
 
 import os
+from datetime import datetime
 from typing import Any
 
 from statekeeper.core.messages import utcnow
 from statekeeper.errors import (
     AlreadyExistsError,
     NotFoundError,
+    StoreCorruptError,
 )
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES, gc_paused
@@ -69,7 +71,9 @@ from statekeeper.stores.redis.base import (
     Redis,
     connect,
     decode_entry,
+    dt,
     to_bytes,
+    to_text,
     us,
 )
 from statekeeper.stores.redis.heads import RedisHeads
@@ -89,9 +93,9 @@ from statekeeper.stores.rules import (
     check_read,
     check_tenant_and_id,
     decode_cursor,
-    encode_cursor,
     matches_query,
     new_session_record,
+    page_of,
     prunable,
     session_not_found,
 )
@@ -166,7 +170,7 @@ class RedisStore(EngineWrites, RedisRecords):
             generation, doc = await client.hmget(self.keys.head(tenant, session_id), "g", "doc")
         if generation is None or doc is None:
             raise session_not_found(session_id)
-        record = self._heads.decode(session_id, doc)
+        record = self._heads.decode(tenant, session_id, doc)
         self._engine.remember(tenant, to_bytes(generation), record)
         return record
 
@@ -180,10 +184,10 @@ class RedisStore(EngineWrites, RedisRecords):
         low = str(us(query.active_after)) if query.active_after is not None else "-inf"
         batch = min(max(query.offset + query.limit + 1, 64), 1000)
         skip = query.offset
-        found: list[SessionRecord] = []
+        rows: list[tuple[datetime, str, bytes | SessionRecord]] = []
         seen: set[str] = set()
         start = 0
-        while len(found) <= query.limit:
+        while len(rows) <= query.limit:
             reply = await self._run(
                 LIST_SESSIONS,
                 [self.keys.sessions(tenant)],
@@ -191,23 +195,34 @@ class RedisStore(EngineWrites, RedisRecords):
             )
             start += int(reply[0])
             with gc_paused():
-                for doc in reply[1:]:
-                    record = self._heads.decode(None, doc)
-                    if record.id in seen or not matches_query(record, query):
-                        continue  # (seen: moved by a concurrent update between batches)
-                    seen.add(record.id)
-                    if position is not None and (record.last_active, record.id) >= position:
+                for i in range(1, len(reply), 3):
+                    session_id, active = to_text(reply[i]), dt(int(float(reply[i + 1])))
+                    if session_id in seen:
+                        continue  # moved by a concurrent update between batches
+                    seen.add(session_id)
+                    if position is not None and (active, session_id) >= position:
+                        continue
+                    row = self._listed(tenant, session_id, to_bytes(reply[i + 2]), query)
+                    if row is None:
                         continue
                     if skip:
                         skip -= 1
                     else:
-                        found.append(record)
+                        rows.append((active, session_id, row))
             if int(reply[0]) < batch:
                 break
-        items = found[: query.limit]
-        more = len(found) > query.limit
-        cursor = encode_cursor(items[-1].last_active, items[-1].id) if more else None
-        return Page(items=items, next_cursor=cursor)
+        return page_of(rows, tenant, query.limit, f"Redis {self.url}")
+
+    def _listed(
+        self, tenant: str, session_id: str, doc: bytes, query: SessionQuery
+    ) -> bytes | SessionRecord | None:
+        """A listed head if it passes the filters (the raw doc when it cannot be decoded:
+        the filters cannot rule it out, so it is reported), else None."""
+        try:
+            record = self._heads.decode(tenant, session_id, doc)
+        except StoreCorruptError:
+            return doc
+        return record if matches_query(record, query) else None
 
     async def delete_session(self, tenant: str, session_id: str) -> None:
         check_tenant_and_id(tenant, session_id)
@@ -269,7 +284,7 @@ class RedisStore(EngineWrites, RedisRecords):
                 reply = await self._run(LINKS, keys[:2], [])
                 if reply == [0]:
                     raise session_not_found(session_id)
-                record = self._heads.decode(session_id, reply[1])
+                record = self._heads.decode(tenant, session_id, reply[1])
                 links = [
                     decode_entry(to_bytes(reply[i + 1]), int(reply[i]), payload=False)
                     for i in range(2, len(reply), 2)

@@ -6,15 +6,16 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Sequence
 from datetime import datetime
+from functools import partial
 from typing import Any, TypeVar
 
 from pydantic import JsonValue
 
 from statekeeper.core.messages import utcnow
-from statekeeper.errors import StoreCorruptError
 from statekeeper.jsoncodec import encode_json, loads
-from statekeeper.stores.base import Event, EventDraft, VersionedRecord
+from statekeeper.stores.base import Event, EventDraft, RecordList, VersionedRecord
 from statekeeper.stores.rules import (
+    add_record,
     check_limit,
     check_read,
     check_record_ids,
@@ -23,6 +24,7 @@ from statekeeper.stores.rules import (
     from_micros,
     record_not_found,
     record_text,
+    record_value,
     to_micros,
 )
 from statekeeper.stores.sqlite.conn import SQLiteConnection
@@ -51,14 +53,10 @@ class SQLiteRecordsAndEvents(SQLiteConnection):
     @staticmethod
     def _record(namespace: str, row: tuple[Any, ...]) -> VersionedRecord:
         key, version, updated_us, expires_us, text = row
-        try:
-            value = loads(text)
-        except ValueError as exc:
-            raise StoreCorruptError(f"record {namespace}/{key} cannot be decoded: {exc}") from exc
         return VersionedRecord(
             namespace=namespace,
             key=key,
-            value=value,
+            value=record_value(namespace, key, text),
             version=version,
             updated_at=_dt(updated_us),
             expires_at=None if expires_us is None else _dt(expires_us),
@@ -120,18 +118,27 @@ class SQLiteRecordsAndEvents(SQLiteConnection):
         prefix: str = "",
         after_key: str | None = None,
         limit: int = 100,
-    ) -> list[VersionedRecord]:
+    ) -> RecordList:
         check_record_listing(tenant, namespace, prefix, limit)
-        low = max(prefix, after_key or "")
+        sql = (
+            "SELECT key, version, updated_us, expires_us, value FROM records "
+            f"WHERE tenant=? AND namespace=? AND key>=? AND key<? AND key>? AND {self._LIVE}"
+            " ORDER BY key LIMIT ?"
+        )
 
-        def run(db: sqlite3.Connection) -> list[VersionedRecord]:
-            rows = db.execute(
-                "SELECT key, version, updated_us, expires_us, value FROM records "
-                f"WHERE tenant=? AND namespace=? AND key>=? AND key<? AND key>? AND {self._LIVE}"
-                " ORDER BY key LIMIT ?",
-                (tenant, namespace, low, prefix + _KEY_END, after_key or "", _us(utcnow()), limit),
-            ).fetchall()
-            return [self._record(namespace, row) for row in rows]
+        def run(db: sqlite3.Connection) -> RecordList:
+            found, after, now = RecordList(), after_key or "", _us(utcnow())
+            while True:  # more batches only when damaged rows took places in this one
+                rows = db.execute(
+                    sql, (tenant, namespace, prefix, prefix + _KEY_END, after, now, limit)
+                ).fetchall()
+                for row in rows:
+                    decode = partial(self._record, namespace, row)
+                    if not add_record(found, limit, row[0], decode, row[4]):
+                        return found
+                if len(rows) < limit:
+                    return found
+                after = rows[-1][0]
 
         return await self._read(run)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 
@@ -23,7 +23,6 @@ from statekeeper.errors import (
     InvalidInputError,
     NotFoundError,
     PayloadTooLargeError,
-    StoreCorruptError,
     StoreFullError,
 )
 from statekeeper.ids import validate_id
@@ -44,8 +43,9 @@ from statekeeper.stores.rules import (
     check_tenant_and_id,
     corrupt_entry,
     decode_cursor,
-    encode_cursor,
+    decode_session,
     new_session_record,
+    page_of,
     session_not_found,
 )
 from statekeeper.stores.sqlite.records import _KEY_END, SQLiteRecordsAndEvents, _dt, _limit, _us
@@ -92,12 +92,7 @@ class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
         if cached is not None and cached[0] == row[0] and cached[1].version == row[1]:
             return row[0], cached[1]
         (doc,) = db.execute("SELECT doc FROM sessions WHERE sk=?", (row[0],)).fetchone()
-        try:
-            record = SessionRecord.model_validate_json(doc)
-        except ValueError as exc:
-            raise StoreCorruptError(
-                f"the record of session {session_id!r} in {self.path} cannot be decoded: {exc}"
-            ) from exc
+        record = decode_session(tenant, session_id, doc, str(self.path))
         self._heads[tenant, session_id] = (row[0], record)
         return row[0], record
 
@@ -163,49 +158,36 @@ class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
         if query.active_before is not None:
             where.append("active_us<?")
             params.append(_us(query.active_before))
-        for key, value in query.metadata.items():
-            path = f'$.metadata."{key}"'  # keys are validated ids: nothing to escape
-            if value is None or isinstance(value, bool):
-                where.append("json_type(doc, ?) = ?")
-                params += [path, "null" if value is None else str(value).lower()]
-            elif (isinstance(value, int) and not -(2**63) <= value < 2**63) or (
-                isinstance(value, str) and "\x00" in value
-            ):
-                # SQLite's own values cannot hold these: compare the stored JSON text.
-                where.append("doc -> ? = ?")
-                params += [path, encode_json(value)]
-            elif isinstance(value, int | float):
-                where.append(
-                    "json_type(doc, ?) IN ('integer', 'real') AND json_extract(doc, ?) = ?"
-                )
-                params += [path, path, value]
-            else:
-                where.append("json_type(doc, ?) = 'text' AND json_extract(doc, ?) = ?")
-                params += [path, path, value]
+        if query.metadata:
+            # A head that is not JSON cannot be ruled out: it is reported, not left out.
+            conditions = " AND ".join(_metadata_conditions(query.metadata, params))
+            where.append(f"CASE WHEN json_valid(doc) THEN {conditions} ELSE 1 END")
         if query.cursor is not None:
             stamp, after_id = decode_cursor(query.cursor)
             where.append("(active_us, id) < (?, ?)")
             params += [_us(stamp), after_id]
         sql = (
-            f"SELECT doc FROM sessions WHERE {' AND '.join(where)} "
+            f"SELECT active_us, id, doc FROM sessions WHERE {' AND '.join(where)} "
             "ORDER BY active_us DESC, id DESC LIMIT ? OFFSET ?"
         )
         params += [query.limit + 1, query.offset]
 
-        def run(db: sqlite3.Connection) -> list[SessionRecord]:
-            return [SessionRecord.model_validate_json(doc) for (doc,) in db.execute(sql, params)]
+        def run(db: sqlite3.Connection) -> list[tuple[datetime, str, str]]:
+            return [(_dt(us), sid, doc) for us, sid, doc in db.execute(sql, params)]
 
-        rows = await self._read(run)
-        items = rows[: query.limit]
-        more = len(rows) > query.limit
-        cursor = encode_cursor(items[-1].last_active, items[-1].id) if more else None
-        return Page(items=items, next_cursor=cursor)
+        return page_of(await self._read(run), tenant, query.limit, str(self.path))
 
     async def delete_session(self, tenant: str, session_id: str) -> None:
         check_tenant_and_id(tenant, session_id)
 
         def delete(db: sqlite3.Connection) -> None:
-            sk, _ = self._head(db, tenant, session_id)
+            # The key only: a session whose head cannot be decoded can be deleted too.
+            row = db.execute(
+                "SELECT sk FROM sessions WHERE tenant=? AND id=?", (tenant, session_id)
+            ).fetchone()
+            if row is None:
+                raise session_not_found(session_id)
+            sk = row[0]
             db.execute(
                 "DELETE FROM entries WHERE rid>=? AND rid<?", (sk << SEQ_BITS, (sk + 1) << SEQ_BITS)
             )
@@ -377,6 +359,29 @@ class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
             return found[0]
 
         return await self._read(get)
+
+
+def _metadata_conditions(metadata: Mapping[str, Any], params: list[Any]) -> list[str]:
+    """SQL conditions (appending their parameters) for equality on metadata keys."""
+    where: list[str] = []
+    for key, value in metadata.items():
+        path = f'$.metadata."{key}"'  # keys are validated ids: nothing to escape
+        if value is None or isinstance(value, bool):
+            where.append("json_type(doc, ?) = ?")
+            params += [path, "null" if value is None else str(value).lower()]
+        elif (isinstance(value, int) and not -(2**63) <= value < 2**63) or (
+            isinstance(value, str) and "\x00" in value
+        ):
+            # SQLite's own values cannot hold these: compare the stored JSON text.
+            where.append("doc -> ? = ?")
+            params += [path, encode_json(value)]
+        elif isinstance(value, int | float):
+            where.append("json_type(doc, ?) IN ('integer', 'real') AND json_extract(doc, ?) = ?")
+            params += [path, path, value]
+        else:
+            where.append("json_type(doc, ?) = 'text' AND json_extract(doc, ?) = ?")
+            params += [path, path, value]
+    return where
 
 
 async def open_sqlite(location: str, options: StoreOptions) -> SQLiteStore:
