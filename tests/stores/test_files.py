@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from statekeeper.core.messages import Message
 from statekeeper.errors import (
     ConflictError,
     InvalidIdError,
@@ -27,6 +28,7 @@ from statekeeper.errors import (
     StoreReadOnlyError,
     StoreUnavailableError,
 )
+from statekeeper.sessions import SessionManager
 from statekeeper.stores import open_store
 from statekeeper.stores.base import (
     EntryDraft,
@@ -321,6 +323,35 @@ async def test_a_truncated_head_falls_back_to_its_backup(store: FileStore, root:
     report = lines(root / T / "recoveries.jsonl")
     assert [r["kind"] for r in report] == ["head-from-backup"]
     assert json.loads(head.read_text())["session"]["last_seq"] == 4
+
+
+async def test_a_head_restored_from_its_backup_counts_the_kept_messages_again(
+    store: FileStore, root: Path
+) -> None:
+    manager = SessionManager(store, T, max_messages=4)
+    session = await manager.create(session_id="s1")
+    for text, tokens in (("one", 5), ("two", 7), ("three", 11)):
+        await session.append(Message.user(text, tokens=tokens))
+    assert (session.record.message_count, session.record.total_tokens) == (3, 23)
+    head = root / T / "sessions" / "s1.json"
+    head.write_bytes(head.read_bytes()[:-30])  # the last write cut short on disk
+
+    other = await reopen(root)
+    try:
+        reopened = await SessionManager(other, T, max_messages=4).get("s1")
+        record = reopened.record
+        # The backup is from before the third append: its message is kept and counted.
+        assert (record.message_count, record.total_tokens, record.fresh_tokens) == (3, 23, 23)
+        assert [m.text for m in await reopened.messages()] == ["one", "two", "three"]
+        [recovery] = other.recoveries
+        assert recovery.kind == "head-from-backup"
+        assert "counted again" in recovery.detail
+        # The boundary check reads the recounted counter: the fourth message fits, the
+        # fifth moves the conversation on (with the stale 2 it would have fitted too).
+        assert (await reopened.append(Message.user("four"))).continued_from is None
+        assert (await reopened.append(Message.user("five"))).continued_from == "s1"
+    finally:
+        await other.close()
 
 
 async def test_head_and_backup_lost_make_a_recovery_session(store: FileStore, root: Path) -> None:

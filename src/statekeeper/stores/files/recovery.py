@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from statekeeper.jsoncodec import loads
-from statekeeper.stores.base import EntryKind, SessionRecord, VersionedRecord
+from statekeeper.stores.base import Entry, EntryKind, SessionRecord, VersionedRecord
 from statekeeper.stores.files.logs import LogIndex, parse_entry
 
 __all__ = [
@@ -113,11 +113,13 @@ def roll_forward(
     """A head restored from its backup, with the whole entries written after the backup.
 
     The backup is the version just before the lost head, so at most one append (or one
-    prune) happened in between: its whole, valid lines are kept. The version moves 2
-    past the backup's, past the lost one, so a writer that saw the lost head gets a
+    prune) happened in between: its whole, valid lines are kept, and the counters an
+    append of their messages adds (messages, tokens) are counted again from them, so
+    the limits that read the counters see what the transcript holds. The version moves
+    2 past the backup's, past the lost one, so a writer that saw the lost head gets a
     conflict instead of overwriting blindly. Returns (record, gen, bytes, note).
     """
-    last, head_seq, adopted = record.last_seq, record.head_seq, 0
+    adopted: list[tuple[Entry, bool]] = []  # (entry, whether it is a side entry)
     if log is None:
         end, note = 0, "; the transcript file is missing" if size else ""
     else:
@@ -125,6 +127,7 @@ def roll_forward(
         index.scan(log, 0)
         if index.header_gen is None or index.header_gen == gen:
             end = min(size, len(log))
+            last = record.last_seq
             for i, start in enumerate(index.starts):
                 if start < size:
                     continue
@@ -132,31 +135,46 @@ def roll_forward(
                 entry = parse_entry(raw.rstrip(b"\n"), index.seqs[i], None, None)
                 if not raw.endswith(b"\n") or entry.kind == EntryKind.CORRUPT or entry.seq <= last:
                     break
-                end, last, adopted = index.stops[i], entry.seq, adopted + 1
-                if not index.sides[i]:
-                    head_seq = entry.seq
+                end, last = index.stops[i], entry.seq
+                adopted.append((entry, index.sides[i]))
         else:  # a prune replaced the transcript: it is whole (written before its rename)
             gen, end = index.header_gen, log.rfind(b"\n") + 1
             for i, seq in enumerate(index.seqs):
-                if index.stops[i] <= end and seq > last:
-                    last, adopted = seq, adopted + 1
-                    if not index.sides[i] and index.kinds[i] is not None:
-                        head_seq = seq
+                if index.stops[i] <= end and seq > record.last_seq:
+                    raw = log[index.starts[i] : index.stops[i]].rstrip(b"\n")
+                    entry = parse_entry(raw, seq, None, None)
+                    side = index.sides[i] or index.kinds[i] is None
+                    adopted.append((entry, side))
         note = (
-            f"; {adopted} entries written after the backup were kept (the counter changes "
-            "of the lost update were not recovered)"
+            f"; {len(adopted)} entries written after the backup were kept and the "
+            "message and token counters counted again from them (other changes of the "
+            "lost update were not recovered)"
             if adopted
             else ""
         )
     restored = record.model_copy(
-        update={
-            "last_seq": last,
-            "head_seq": head_seq,
-            "version": record.version + 2,
-            "last_active": now,
-        }
+        update={**_counted(record, adopted), "version": record.version + 2, "last_active": now}
     )
     return restored, gen, end, note
+
+
+def _counted(record: SessionRecord, adopted: list[tuple[Entry, bool]]) -> dict[str, int]:
+    """The head fields after the ``adopted`` (entry, side) pairs: last and head seq, and
+    what appending their messages adds to the counters."""
+    fields = {"last_seq": record.last_seq, "head_seq": record.head_seq}
+    messages = tokens = 0
+    for entry, side in adopted:
+        fields["last_seq"] = max(fields["last_seq"], entry.seq)
+        if not side:
+            fields["head_seq"] = entry.seq
+        if entry.kind == EntryKind.MESSAGE:
+            messages += 1
+            counted = entry.payload.get("tokens")
+            tokens += counted if type(counted) is int and counted > 0 else 0
+    fields["message_count"] = record.message_count + messages
+    fields["total_tokens"] = record.total_tokens + tokens
+    fields["fresh_tokens"] = record.fresh_tokens + tokens
+    return fields
 
 
 def salvage_lines(log: bytes) -> tuple[list[bytes], dict[str, int]]:
