@@ -24,6 +24,7 @@ from statekeeper.core.messages import Message
 from statekeeper.runs import RunStore
 from statekeeper.sessions import SessionManager
 from statekeeper.stores import Store, open_store
+from statekeeper.testing.damage import damage_session
 
 T = TypeVar("T")
 HERE = Path(__file__).parent
@@ -111,6 +112,28 @@ def run_status(cli: Cli, run_id: str) -> str:
 
 
 # -- sessions --------------------------------------------------------------------------------
+
+
+def test_sessions_list_names_a_damaged_session_and_what_to_do(cli: Cli) -> None:
+    seed_sessions(cli)
+    cli.api(lambda store: damage_session(store, "default", "ses-a"))
+
+    out = cli("sessions", "list").stdout
+    assert "ses-b" in out
+    assert "Pricing" in out
+    [line] = [line for line in out.splitlines() if "damaged" in line]
+    assert "damaged session ses-a" in line
+    assert "delete" in out  # what to do: the message names the fix
+    data = cli.json("sessions", "list")
+    assert [item["id"] for item in data["items"]] == ["ses-b"]
+    assert [item["id"] for item in data["corrupt"]] == ["ses-a"]
+    assert "sessions delete ses-a" in data["corrupt"][0]["error"]
+
+    shown = cli("sessions", "show", "ses-a", code=1)
+    assert "ses-a" in shown.output
+    assert "cannot be decoded" in shown.output
+    cli("sessions", "delete", "ses-a", "--yes")
+    assert cli.json("sessions", "list")["corrupt"] == []
 
 
 def test_sessions_list_table_json_and_paging(cli: Cli) -> None:

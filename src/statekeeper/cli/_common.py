@@ -13,7 +13,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -28,6 +28,7 @@ from statekeeper.core.messages import Message, TextBlock, ToolCallBlock, ToolRes
 from statekeeper.errors import StatekeeperError
 from statekeeper.jsoncodec import MAX_JSON_DEPTH
 from statekeeper.stores import Store, open_store
+from statekeeper.stores.base import CorruptItem
 
 __all__ = [
     "DEFAULT_STORE",
@@ -42,6 +43,7 @@ __all__ = [
     "load_json",
     "message_text",
     "parse_when",
+    "print_corrupt",
     "print_json",
     "read_input",
     "run",
@@ -164,6 +166,13 @@ def fail(message: str) -> NoReturn:
 def print_json(data: Any) -> None:
     """Print plain JSON on stdout (no colours, no wrapping)."""
     typer.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+
+
+def print_corrupt(out: Console, what: str, items: Sequence[CorruptItem]) -> None:
+    """One line per damaged item a listing reported: its id, what is wrong, what to do."""
+    for item in items:
+        line = Text(f"damaged {what} {item.id}: ", style="bold red")
+        out.print(line.append(Text(item.error, style="red")))
 
 
 def stamp(when: datetime | None) -> str:

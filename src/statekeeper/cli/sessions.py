@@ -19,6 +19,7 @@ from statekeeper.cli._common import (
     fields_table,
     load_json,
     message_text,
+    print_corrupt,
     print_json,
     read_input,
     run,
@@ -27,7 +28,7 @@ from statekeeper.cli._common import (
     write_output,
 )
 from statekeeper.core.messages import Message
-from statekeeper.errors import AlreadyExistsError
+from statekeeper.errors import AlreadyExistsError, StoreCorruptError
 from statekeeper.runs import RunStore, SessionStats, session_stats
 from statekeeper.sessions import SessionManager
 from statekeeper.sessions.basics import branch_origins, message_origins
@@ -73,16 +74,24 @@ def list_sessions(
     page = run(ctx, work, read_only=True)
     if wants_json(ctx, json_output):
         items = [record.model_dump(mode="json") for record in page.items]
-        print_json({"items": items, "next_cursor": page.next_cursor})
+        corrupt = [item.model_dump(mode="json") for item in page.corrupt]
+        print_json({"items": items, "next_cursor": page.next_cursor, "corrupt": corrupt})
         return
     out = console()
-    if not page.items:
+    if page.items:
+        out.print(_sessions_table(page.items))
+    elif not page.corrupt:
         out.print("No sessions." if cursor is None else "No more sessions.")
-        return
+    print_corrupt(out, "session", page.corrupt)
+    if page.next_cursor:
+        out.print(Text(f"next cursor: {page.next_cursor}"))
+
+
+def _sessions_table(records: list[SessionRecord]) -> Table:
     table = Table()
     for column in ("id", "title", "agent", "messages", "tokens", "last active (UTC)", "links"):
         table.add_column(column, justify="right" if column in ("messages", "tokens") else "left")
-    for record in page.items:
+    for record in records:
         table.add_row(
             Text(record.id),
             Text(record.title or ""),
@@ -92,9 +101,7 @@ def list_sessions(
             stamp(record.last_active),
             Text(_links(record)),
         )
-    out.print(table)
-    if page.next_cursor:
-        out.print(Text(f"next cursor: {page.next_cursor}"))
+    return table
 
 
 @dataclass
@@ -384,17 +391,23 @@ def delete(
 
     async def work(store: Store, tenant: str) -> bool:
         manager = SessionManager(store, tenant)
-        record = (await manager.get(session_id)).record
+        try:
+            record: SessionRecord | None = (await manager.get(session_id)).record
+        except StoreCorruptError:
+            record = None  # a damaged session is deleted like any other: how to clean up
         if not yes:
             if not stdin_is_interactive():
                 fail(
                     f"not deleting session {session_id}: stdin is not a terminal, so "
                     "no confirmation can be asked; pass --yes to delete without asking"
                 )
-            title = f" {record.title!r}" if record.title else ""
-            question = (
-                f"Delete session {session_id}{title} and its {record.message_count} messages?"
-            )
+            if record is None:
+                question = f"Session {session_id} is damaged (it cannot be read). Delete it?"
+            else:
+                title = f" {record.title!r}" if record.title else ""
+                question = (
+                    f"Delete session {session_id}{title} and its {record.message_count} messages?"
+                )
             if not typer.confirm(question, default=False):
                 return False
         await manager.delete(session_id)
