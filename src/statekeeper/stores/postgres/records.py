@@ -133,7 +133,7 @@ class PostgresRecordsAndEvents(PostgresBase):
                     decode = partial(self._record, namespace, row)
                     if not add_record(found, limit, row[0], decode, row[4]):
                         return found
-                if len(rows) < limit:
+                if not rows or len(rows) < limit:
                     return found
                 batch["after"] = rows[-1][0]
 

@@ -136,7 +136,7 @@ class SQLiteRecordsAndEvents(SQLiteConnection):
                     decode = partial(self._record, namespace, row)
                     if not add_record(found, limit, row[0], decode, row[4]):
                         return found
-                if len(rows) < limit:
+                if not rows or len(rows) < limit:
                     return found
                 after = rows[-1][0]
 
