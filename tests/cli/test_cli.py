@@ -24,7 +24,7 @@ from statekeeper.core.messages import Message
 from statekeeper.runs import RunStore
 from statekeeper.sessions import SessionManager
 from statekeeper.stores import Store, open_store
-from statekeeper.testing.damage import damage_session
+from statekeeper.testing.damage import damage_record, damage_session
 
 T = TypeVar("T")
 HERE = Path(__file__).parent
@@ -296,6 +296,24 @@ def test_tenant_and_store_come_from_options_or_environment(cli: Cli) -> None:
 
 
 # -- runs ------------------------------------------------------------------------------------
+
+
+def test_runs_list_names_damaged_run_indexes(cli: Cli, cli_app: ModuleType) -> None:
+    kept = start_run(cli, cli_app, "asker")
+    not_json = start_run(cli, cli_app, "asker")
+    not_an_index = start_run(cli, cli_app, "asker")
+    cli.api(lambda store: damage_record(store, "default", "runs", not_json))
+    cli.api(lambda store: damage_record(store, "default", "runs", not_an_index, '{"x": 1}'))
+
+    data = cli.json("runs", "list")
+    assert [r["run_id"] for r in data["items"]] == [kept]
+    assert sorted(c["id"] for c in data["corrupt"]) == sorted([not_json, not_an_index])
+    assert all("delete" in c["error"] for c in data["corrupt"])
+    out = cli("runs", "list").stdout
+    assert kept in out
+    assert out.count("damaged run index") == 2
+    shown = cli("runs", "show", not_an_index, code=1)
+    assert not_an_index in shown.output
 
 
 def test_runs_list_and_show(cli: Cli, cli_app: ModuleType) -> None:

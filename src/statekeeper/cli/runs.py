@@ -22,6 +22,7 @@ from statekeeper.cli._common import (
     console,
     fail,
     message_text,
+    print_corrupt,
     print_json,
     read_input,
     run,
@@ -34,6 +35,7 @@ from statekeeper.core.lifecycle import parse_status
 from statekeeper.core.messages import utcnow
 from statekeeper.errors import InvalidInputError, NotFoundError, StatekeeperError
 from statekeeper.runs.approvals import settle
+from statekeeper.runs.index import RunList
 from statekeeper.runs.runner import Runner, RunResult
 from statekeeper.runs.state import RunState
 from statekeeper.runs.store import RunIndex, RunStore
@@ -75,17 +77,24 @@ def list_runs(
     """List runs, oldest first."""
     wanted = _status_filter(status)
 
-    async def work(store: Store, tenant: str) -> list[RunIndex]:
+    async def work(store: Store, tenant: str) -> RunList:
         return await RunStore(store, tenant).list(status=wanted, session_id=session, limit=limit)
 
     runs = run(ctx, work, read_only=True)
     if wants_json(ctx, json_output):
-        print_json({"items": [index.model_dump(mode="json") for index in runs]})
+        items = [index.model_dump(mode="json") for index in runs]
+        corrupt = [item.model_dump(mode="json") for item in runs.corrupt]
+        print_json({"items": items, "corrupt": corrupt})
         return
     out = console()
-    if not runs:
+    if runs:
+        out.print(_runs_table(runs))
+    elif not runs.corrupt:
         out.print("No runs.")
-        return
+    print_corrupt(out, "run index", runs.corrupt)
+
+
+def _runs_table(runs: list[RunIndex]) -> Table:
     now = utcnow()
     table = Table()
     for column in ("id", "status", "agent", "turn", "session", "updated (UTC)", "notes"):
@@ -107,7 +116,7 @@ def list_runs(
             stamp(index.updated_at),
             Text(", ".join(notes)),
         )
-    out.print(table)
+    return table
 
 
 @app.command("show")

@@ -6,13 +6,17 @@ rolls forward past it to the newest checkpoint (see ``docs/runs.md``).
 
 from __future__ import annotations
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from collections.abc import Iterable
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from statekeeper.core.messages import utcnow
 from statekeeper.core.metrics import Metrics
+from statekeeper.errors import StoreCorruptError
 from statekeeper.runs.state import RunState
+from statekeeper.stores.base import CorruptItem
 
-__all__ = ["RunIndex", "carry", "index_of"]
+__all__ = ["RunIndex", "RunList", "carry", "decode_index", "index_of"]
 
 
 class RunIndex(BaseModel):
@@ -64,3 +68,26 @@ def carry(index: RunIndex, current: RunIndex) -> RunIndex:
     index.cancel_requested = index.cancel_requested or current.cancel_requested
     index.child_usage = {**index.child_usage, **current.child_usage}
     return index
+
+
+def decode_index(run_id: str, value: JsonValue) -> RunIndex:
+    """A stored run index; `StoreCorruptError` naming the run and the fix if it is not one."""
+    try:
+        return RunIndex.model_validate(value)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "index"
+        raise StoreCorruptError(
+            f"the index of run {run_id!r} is not a run index ({where}: {first['msg']}); "
+            f"delete it (store.delete_record(tenant, 'runs', {run_id!r})); the run's "
+            "checkpoints stay in its session's transcript"
+        ) from exc
+
+
+class RunList(list[RunIndex]):
+    """What `RunStore.list` returns: the runs (a list), and ``corrupt``: the index records
+    that could not be read (each with the error naming the fix), never silently left out."""
+
+    def __init__(self, runs: Iterable[RunIndex] = (), corrupt: Iterable[CorruptItem] = ()):
+        super().__init__(runs)
+        self.corrupt: list[CorruptItem] = list(corrupt)

@@ -30,17 +30,25 @@ from statekeeper.errors import (
     InvalidPayloadError,
     NotFoundError,
     StatekeeperError,
+    StoreCorruptError,
 )
 from statekeeper.ids import validate_id
 from statekeeper.runs.history import CheckpointInfo, checkpoint_history, fork_run
-from statekeeper.runs.index import RunIndex, carry
+from statekeeper.runs.index import RunIndex, RunList, carry, decode_index
 from statekeeper.runs.index import index_of as _index_of
 from statekeeper.runs.recovery import Loaded, load_latest
 from statekeeper.runs.sealing import CheckpointSeal
 from statekeeper.runs.state import RunState
 from statekeeper.sessions.manager import SessionManager
 from statekeeper.sessions.view import appended_counters, build_view, message_draft
-from statekeeper.stores.base import Entry, EntryDraft, EventDraft, SessionRecord, Store
+from statekeeper.stores.base import (
+    CorruptItem,
+    Entry,
+    EntryDraft,
+    EventDraft,
+    SessionRecord,
+    Store,
+)
 
 __all__ = ["CHECKPOINT_KIND", "RUNS_NAMESPACE", "Loaded", "RunIndex", "RunStore", "Saved"]
 
@@ -91,7 +99,7 @@ class RunStore:
             record = await self.store.get_record(self.tenant, RUNS_NAMESPACE, run_id)
         except NotFoundError:
             raise NotFoundError(f"run {run_id!r} not found") from None
-        return RunIndex.model_validate(record.value), record.version
+        return decode_index(run_id, record.value), record.version
 
     async def put_index(self, index: RunIndex, *, expected_version: int | None) -> int:
         """Write the index with compare-and-set; returns the new version."""
@@ -121,24 +129,31 @@ class RunStore:
         session_id: str | None = None,
         after: str | None = None,
         limit: int = 100,
-    ) -> list[RunIndex]:
-        """Runs in id order (ids sort by creation time), optionally filtered."""
-        out: list[RunIndex] = []
+    ) -> RunList:
+        """Runs in id order (ids sort by creation time), optionally filtered; index
+        records that cannot be read are reported in ``corrupt``, not left out."""
+        out = RunList()
         cursor = after
         while len(out) < limit:
             page = await self.store.list_records(
                 self.tenant, RUNS_NAMESPACE, after_key=cursor, limit=200
             )
+            out.corrupt += getattr(page, "corrupt", [])
             if not page:
                 break
             for record in page:
-                index = RunIndex.model_validate(record.value)
+                try:
+                    index = decode_index(record.key, record.value)
+                except StoreCorruptError as exc:
+                    out.corrupt.append(CorruptItem(id=record.key, error=str(exc)))
+                    continue
                 if (status is None or index.status == status) and (
                     session_id is None or index.session_id == session_id
                 ):
                     out.append(index)
             cursor = page[-1].key
-        return out[:limit]
+        del out[limit:]
+        return out
 
     # -- checkpoints ---------------------------------------------------------------------
 

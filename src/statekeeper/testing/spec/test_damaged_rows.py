@@ -12,7 +12,7 @@ import pytest
 
 from statekeeper.errors import NotFoundError, StoreCorruptError
 from statekeeper.stores import Store
-from statekeeper.stores.base import Page, SessionQuery, SessionRecord
+from statekeeper.stores.base import Page, SessionQuery, SessionRecord, VersionedRecord
 from statekeeper.testing.damage import NOT_JSON, can_damage, damage_record, damage_session
 
 from .support import TENANT, make_sessions
@@ -117,7 +117,8 @@ async def test_a_record_listing_reports_damaged_records_and_lists_the_others(
     await damage_record(store, TENANT, NS, "k4", "{}}")
 
     # Paged one record at a time, as callers do (after_key = the last key listed).
-    found, reported = [], []
+    found: list[VersionedRecord] = []
+    reported: list[tuple[str, bool]] = []
     after: str | None = None
     for _ in range(10):
         batch = await store.list_records(TENANT, NS, after_key=after, limit=1)
