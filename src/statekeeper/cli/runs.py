@@ -26,13 +26,11 @@ from statekeeper.cli._common import (
     print_json,
     read_input,
     run,
-    stamp,
     wants_json,
     write_output,
 )
-from statekeeper.cli.runview import RunView, print_run, recoveries, timeline
+from statekeeper.cli.runview import RunView, print_run, recoveries, runs_table, timeline
 from statekeeper.core.lifecycle import parse_status
-from statekeeper.core.messages import utcnow
 from statekeeper.errors import InvalidInputError, NotFoundError, StatekeeperError
 from statekeeper.runs.approvals import settle
 from statekeeper.runs.index import RunList
@@ -88,35 +86,10 @@ def list_runs(
         return
     out = console()
     if runs:
-        out.print(_runs_table(runs))
+        out.print(runs_table(runs))
     elif not runs.corrupt:
         out.print("No runs.")
     print_corrupt(out, "run index", runs.corrupt)
-
-
-def _runs_table(runs: list[RunIndex]) -> Table:
-    now = utcnow()
-    table = Table()
-    for column in ("id", "status", "agent", "turn", "session", "updated (UTC)", "notes"):
-        table.add_column(column, justify="right" if column == "turn" else "left")
-    for index in runs:
-        notes = []
-        if index.cancel_requested and index.status != "cancelled":
-            notes.append("cancel requested")
-        if index.owner and index.lease_until and index.lease_until > now:
-            notes.append(f"running on {index.owner}")
-        if index.parent_run_id:
-            notes.append(f"child of {index.parent_run_id}")
-        table.add_row(
-            Text(index.run_id),
-            Text(index.status),
-            Text(index.agent),
-            str(index.turn),
-            Text(index.session_id),
-            stamp(index.updated_at),
-            Text(", ".join(notes)),
-        )
-    return table
 
 
 @app.command("show")

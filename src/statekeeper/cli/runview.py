@@ -16,7 +16,7 @@ from statekeeper.runs.state import RunState
 from statekeeper.runs.store import RunIndex
 from statekeeper.stores.base import Event
 
-__all__ = ["RunView", "print_run", "recoveries", "timeline"]
+__all__ = ["RunView", "print_run", "recoveries", "runs_table", "timeline"]
 
 
 @dataclass
@@ -240,4 +240,30 @@ def _guardrails(state: RunState) -> Table | None:
         table.add_column(column, overflow="fold")
     for g in triggered:
         table.add_row(Text(g.name), g.kind, str(g.turn), Text(json.dumps(g.info)))
+    return table
+
+
+def runs_table(runs: list[RunIndex]) -> Table:
+    """The table ``runs list`` prints: one row per run."""
+    now = utcnow()
+    table = Table()
+    for column in ("id", "status", "agent", "turn", "session", "updated (UTC)", "notes"):
+        table.add_column(column, justify="right" if column == "turn" else "left")
+    for index in runs:
+        notes = []
+        if index.cancel_requested and index.status != "cancelled":
+            notes.append("cancel requested")
+        if index.owner and index.lease_until and index.lease_until > now:
+            notes.append(f"running on {index.owner}")
+        if index.parent_run_id:
+            notes.append(f"child of {index.parent_run_id}")
+        table.add_row(
+            Text(index.run_id),
+            Text(index.status),
+            Text(index.agent),
+            str(index.turn),
+            Text(index.session_id),
+            stamp(index.updated_at),
+            Text(", ".join(notes)),
+        )
     return table

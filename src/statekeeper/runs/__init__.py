@@ -29,6 +29,7 @@ from statekeeper.runs.handlers import (
     StateHandlerAgent,
 )
 from statekeeper.runs.history import CheckpointInfo
+from statekeeper.runs.index import RunList
 from statekeeper.runs.options import CheckpointOptions, ContextCodec, RunPolicy
 from statekeeper.runs.recovery import CheckpointCorruptError
 from statekeeper.runs.runner import EventSink, Runner, RunResult
@@ -76,6 +77,7 @@ __all__ = [
     "RateLimited",
     "Respond",
     "RunIndex",
+    "RunList",
     "RunPolicy",
     "RunResult",
     "RunState",
