@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from pydantic import ValidationError
 
 from statekeeper.core.metrics import (
     DelegationInfo,
@@ -17,7 +17,7 @@ from statekeeper.core.metrics import (
     TokenUsage,
     local_metrics,
 )
-from statekeeper.errors import InvalidInputError, InvalidPayloadError
+from statekeeper.errors import InvalidInputError, InvalidPayloadError, StatekeeperError
 
 # -- token usage ---------------------------------------------------------------------------
 
@@ -52,15 +52,33 @@ def test_token_usage_reads_prompt_and_completion_names() -> None:
 
 
 @pytest.mark.parametrize("fields", [{"input_tokens": -1}, {"output_tokens": 1.5}, {"x": 1}])
-def test_token_usage_refuses_bad_counts(fields: dict[str, object]) -> None:
-    with pytest.raises(ValidationError):
+def test_token_usage_refuses_bad_counts_with_a_typed_error(fields: dict[str, object]) -> None:
+    (name,) = fields
+    with pytest.raises(InvalidPayloadError, match=name):
         TokenUsage.model_validate(fields)
+    with pytest.raises(InvalidPayloadError, match=name):
+        TokenUsage(**fields)  # type: ignore[arg-type]
 
 
 def test_token_usage_is_immutable() -> None:
     usage = TokenUsage(input_tokens=1)
-    with pytest.raises(ValidationError):
+    with pytest.raises(InvalidPayloadError, match="frozen"):
         usage.input_tokens = 2  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("build", "field"),
+    [
+        (lambda: ModelUsage(cost=-1), "cost"),
+        (lambda: ModelUsage(calls=-2), "calls"),
+        (lambda: Metrics(models={"m": {"calls": -1}}), "calls"),
+        (lambda: DelegationInfo(delegate_level=-1), "delegate_level"),
+    ],
+)
+def test_metrics_models_raise_typed_errors(build: Callable[[], object], field: str) -> None:
+    with pytest.raises(InvalidPayloadError, match=field) as caught:
+        build()
+    assert isinstance(caught.value, StatekeeperError)
 
 
 # -- metrics --------------------------------------------------------------------------------
@@ -218,7 +236,7 @@ def test_child_of_refuses_bad_input(
 
 
 def test_root_cannot_have_a_parent() -> None:
-    with pytest.raises(ValidationError, match="root run"):
+    with pytest.raises(InvalidPayloadError, match="root run"):
         DelegationInfo(parent_run_id="run_a")
 
 

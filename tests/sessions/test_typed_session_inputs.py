@@ -67,6 +67,25 @@ async def test_list_with_a_bad_limit_is_typed(manager: SessionManager, limit: An
     assert "1" in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    "paging",
+    [
+        {"limit": "5"},
+        {"limit": 5.0},
+        {"limit": True},
+        {"offset": "2"},
+        {"offset": True},
+        {"cursor": 5},
+    ],
+)
+async def test_list_with_paging_of_the_wrong_type_is_refused_not_coerced(
+    manager: SessionManager, paging: dict[str, Any]
+) -> None:
+    (name,) = paging
+    with pytest.raises(InvalidPayloadError, match=name):
+        await manager.list(**paging)
+
+
 async def test_list_with_metadata_that_is_not_a_dict_is_typed(manager: SessionManager) -> None:
     with pytest.raises(InvalidInputError, match=r"metadata filter must be a dict.*\{'key'"):
         await manager.list(metadata="str")  # type: ignore[arg-type]

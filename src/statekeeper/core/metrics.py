@@ -11,7 +11,6 @@ from typing import Any, Self
 
 from pydantic import (
     AliasChoices,
-    BaseModel,
     ConfigDict,
     Field,
     ValidationError,
@@ -19,6 +18,7 @@ from pydantic import (
     model_validator,
 )
 
+from statekeeper.core.typed import TypedModel
 from statekeeper.errors import InvalidInputError, InvalidPayloadError
 from statekeeper.ids import validate_id
 
@@ -47,7 +47,7 @@ def _count(*names: str) -> Any:
     return Field(default=0, ge=0, validation_alias=AliasChoices(*names))
 
 
-class TokenUsage(BaseModel):
+class TokenUsage(TypedModel):
     """Token counts of one or more model calls. Immutable; ``+`` adds, ``-`` never goes below 0.
 
     ``input_tokens`` and ``output_tokens`` also read as ``prompt_tokens`` and
@@ -85,7 +85,7 @@ class TokenUsage(BaseModel):
         return TokenUsage(**{k: max(v - theirs[k], 0) for k, v in mine.items()})
 
 
-class ModelUsage(BaseModel):
+class ModelUsage(TypedModel):
     """What calls to one model used: cost, tokens, number of calls, total latency."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -140,7 +140,7 @@ def _model_name(name: object) -> str:
     return name
 
 
-class Metrics(BaseModel):
+class Metrics(TypedModel):
     """Accumulated usage of a run, per model. `add` records a call; arithmetic makes copies.
 
     Entries with nothing recorded are dropped, so equal usage means equal metrics.
@@ -200,7 +200,7 @@ class Metrics(BaseModel):
                 calls=calls,
                 latency_seconds=latency or 0.0,
             )
-        except ValidationError as exc:
+        except (ValidationError, InvalidPayloadError) as exc:
             raise InvalidInputError(f"invalid usage for model {model!r}: {_explain(exc)}") from exc
         self.merge(Metrics(models={_model_name(model): entry}))
 
@@ -259,7 +259,7 @@ def local_metrics(total: Metrics, snapshot: Metrics) -> Metrics:
     return total.diff(snapshot)
 
 
-class DelegationInfo(BaseModel):
+class DelegationInfo(TypedModel):
     """Where a run sits in a delegation tree, and what its parent had used when it started.
 
     A root run has level 0 and no parent; a child has ``delegate_level = parent + 1``.
@@ -306,7 +306,7 @@ class DelegationInfo(BaseModel):
                 parent_metrics_snapshot=metrics.snapshot(),
                 parent_iteration=iteration,
             )
-        except ValidationError as exc:
+        except (ValidationError, InvalidPayloadError) as exc:
             raise InvalidInputError(f"invalid delegation: {_explain(exc)}") from exc
 
     @property

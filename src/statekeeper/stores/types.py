@@ -213,9 +213,10 @@ class SessionQuery(TypedModel):
     """
 
     model_config = _FROZEN
-    limit: int = Field(default=50, ge=1, le=1000)
-    cursor: str | None = None
-    offset: int = Field(default=0, ge=0)
+    # Strict: a limit of "5" or True is a caller's mistake, refused rather than coerced.
+    limit: int = Field(default=50, ge=1, le=1000, strict=True)
+    cursor: str | None = Field(default=None, strict=True)
+    offset: int = Field(default=0, ge=0, strict=True)
     agent_id: str | None = None
     metadata: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
     """Equality on top-level metadata keys; values are JSON scalars."""
