@@ -125,3 +125,43 @@ async def test_nothing_to_compact_changes_nothing(manager: SessionManager) -> No
     assert result.entry is None
     assert result.replaced == 0
     assert chat.record.compaction_count == 0
+
+
+# -- compactions in forks: a fork's branch holds its origin's seqs and its own -------------
+
+
+@pytest.mark.parametrize("own", [3, 4, 5, 6])
+async def test_a_fork_keeps_its_origins_compaction_after_appending_past_its_seqs(
+    manager: SessionManager, own: int
+) -> None:
+    chat = await manager.create(messages=[Message.user(f"m{i}") for i in range(6)])
+    await chat.compact(summarize, keep_last=2)  # through the origin's entry 4
+    fork = await chat.fork()
+    assert [m.text for m in await fork.messages()] == ["summary of m0,m1,m2,m3", "m4", "m5"]
+    for i in range(own):  # the fork's own entries 1..own share seqs with the origin's
+        await fork.append(Message.user(f"f{i}"))
+    texts = [m.text for m in await fork.messages()]
+    assert texts == ["summary of m0,m1,m2,m3", "m4", "m5", *[f"f{i}" for i in range(own)]]
+    reopened = await manager.get(fork.id)
+    assert [m.text for m in await reopened.messages()] == texts
+
+
+async def test_a_forks_own_compaction_of_inherited_messages_stays_put(
+    manager: SessionManager,
+) -> None:
+    chat = await manager.create(messages=[Message.user(f"m{i}") for i in range(6)])
+    fork = await chat.fork()
+    for i in range(5):  # the fork's own entries 1..5
+        await fork.append(Message.user(f"f{i}"))
+    # Summarises m0..m3 (inherited: the origin's 1..4), keeps m4, m5 and f0..f4.
+    result = await fork.compact(summarize, keep_last=7)
+    assert result.replaced == 4
+    expected = ["summary of m0,m1,m2,m3", "m4", "m5", *[f"f{i}" for i in range(5)]]
+    assert [m.text for m in await fork.messages()] == expected
+    await fork.append(Message.user("after"))
+    assert [m.text for m in await fork.messages()] == [*expected, "after"]
+    # Compacting again summarises the summary and what follows it, in order.
+    await fork.compact(summarize, keep_last=2)
+    again = [m.text for m in await fork.messages()]
+    assert again[1:] == ["f4", "after"]
+    assert again[0].startswith("summary of summary of m0,m1,m2,m3,m4,m5,f0")

@@ -15,7 +15,13 @@ from statekeeper.core.messages import Message, MessageCategory, Role
 from statekeeper.core.tokens import counted
 from statekeeper.errors import ConflictError, InvalidPayloadError
 from statekeeper.sessions.handle import SessionHandle
-from statekeeper.sessions.view import SUMMARY_KEY, TranscriptView, covered_seq, is_replaceable
+from statekeeper.sessions.view import (
+    SUMMARY_KEY,
+    TranscriptView,
+    covered_id,
+    covered_seq,
+    is_replaceable,
+)
 from statekeeper.stores.base import Entry, EntryDraft, EntryKind, SessionPatch
 
 __all__ = ["CompactionResult", "Summarizer", "compact_session"]
@@ -81,14 +87,22 @@ async def compact_session(
     if not chosen:
         return CompactionResult(None, None, 0, before, before)
     originals = [view.messages[i] for i in chosen]
-    through_seq = covered_seq(view.seqs[chosen[-1]], view.messages[chosen[-1]])
+    last = view.messages[chosen[-1]]
+    # The seq and the id: in a fork's branch one seq can name an origin's entry and
+    # one of the fork's own; the id tells them apart.
+    through_seq, through_id = covered_seq(view.seqs[chosen[-1]], last), covered_id(last)
 
     produced = await summarize(originals)
     if isinstance(produced, str):
         produced = Message(role=Role.USER, content=produced)
     summary = produced.with_changes(
         category=MessageCategory.CONTEXT,
-        metadata={**produced.metadata, SUMMARY_KEY: True, "through_seq": through_seq},
+        metadata={
+            **produced.metadata,
+            SUMMARY_KEY: True,
+            "through_seq": through_seq,
+            "through_id": through_id,
+        },
         tokens=None,
     )
     summary = counted(summary, session.manager.counter)
@@ -105,6 +119,7 @@ async def compact_session(
             payload={
                 "summary": summary.to_dict(),
                 "through_seq": through_seq,
+                "through_id": through_id,
                 "replaced": len(originals),
                 "tokens_before": view.tokens,
                 "tokens_after": after,

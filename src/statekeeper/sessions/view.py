@@ -9,7 +9,7 @@ being after the compaction's range, stay in the view.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pydantic import ValidationError
@@ -27,6 +27,7 @@ __all__ = [
     "build_view",
     "check_messages",
     "check_seq_arg",
+    "covered_id",
     "covered_seq",
     "is_replaceable",
     "message_draft",
@@ -149,68 +150,83 @@ def is_replaceable(message: Message) -> bool:
 
 def build_view(branch: Sequence[Entry]) -> TranscriptView:
     """Turn a branch into the message view, applying compactions in order."""
-    items: list[tuple[int, Message]] = []
+    items: list[_Item] = []
     corrupt: list[Entry] = []
-    position = {entry.seq: index for index, entry in enumerate(branch)}
     with gc_paused():
-        _fill(branch, position, items, corrupt)
+        _fill(branch, items, corrupt)
     return TranscriptView(
-        messages=[m for _, m in items],
-        seqs=[s for s, _ in items],
+        messages=[m for _, _, m in items],
+        seqs=[s for _, s, _ in items],
         branch=list(branch),
         corrupt=corrupt,
     )
 
 
-def _fill(
-    branch: Sequence[Entry],
-    position: dict[int, int],
-    items: list[tuple[int, Message]],
-    corrupt: list[Entry],
-) -> None:
-    for entry in branch:
+_Item = tuple[int, int, Message]
+"""(cover, seq, message): ``cover`` is the branch index a later compaction's range is
+judged by: a message's own, a summary's the end of the range it stands for."""
+
+
+class _Seqs:
+    """Branch indexes by seq. A fork's branch holds its origin's entries (their seqs are
+    the origin's) and then its own (numbered from 1 again), so one seq can name two
+    entries: a compaction's range ends at the latest one before the compaction."""
+
+    def __init__(self, branch: Sequence[Entry]) -> None:
+        self.branch = branch
+        self.at: dict[int, list[int]] = {}
+        for index, entry in enumerate(branch):
+            self.at.setdefault(entry.seq, []).append(index)
+
+    def through(self, compaction: int, seq: int, entry_id: object) -> int:
+        """The index a compaction at ``compaction`` summarises through (`KeyError` if none)."""
+        found = [i for i in self.at.get(seq, ()) if i < compaction]
+        named = [i for i in found if self.branch[i].id == entry_id]
+        if not (named or found):
+            raise KeyError(f"through_seq {seq} is not an entry before the compaction")
+        return (named or found)[-1]
+
+
+def _fill(branch: Sequence[Entry], items: list[_Item], corrupt: list[Entry]) -> None:
+    seqs = _Seqs(branch)
+    for index, entry in enumerate(branch):
         if entry.kind == EntryKind.MESSAGE:
             try:
-                items.append((entry.seq, message_of(entry)))
+                items.append((index, entry.seq, message_of(entry)))
             except (ValidationError, InvalidPayloadError) as exc:
                 corrupt.append(_as_corrupt(entry, f"not a valid message: {str(exc)[:200]}"))
         elif entry.kind == EntryKind.COMPACTION:
+            payload = entry.payload
             try:
-                summary = Message.model_validate(entry.payload["summary"])
-                through = position[int(entry.payload["through_seq"])]
+                summary = Message.model_validate(payload["summary"])
+                through = seqs.through(
+                    index, int(payload["through_seq"]), payload.get("through_id")
+                )
             except (KeyError, TypeError, ValueError) as exc:
                 corrupt.append(_as_corrupt(entry, f"not a valid compaction: {exc!r}"))
                 continue
-            items[:] = _apply_compaction(items, position, through, entry.seq, summary)
+            items[:] = _apply_compaction(items, through, entry.seq, summary)
         elif entry.kind == EntryKind.CORRUPT:
             corrupt.append(entry)
 
 
-def _apply_compaction(
-    items: list[tuple[int, Message]],
-    position: dict[int, int],
-    through: int,
-    seq: int,
-    summary: Message,
-) -> list[tuple[int, Message]]:
-    out: list[tuple[int, Message]] = []
+def _apply_compaction(items: list[_Item], through: int, seq: int, summary: Message) -> list[_Item]:
+    out: list[_Item] = []
     placed = False
-    for item_seq, message in items:
-        if position[covered_seq(item_seq, message, position)] <= through and is_replaceable(
-            message
-        ):
+    for cover, item_seq, message in items:
+        if cover <= through and is_replaceable(message):
             if not placed:
-                out.append((seq, summary))
+                out.append((through, seq, summary))
                 placed = True
             continue
-        out.append((item_seq, message))
+        out.append((cover, item_seq, message))
     if not placed:
-        out.append((seq, summary))
+        out.append((through, seq, summary))
     return out
 
 
-def covered_seq(seq: int, message: Message, position: Mapping[int, int] | None = None) -> int:
-    """Where a view item sits for a later compaction's range: a message at its own seq,
+def covered_seq(seq: int, message: Message) -> int:
+    """Where a view item ends for a later compaction's range: a message at its own seq,
     a summary at the end of the range it stands for (its ``through_seq``).
 
     A summary's own seq is its compaction entry, which lies after messages that
@@ -219,7 +235,14 @@ def covered_seq(seq: int, message: Message, position: Mapping[int, int] | None =
     through = message.metadata.get("through_seq") if message.metadata.get(SUMMARY_KEY) else None
     if not isinstance(through, int) or isinstance(through, bool):
         return seq
-    return through if position is None or through in position else seq
+    return through
+
+
+def covered_id(message: Message) -> str:
+    """The entry id where a view item ends (see `covered_seq`): a message's own id, a
+    summary's ``through_id`` (which tells apart two entries with one seq in a fork)."""
+    through = message.metadata.get("through_id") if message.metadata.get(SUMMARY_KEY) else None
+    return through if isinstance(through, str) else message.id
 
 
 def _as_corrupt(entry: Entry, error: str) -> Entry:
