@@ -29,7 +29,8 @@ async def snapshot(
     namespaces: Iterable[str] = DEFAULT_NAMESPACES,
     event_logs: Iterable[str] = (),
 ) -> dict[str, Any]:
-    """Sessions (head and entries), records and events of ``tenant``, as plain data."""
+    """Sessions (head and entries), records and events of ``tenant``, as plain data
+    (a damaged session head or record as its stored text)."""
     sessions: dict[str, Any] = {}
     cursor: str | None = None
     while True:
@@ -40,13 +41,12 @@ async def snapshot(
                 "head": record.model_dump(mode="json"),
                 "entries": [_entry(e) for e in entries],
             }
+        for item in page.corrupt:  # a damaged head is part of the picture too
+            sessions[item.id] = {"corrupt": item.raw}
         cursor = page.next_cursor
         if cursor is None:
             break
-    records = {
-        namespace: [r.model_dump(mode="json") for r in await _all_records(store, tenant, namespace)]
-        for namespace in namespaces
-    }
+    records = {namespace: await _all_records(store, tenant, namespace) for namespace in namespaces}
     events: dict[str, Any] = {}
     for log_id in event_logs:
         try:
@@ -79,7 +79,8 @@ async def _all_records(store: Store, tenant: str, namespace: str) -> list[Any]:
     after: str | None = None
     while True:
         batch = await store.list_records(tenant, namespace, after_key=after, limit=500)
-        out += batch
+        out += [r.model_dump(mode="json") for r in batch]
+        out += [{"corrupt": item.id, "raw": item.raw} for item in getattr(batch, "corrupt", [])]
         if len(batch) < 500:
             return out
         after = batch[-1].key
