@@ -266,19 +266,16 @@ LIST_SESSIONS = Script(
     "list_sessions",
     """
 -- KEYS: sessions index;  ARGV: head key prefix, max score, min score, offset, count
--- Returns {scanned, id, score, doc, ...} for index rows offset.. newest first (heads
--- deleted meanwhile are left out). Head keys are the prefix plus a member: they carry
--- the same hash tag as the index, so they live in its slot.
+-- Returns {scanned, "<score> <id>\\n<doc>", ...} for index rows offset.. newest first
+-- (heads deleted meanwhile are left out): one reply element per row, as parsing each
+-- element costs the client more than the bytes. Head keys are the prefix plus a
+-- member: they carry the same hash tag as the index, so they live in its slot.
 local rows = redis.call('ZREVRANGEBYSCORE', KEYS[1], ARGV[2], ARGV[3],
                         'WITHSCORES', 'LIMIT', ARGV[4], ARGV[5])
 local out = {#rows / 2}
 for i = 1, #rows, 2 do
   local doc = redis.call('HGET', ARGV[1] .. rows[i], 'doc')
-  if doc then
-    out[#out + 1] = rows[i]
-    out[#out + 1] = rows[i + 1]
-    out[#out + 1] = doc
-  end
+  if doc then out[#out + 1] = rows[i + 1] .. ' ' .. rows[i] .. '\\n' .. doc end
 end
 return out
 """,

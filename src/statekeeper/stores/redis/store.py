@@ -73,7 +73,6 @@ from statekeeper.stores.redis.base import (
     decode_entry,
     dt,
     to_bytes,
-    to_text,
     us,
 )
 from statekeeper.stores.redis.heads import RedisHeads
@@ -195,14 +194,16 @@ class RedisStore(EngineWrites, RedisRecords):
             )
             start += int(reply[0])
             with gc_paused():
-                for i in range(1, len(reply), 3):
-                    session_id, active = to_text(reply[i]), dt(int(float(reply[i + 1])))
+                for member in reply[1:]:
+                    position_text, _, doc = to_bytes(member).partition(b"\n")
+                    score, _, name = position_text.partition(b" ")
+                    session_id, active = name.decode(), dt(int(float(score)))
                     if session_id in seen:
                         continue  # moved by a concurrent update between batches
                     seen.add(session_id)
                     if position is not None and (active, session_id) >= position:
                         continue
-                    row = self._listed(tenant, session_id, to_bytes(reply[i + 2]), query)
+                    row = self._listed(tenant, session_id, doc, query)
                     if row is None:
                         continue
                     if skip:

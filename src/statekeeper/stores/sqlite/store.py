@@ -172,10 +172,12 @@ class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
         )
         params += [query.limit + 1, query.offset]
 
-        def run(db: sqlite3.Connection) -> list[tuple[datetime, str, str]]:
-            return [(_dt(us), sid, doc) for us, sid, doc in db.execute(sql, params)]
+        def run(db: sqlite3.Connection) -> Page:
+            # Decoded on the worker too: a page of heads is long work for the event loop.
+            rows = [(_dt(us), sid, doc) for us, sid, doc in db.execute(sql, params)]
+            return page_of(rows, tenant, query.limit, str(self.path))
 
-        return page_of(await self._read(run), tenant, query.limit, str(self.path))
+        return await self._read(run)
 
     async def delete_session(self, tenant: str, session_id: str) -> None:
         check_tenant_and_id(tenant, session_id)
