@@ -6,7 +6,7 @@ rolls forward past it to the newest checkpoint (see ``docs/runs.md``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
@@ -14,9 +14,9 @@ from statekeeper.core.messages import utcnow
 from statekeeper.core.metrics import Metrics
 from statekeeper.errors import StoreCorruptError
 from statekeeper.runs.state import RunState
-from statekeeper.stores.base import CorruptItem
+from statekeeper.stores.base import CorruptItem, VersionedRecord
 
-__all__ = ["RunIndex", "RunList", "carry", "decode_index", "index_of"]
+__all__ = ["RunIndex", "RunList", "carry", "decode_index", "index_of", "read_indexes"]
 
 
 class RunIndex(BaseModel):
@@ -91,3 +91,15 @@ class RunList(list[RunIndex]):
     def __init__(self, runs: Iterable[RunIndex] = (), corrupt: Iterable[CorruptItem] = ()):
         super().__init__(runs)
         self.corrupt: list[CorruptItem] = list(corrupt)
+
+
+def read_indexes(records: Sequence[VersionedRecord]) -> RunList:
+    """The run indexes among listed records; those that cannot be read (and those the
+    listing reported damaged) in ``corrupt``."""
+    out = RunList(corrupt=getattr(records, "corrupt", []))
+    for record in records:
+        try:
+            out.append(decode_index(record.key, record.value))
+        except StoreCorruptError as exc:
+            out.corrupt.append(CorruptItem(id=record.key, error=str(exc)))
+    return out

@@ -30,25 +30,17 @@ from statekeeper.errors import (
     InvalidPayloadError,
     NotFoundError,
     StatekeeperError,
-    StoreCorruptError,
 )
 from statekeeper.ids import validate_id
 from statekeeper.runs.history import CheckpointInfo, checkpoint_history, fork_run
-from statekeeper.runs.index import RunIndex, RunList, carry, decode_index
+from statekeeper.runs.index import RunIndex, RunList, carry, decode_index, read_indexes
 from statekeeper.runs.index import index_of as _index_of
 from statekeeper.runs.recovery import Loaded, load_latest
 from statekeeper.runs.sealing import CheckpointSeal
 from statekeeper.runs.state import RunState
 from statekeeper.sessions.manager import SessionManager
 from statekeeper.sessions.view import appended_counters, build_view, message_draft
-from statekeeper.stores.base import (
-    CorruptItem,
-    Entry,
-    EntryDraft,
-    EventDraft,
-    SessionRecord,
-    Store,
-)
+from statekeeper.stores.base import Entry, EntryDraft, EventDraft, SessionRecord, Store
 
 __all__ = ["CHECKPOINT_KIND", "RUNS_NAMESPACE", "Loaded", "RunIndex", "RunStore", "Saved"]
 
@@ -138,19 +130,16 @@ class RunStore:
             page = await self.store.list_records(
                 self.tenant, RUNS_NAMESPACE, after_key=cursor, limit=200
             )
-            out.corrupt += getattr(page, "corrupt", [])
+            found = read_indexes(page)
+            out.corrupt += found.corrupt
             if not page:
                 break
-            for record in page:
-                try:
-                    index = decode_index(record.key, record.value)
-                except StoreCorruptError as exc:
-                    out.corrupt.append(CorruptItem(id=record.key, error=str(exc)))
-                    continue
-                if (status is None or index.status == status) and (
-                    session_id is None or index.session_id == session_id
-                ):
-                    out.append(index)
+            out += [
+                index
+                for index in found
+                if (status is None or index.status == status)
+                and (session_id is None or index.session_id == session_id)
+            ]
             cursor = page[-1].key
         del out[limit:]
         return out

@@ -20,8 +20,8 @@ Any other backend registers an async generator that yields a fresh store and cle
 
 Every test taking the ``store`` fixture then runs once per backend, with its name as the
 test id (``test_x[mydb]``). Capabilities: every backend must pass the `BASE` tests;
-`SHARED` and `PROCESSES` tests run on backends that declare them and are skipped, with
-the reason, on the others.
+`SHARED`, `PROCESSES` and `DAMAGE` tests run on backends that declare them and are
+skipped, with the reason, on the others.
 
 Nothing here imports pytest until a pytest mark is asked for.
 """
@@ -45,6 +45,7 @@ __all__ = [
     "BACKENDS",
     "BASE",
     "CAPABILITIES",
+    "DAMAGE",
     "EXTENDED",
     "PROCESSES",
     "SCHEMES",
@@ -68,10 +69,14 @@ database file or server); a write through one is seen and respected by the other
 PROCESSES = "processes"
 """Capability: other OS processes can open the same data by URL and write to it
 concurrently (the backend gives the suite that URL)."""
+DAMAGE = "damage"
+"""Capability: the suite can damage stored rows below the API (`statekeeper.testing.damage`
+has a `Damager` for the backend's store), to prove damaged rows never hide the rest."""
 CAPABILITIES: Mapping[str, str] = {
     BASE: "the store protocol every backend must implement",
     SHARED: "a second handle on the same data, as another process would hold",
     PROCESSES: "other OS processes writing to the same data, opened by URL",
+    DAMAGE: "stored rows the suite can damage below the API (statekeeper.testing.damage)",
 }
 """Every capability the suite knows, with a one-line description."""
 EXTENDED = frozenset(CAPABILITIES) - {BASE}

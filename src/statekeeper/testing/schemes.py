@@ -21,6 +21,7 @@ from pathlib import PurePosixPath
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from statekeeper.testing.registry import (
+    DAMAGE,
     PROCESSES,
     SHARED,
     BackendContext,
@@ -138,8 +139,9 @@ async def _drop_redis(url: str, ctx: BackendContext) -> None:
 
 # -- registration -------------------------------------------------------------------------
 
-SERVED = (SHARED, PROCESSES)
-"""What every built-in backend that keeps its data outside the process can do."""
+SERVED = (SHARED, PROCESSES, DAMAGE)
+"""What every built-in backend that keeps its data outside the process can do (the suite
+damages its stored rows with `statekeeper.testing.damage`)."""
 
 register_scheme("memory", lambda url, ctx: url)
 register_scheme("sqlite", lambda url, ctx: _in_folder(url, ctx, "state.db"), capabilities=SERVED)

@@ -1,7 +1,8 @@
 """One damaged row never hides the rest: listings report it, get names it, delete removes it.
 
-The rows are damaged below the store's API (`statekeeper.testing.damage`); backends whose
-data cannot be damaged that way (memory) skip these tests. A backend that repairs what it
+The rows are damaged below the store's API (`statekeeper.testing.damage`): these tests
+check the `DAMAGE` capability, which backends whose data cannot be damaged that way
+(memory) lack. A backend that repairs what it
 finds (files: a lost head becomes a recovery session) may list that repair too; these
 tests tell it apart by its ``recovered_from`` metadata.
 """
@@ -14,23 +15,29 @@ from statekeeper.errors import NotFoundError, StoreCorruptError
 from statekeeper.stores import Store
 from statekeeper.stores.base import Page, SessionQuery, SessionRecord, VersionedRecord
 from statekeeper.testing.damage import NOT_JSON, can_damage, damage_record, damage_session
+from statekeeper.testing.registry import DAMAGE, needs
 from statekeeper.testing.snapshot import snapshot
 
 from .support import TENANT, draft, make_sessions
 
 NS = "damaged-ns"
-DAMAGE = {
+DAMAGED_HEADS = {
     "not JSON": NOT_JSON,
     "not a session": '{"id": 5, "tenant": []}',
     "not an object": "[1, 2, 3]",
 }
 
 
+pytestmark = needs(DAMAGE)
+
+
 @pytest.fixture
 def damageable(store: Store) -> Store:
-    """The store under test, when its stored rows can be damaged (else the test skips)."""
-    if not can_damage(store):
-        pytest.skip(f"{type(store).__name__} keeps nothing that can be damaged below its API")
+    """The store under test (its backend declares `DAMAGE`, so a `Damager` must know it)."""
+    assert can_damage(store), (
+        f"the backend declares the {DAMAGE!r} capability, but statekeeper.testing.damage "
+        f"has no Damager for {type(store).__name__}: register one with register_damager"
+    )
     return store
 
 
@@ -43,7 +50,7 @@ async def heads(store: Store, ids: list[str]) -> list[SessionRecord]:
     return [await store.get_session(TENANT, i) for i in ids]
 
 
-@pytest.mark.parametrize("raw", DAMAGE.values(), ids=list(DAMAGE))
+@pytest.mark.parametrize("raw", DAMAGED_HEADS.values(), ids=list(DAMAGED_HEADS))
 async def test_a_listing_reports_a_damaged_head_and_lists_the_others(
     damageable: Store, raw: str
 ) -> None:
