@@ -16,6 +16,7 @@ from statekeeper.stores import Store
 from statekeeper.testing import (
     BACKENDS,
     BASE,
+    DAMAGE,
     PROCESSES,
     SHARED,
     BackendContext,
@@ -114,7 +115,7 @@ def test_a_backend_declares_only_known_capabilities() -> None:
 def test_builtin_capabilities() -> None:
     assert not BACKENDS["memory"].capabilities
     for name in (*ALL_BACKENDS[1:], "files", "postgres", "redis"):
-        assert BACKENDS[name].capabilities == {SHARED, PROCESSES}, name
+        assert BACKENDS[name].capabilities == {SHARED, PROCESSES, DAMAGE}, name
     assert all(b.has(BASE) for b in BACKENDS.values())
 
 

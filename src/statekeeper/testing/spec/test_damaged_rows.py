@@ -28,9 +28,6 @@ DAMAGED_HEADS = {
 }
 
 
-pytestmark = needs(DAMAGE)
-
-
 @pytest.fixture
 def damageable(store: Store) -> Store:
     """The store under test (its backend declares `DAMAGE`, so a `Damager` must know it)."""
@@ -50,6 +47,7 @@ async def heads(store: Store, ids: list[str]) -> list[SessionRecord]:
     return [await store.get_session(TENANT, i) for i in ids]
 
 
+@needs(DAMAGE)
 @pytest.mark.parametrize("raw", DAMAGED_HEADS.values(), ids=list(DAMAGED_HEADS))
 async def test_a_listing_reports_a_damaged_head_and_lists_the_others(
     damageable: Store, raw: str
@@ -67,6 +65,7 @@ async def test_a_listing_reports_a_damaged_head_and_lists_the_others(
     assert await heads(store, ["s-a", "s-c"]) == before
 
 
+@needs(DAMAGE)
 async def test_paging_passes_damaged_rows_and_reports_each_once(damageable: Store) -> None:
     store = damageable
     stamps = {f"s-{n}": n for n in range(1, 9)}
@@ -89,6 +88,7 @@ async def test_paging_passes_damaged_rows_and_reports_each_once(damageable: Stor
     assert sorted(reported) == sorted(damaged)
 
 
+@needs(DAMAGE)
 async def test_get_of_a_damaged_session_raises_a_store_corrupt_error_naming_it(
     damageable: Store,
 ) -> None:
@@ -100,6 +100,7 @@ async def test_get_of_a_damaged_session_raises_a_store_corrupt_error_naming_it(
     assert (await store.get_session(TENANT, "s-a")).id == "s-a"
 
 
+@needs(DAMAGE)
 async def test_a_damaged_session_can_be_deleted(damageable: Store) -> None:
     store = damageable
     await make_sessions(store, {"s-a": 1, "s-b": 2, "s-c": 3})
@@ -117,6 +118,7 @@ async def test_a_damaged_session_can_be_deleted(damageable: Store) -> None:
     assert await snapshot(store, TENANT, namespaces=[NS]) == before
 
 
+@needs(DAMAGE)
 async def test_a_record_listing_reports_damaged_records_and_lists_the_others(
     damageable: Store,
 ) -> None:
@@ -142,6 +144,7 @@ async def test_a_record_listing_reports_damaged_records_and_lists_the_others(
     assert reported == [("k2", True), ("k4", True)]
 
 
+@needs(DAMAGE)
 async def test_get_of_a_damaged_record_raises_a_store_corrupt_error_naming_it(
     damageable: Store,
 ) -> None:
@@ -154,6 +157,7 @@ async def test_get_of_a_damaged_record_raises_a_store_corrupt_error_naming_it(
     assert (await store.get_record(TENANT, NS, "good")).value == 1
 
 
+@needs(DAMAGE)
 async def test_a_damaged_record_can_be_deleted(damageable: Store) -> None:
     store = damageable
     await store.put_record(TENANT, NS, "good", 1)
