@@ -381,6 +381,8 @@ class LongTermStore:
                     yield _decode(record)
                 except StoreCorruptError as exc:  # reported and isolated, the rest served
                     _log.warning("skipping a long-term record: %s", exc)
+            for item in page.corrupt:  # rows the store itself could not decode
+                _log.warning("skipping a long-term record: %s", item.error)
             if len(page) < _PAGE:
                 return
             after = page[-1].key
