@@ -1,0 +1,395 @@
+"""`StatekeeperSessionService`: Google ADK's ``BaseSessionService`` over any statekeeper store.
+
+The mapping (docs/integrations/adk.md has the long form):
+
+- one service instance is bound to one statekeeper tenant; every ADK app and user it
+  serves lives inside that tenant, so tenants stay invisible to each other;
+- an ADK session is a statekeeper session whose id is a hash of ``(app_name, user_id,
+  session_id)``; the three names are its metadata (``adk.app``, ``adk.user``,
+  ``adk.id``), which is what listing an app's or a user's sessions filters on;
+- each ADK event is one transcript entry (kind ``adk.event``) holding the event's JSON,
+  appended with compare-and-set on the session's version: that version is the stale
+  check, carried on the ADK session object;
+- session-scoped state is the session record's ``state``; app and user state are
+  versioned records of the tenant (namespace ``adk.state``); ``temp:`` keys are never
+  stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any, Self
+
+from google.adk.events import Event
+from google.adk.sessions import BaseSessionService, Session
+from google.adk.sessions.base_session_service import GetSessionConfig, ListSessionsResponse
+from google.adk.sessions.state import State
+
+from statekeeper.errors import AlreadyExistsError, ConflictError, NotFoundError, StatekeeperError
+from statekeeper.ids import validate_id
+from statekeeper.integrations.adk._codec import (
+    APP_KEY,
+    EVENT_KIND,
+    ID_KEY,
+    UPDATED_KEY,
+    USER_KEY,
+    AdkSessionExistsError,
+    AdkSessionNotFoundError,
+    AdkStaleSessionError,
+    check_name,
+    decode_event,
+    encode_event,
+    entry_id,
+    jsonable,
+    session_key,
+    split_delta,
+)
+from statekeeper.integrations.adk._shared import SharedState, Undo
+from statekeeper.stores import Store, open_store
+from statekeeper.stores.base import EntryDraft, SessionPatch, SessionQuery, SessionRecord
+
+__all__ = ["StatekeeperSessionService"]
+
+_MARKER = "statekeeper:"
+_STALE = (
+    "The session has been modified in storage since it was loaded. "
+    "Please reload the session before appending more events."
+)
+_PAGE = 1000
+
+
+def _marker_version(marker: str | None) -> int | None:
+    """The session version a marker this service wrote names (None for other markers)."""
+    if marker and marker.startswith(_MARKER) and marker[len(_MARKER) :].isdigit():
+        return int(marker[len(_MARKER) :])
+    return None
+
+
+class StatekeeperSessionService(BaseSessionService):
+    """ADK sessions, events and state in a statekeeper store, for one tenant.
+
+    ``StatekeeperSessionService(store, tenant="acme")`` serves every ADK app and user of
+    tenant ``acme``; ``async with StatekeeperSessionService.from_url(url) as service``
+    also opens (and closes) the store. The store stays the caller's otherwise.
+    """
+
+    def __init__(self, store: Store, *, tenant: str = "adk") -> None:
+        self._store = store
+        self._tenant = validate_id(tenant, "tenant")
+        self._shared = SharedState(store, self._tenant)
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    @classmethod
+    @asynccontextmanager
+    async def from_url(cls, url: str, *, tenant: str = "adk") -> AsyncIterator[Self]:
+        """Open the store at ``url``, serve it, and close it on the way out."""
+        async with open_store(url) as store:
+            yield cls(store, tenant=tenant)
+
+    @property
+    def store(self) -> Store:
+        """The store sessions live in."""
+        return self._store
+
+    @property
+    def tenant(self) -> str:
+        """The statekeeper tenant every ADK app and user of this service lives in."""
+        return self._tenant
+
+    # -- sessions -------------------------------------------------------------------------
+
+    async def create_session(
+        self,
+        *,
+        app_name: str,
+        user_id: str,
+        state: dict[str, Any] | None = None,
+        session_id: str | None = None,
+    ) -> Session:
+        """A new session; `AdkSessionExistsError` (ADK's ``AlreadyExistsError``) when
+        ``session_id`` is taken for this app and user. ``app:`` and ``user:`` keys of
+        ``state`` go to the shared scopes, ``temp:`` keys are dropped."""
+        check_name(app_name, "app_name")
+        check_name(user_id, "user_id")
+        session_id = session_id.strip() if session_id else None
+        session_id = session_id or str(uuid.uuid4())
+        parts = split_delta(jsonable(state or {}, "initial state"))
+        record = SessionRecord(
+            id=session_key(app_name, user_id, session_id),
+            tenant=self._tenant,
+            metadata={
+                APP_KEY: app_name,
+                USER_KEY: user_id,
+                ID_KEY: session_id,
+                UPDATED_KEY: time.time(),
+            },
+            state=parts["session"],
+        )
+        try:
+            created = await self._store.create_session(record)
+        except AlreadyExistsError as exc:
+            raise AdkSessionExistsError(f"Session with id {session_id} already exists.") from exc
+        try:
+            await self._merge_shared(app_name, user_id, parts, [])
+        except BaseException:
+            # The session is new and nobody holds it yet: removing it undoes the call.
+            with contextlib.suppress(StatekeeperError):
+                await self._store.delete_session(self._tenant, created.id)
+            raise
+        return await self._to_session(created, [])
+
+    async def get_session(
+        self,
+        *,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        config: GetSessionConfig | None = None,
+    ) -> Session | None:
+        """The session with its events (filtered by ``config``) and merged state, or None."""
+        record = await self._find(app_name, user_id, session_id)
+        if record is None:
+            return None
+        return await self._to_session(record, await self._events(record, config))
+
+    async def list_sessions(
+        self, *, app_name: str, user_id: str | None = None
+    ) -> ListSessionsResponse:
+        """A user's sessions of the app (every user's when ``user_id`` is None), without
+        events, oldest update first."""
+        metadata: dict[str, str | int | float | bool | None] = {APP_KEY: app_name}
+        if user_id is not None:
+            metadata[USER_KEY] = user_id
+        records: list[SessionRecord] = []
+        cursor: str | None = None
+        while True:
+            page = await self._store.list_sessions(
+                self._tenant, SessionQuery(metadata=metadata, limit=_PAGE, cursor=cursor)
+            )
+            records += page.items
+            if page.next_cursor is None:
+                break
+            cursor = page.next_cursor
+        app_state = await self._shared.app(app_name)
+        if user_id is not None:
+            users = {user_id: await self._shared.user(app_name, user_id)}
+        else:
+            users = await self._shared.users(app_name)
+        sessions = [
+            self._build(r, [], app_state, users.get(str(r.metadata[USER_KEY]), {})) for r in records
+        ]
+        sessions.sort(key=lambda s: (s.last_update_time, s.user_id, s.id))
+        return ListSessionsResponse(sessions=sessions)
+
+    async def delete_session(self, *, app_name: str, user_id: str, session_id: str) -> None:
+        """Delete the session and its events (no error if it does not exist). App and
+        user state stay, as in ADK's services."""
+        record = await self._find(app_name, user_id, session_id)
+        if record is None:
+            return
+        try:
+            await self._store.delete_session(self._tenant, record.id)
+        except NotFoundError:
+            return  # deleted meanwhile: the outcome asked for
+
+    async def get_user_state(self, *, app_name: str, user_id: str) -> dict[str, Any]:
+        """The user's state in the app, keys without ``user:``."""
+        return await self._shared.user(app_name, user_id)
+
+    # -- events ---------------------------------------------------------------------------
+
+    async def append_event(self, session: Session, event: Event) -> Event:
+        """Store ``event`` and apply its state delta; partial events are not stored.
+
+        Raises `AdkStaleSessionError` (ADK's ``StaleSessionError``) when the session
+        changed in the store since ``session`` was loaded, and `AdkSessionNotFoundError`
+        (ADK's ``SessionNotFoundError``) when it does not exist. A failed call stores
+        nothing (the one exception: a process crash between writing app or user state
+        and the event itself leaves that state written).
+        """
+        if event.partial:
+            return event
+        self._apply_temp_state(session, event)
+        event = self._trim_temp_delta_state(event)
+        delta = event.actions.state_delta if event.actions else {}
+        parts = split_delta(jsonable(delta or {}, "state delta"))
+        draft = EntryDraft(id=entry_id(event.id), kind=EVENT_KIND, payload=encode_event(event))
+        key = session_key(session.app_name, session.user_id, session.id)
+        with self._counted_lock(key) as lock:
+            async with lock:
+                expected, record = await self._expected_version(session, key, parts["session"])
+                fields: dict[str, Any] = {
+                    "metadata": {
+                        APP_KEY: session.app_name,
+                        USER_KEY: session.user_id,
+                        ID_KEY: session.id,
+                        UPDATED_KEY: event.timestamp,
+                    }
+                }
+                if record is not None:
+                    fields["state"] = {**record.state, **parts["session"]}
+                undo: list[Undo | None] = []
+                try:
+                    await self._merge_shared(session.app_name, session.user_id, parts, undo)
+                    result = await self._store.append_entries(
+                        self._tenant,
+                        key,
+                        [draft],
+                        expected_version=expected,
+                        patch=SessionPatch(set=fields),
+                    )
+                except BaseException as exc:
+                    for step in reversed(undo):
+                        await self._shared.restore(step)
+                    mapped = _adk_error(exc, session.id)
+                    if mapped is exc:
+                        raise
+                    raise mapped from exc
+                if result.replayed:
+                    return event  # an equal re-delivery: stored once, applied once
+                session.last_update_time = event.timestamp
+                session._storage_update_marker = f"{_MARKER}{result.session.version}"
+        return self._commit_event_to_session(session, event)
+
+    # -- helpers --------------------------------------------------------------------------
+
+    @contextmanager
+    def _counted_lock(self, key: str) -> Iterator[asyncio.Lock]:
+        """The lock that serialises this process's appends to one session (the parallel
+        branches of one ADK invocation share a session object), dropped when unused."""
+        lock, users = self._locks.get(key, (asyncio.Lock(), 0))
+        self._locks[key] = (lock, users + 1)
+        try:
+            yield lock
+        finally:
+            lock, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
+
+    async def _expected_version(
+        self, session: Session, key: str, session_delta: dict[str, Any]
+    ) -> tuple[int, SessionRecord | None]:
+        """The version the append must find, and the stored record when it was read
+        (always when the event changes session state, which is merged into it)."""
+        version = _marker_version(session._storage_update_marker)
+        if version is not None and not session_delta:
+            return version, None
+        try:
+            record = await self._store.get_session(self._tenant, key)
+        except NotFoundError:
+            raise AdkSessionNotFoundError(f"Session {session.id} not found.") from None
+        if version is not None:
+            if record.version != version:
+                raise AdkStaleSessionError(_STALE, expected=version, actual=record.version)
+            return version, record
+        # A session object this service did not load: stale only when the store moved
+        # on past it, as ADK's DatabaseSessionService decides for marker-less sessions.
+        stored = record.metadata.get(UPDATED_KEY)
+        moved_on = isinstance(stored, int | float) and stored > session.last_update_time
+        if moved_on and not await self._same_last_event(record, session.events):
+            raise AdkStaleSessionError(_STALE, expected=None, actual=record.version)
+        return record.version, record
+
+    async def _same_last_event(self, record: SessionRecord, events: Sequence[Event]) -> bool:
+        if not events:
+            return record.last_seq == 0
+        last = await self._store.read_entries(
+            self._tenant, record.id, after_seq=max(0, record.last_seq - 1)
+        )
+        return bool(last) and last[-1].id == entry_id(events[-1].id)
+
+    async def _merge_shared(
+        self, app_name: str, user_id: str, parts: dict[str, dict[str, Any]], undo: list[Undo | None]
+    ) -> None:
+        """Merge the app and user parts of a delta, recording in ``undo`` how to put
+        them back; on failure puts back what this call merged, then raises."""
+        mark = len(undo)
+        try:
+            undo.append(await self._shared.merge(app_name, None, parts["app"]))
+            undo.append(await self._shared.merge(app_name, user_id, parts["user"]))
+        except BaseException:
+            for step in reversed(undo[mark:]):
+                await self._shared.restore(step)
+            del undo[mark:]
+            raise
+
+    async def _find(self, app_name: str, user_id: str, session_id: str) -> SessionRecord | None:
+        if not all(isinstance(n, str) for n in (app_name, user_id, session_id)):
+            return None
+        session_id = session_id.strip()
+        try:
+            record = await self._store.get_session(
+                self._tenant, session_key(app_name, user_id, session_id)
+            )
+        except NotFoundError:
+            return None
+        names = (record.metadata.get(APP_KEY), record.metadata.get(USER_KEY))
+        if names != (app_name, user_id) or record.metadata.get(ID_KEY) != session_id:
+            return None  # not an ADK session of these names (ids are hashes of them)
+        return record
+
+    async def _events(self, record: SessionRecord, config: GetSessionConfig | None) -> list[Event]:
+        recent = config.num_recent_events if config else None
+        after = config.after_timestamp if config else None
+        if recent == 0:
+            return []
+        # One entry per event, numbered from 1: the last n events are the last n seqs.
+        start = max(0, record.last_seq - recent) if recent is not None and after is None else 0
+        entries = await self._store.read_entries(self._tenant, record.id, after_seq=start)
+        events = [decode_event(e) for e in entries]
+        if after is not None:
+            events = [e for e in events if e.timestamp >= after]
+        if recent is not None:
+            events = events[-recent:]
+        return events
+
+    async def _to_session(self, record: SessionRecord, events: list[Event]) -> Session:
+        app_name, user_id = str(record.metadata[APP_KEY]), str(record.metadata[USER_KEY])
+        return self._build(
+            record,
+            events,
+            await self._shared.app(app_name),
+            await self._shared.user(app_name, user_id),
+        )
+
+    def _build(
+        self,
+        record: SessionRecord,
+        events: list[Event],
+        app_state: dict[str, Any],
+        user_state: dict[str, Any],
+    ) -> Session:
+        state: dict[str, Any] = dict(record.state)
+        state.update({State.APP_PREFIX + k: v for k, v in app_state.items()})
+        state.update({State.USER_PREFIX + k: v for k, v in user_state.items()})
+        updated = record.metadata.get(UPDATED_KEY)
+        session = Session(
+            id=str(record.metadata[ID_KEY]),
+            app_name=str(record.metadata[APP_KEY]),
+            user_id=str(record.metadata[USER_KEY]),
+            state=state,
+            events=events,
+            last_update_time=float(updated) if isinstance(updated, int | float) else 0.0,
+        )
+        session._storage_update_marker = f"{_MARKER}{record.version}"
+        return session
+
+
+def _adk_error(exc: BaseException, session_id: str) -> BaseException:
+    """The ADK error a store error on append stands for (others pass through)."""
+    if (
+        isinstance(exc, ConflictError)
+        and exc.expected is not None
+        and not isinstance(exc, AdkStaleSessionError)
+    ):
+        return AdkStaleSessionError(_STALE, expected=exc.expected, actual=exc.actual)
+    if isinstance(exc, NotFoundError) and not isinstance(exc, AdkSessionNotFoundError):
+        return AdkSessionNotFoundError(f"Session {session_id} not found.")
+    return exc
