@@ -52,7 +52,9 @@ class ScriptedModel(BaseLlm):
             call = types.FunctionCall(
                 name="remember", args={"item": text.removeprefix("remember ")}
             )
-            yield LlmResponse(content=types.Content(role="model", parts=[types.Part(function_call=call)]))
+            yield LlmResponse(
+                content=types.Content(role="model", parts=[types.Part(function_call=call)])
+            )
             return
         said = [
             p.text
