@@ -32,6 +32,7 @@ PACKAGES = [
     "statekeeper.testing",
     "statekeeper.tracing",
     "statekeeper.integrations.openai_agents",
+    "statekeeper.integrations.adk",
 ]
 
 KNOWN_UNRESOLVED: dict[str, set[str]] = {}
@@ -58,7 +59,7 @@ def ruff_order(name: str) -> tuple[int, list[str | int]]:
 
 
 def code_in_docs() -> str:
-    """Every code span and code block of README.md and docs/*.md, one per line."""
+    """Every code span and code block of README.md and docs/**/*.md, one per line."""
     pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
     text = "\n".join(page.read_text(encoding="utf-8") for page in pages)
     blocks = re.findall(r"```.*?```", text, flags=re.DOTALL)
