@@ -31,8 +31,9 @@ from google.adk.sessions.sqlite_session_service import SqliteSessionService
 
 from statekeeper.errors import ConflictError, InvalidInputError, InvalidPayloadError
 from statekeeper.integrations.adk import StatekeeperSessionService
+from statekeeper.integrations.adk._codec import session_key
 from statekeeper.stores import Store
-from statekeeper.stores.base import SessionQuery
+from statekeeper.stores.base import EntryDraft, SessionQuery
 
 
 def view(session: Session | None) -> Any:
@@ -377,3 +378,52 @@ async def test_a_refused_duplicate_changes_no_state(store: Store) -> None:
     other = await svc.create_session(app_name="app", user_id="v")
     assert other.state == {"app:a": 1}
     assert await svc.get_user_state(app_name="app", user_id="u") == {}
+
+
+async def test_a_stale_append_puts_app_and_user_state_back(store: Store) -> None:
+    # No session-state change: the version check happens in the append itself, after
+    # the app and user records were written, which must then be put back.
+    svc = await ours(store)
+    await svc.create_session(app_name="app", user_id="u", session_id="s", state={"app:x": 0})
+    first = await svc.get_session(app_name="app", user_id="u", session_id="s")
+    second = await svc.get_session(app_name="app", user_id="u", session_id="s")
+    assert first is not None
+    assert second is not None
+    await svc.append_event(first, event(1))
+    with pytest.raises(StaleSessionError):
+        await svc.append_event(second, event(2, delta={"app:x": 1, "user:y": 2}))
+    stored = await svc.get_session(app_name="app", user_id="u", session_id="s")
+    assert stored is not None
+    assert stored.state == {"app:x": 0}
+    assert await svc.get_user_state(app_name="app", user_id="u") == {}
+
+
+async def test_unreadable_entries_are_reported_in_place_not_skipped(store: Store) -> None:
+    svc = await ours(store)
+    session = await svc.create_session(app_name="app", user_id="u", session_id="s")
+    await svc.append_event(session, event(1))
+    key = session_key("app", "u", "s")
+    # Written past the adapter: an event ADK cannot read, and an entry of another kind.
+    await store.append_entries(
+        "acme", key, [EntryDraft(id="bad", kind="adk.event", payload={"timestamp": "noon"})]
+    )
+    await store.append_entries("acme", key, [EntryDraft(id="note", kind="marker", payload={})])
+    fresh = await svc.get_session(app_name="app", user_id="u", session_id="s")
+    assert fresh is not None
+    await svc.append_event(fresh, event(4))
+    stored = await svc.get_session(app_name="app", user_id="u", session_id="s")
+    assert stored is not None
+    assert [e.id for e in stored.events] == ["e1", "bad", "note", "e4"]
+    assert [e.error_code for e in stored.events] == [
+        None,
+        "STATEKEEPER_UNREADABLE_ENTRY",
+        "STATEKEEPER_UNREADABLE_ENTRY",
+        None,
+    ]
+    assert "is invalid" in (stored.events[1].error_message or "")
+    assert "not an event" in (stored.events[2].error_message or "")
+    recent = await svc.get_session(
+        app_name="app", user_id="u", session_id="s", config=GetSessionConfig(num_recent_events=3)
+    )
+    assert recent is not None
+    assert [e.id for e in recent.events] == ["bad", "note", "e4"]
