@@ -427,3 +427,12 @@ async def test_unreadable_entries_are_reported_in_place_not_skipped(store: Store
     )
     assert recent is not None
     assert [e.id for e in recent.events] == ["bad", "note", "e4"]
+
+
+async def test_a_listing_never_shows_another_apps_or_users_sessions(store: Store) -> None:
+    # SQLite's metadata filter cuts strings at a NUL, so "a\x00b" would match "a".
+    svc = await ours(store)
+    await svc.create_session(app_name="a\x00b", user_id="u", session_id="s")
+    await svc.create_session(app_name="a", user_id="u\x00v", session_id="s")
+    assert [s.user_id for s in (await svc.list_sessions(app_name="a")).sessions] == ["u\x00v"]
+    assert (await svc.list_sessions(app_name="a", user_id="u")).sessions == []

@@ -171,7 +171,8 @@ class StatekeeperSessionService(BaseSessionService):
             page = await self._store.list_sessions(
                 self._tenant, SessionQuery(metadata=metadata, limit=_PAGE, cursor=cursor)
             )
-            records += page.items
+            # Names are compared again: SQLite's metadata filter cuts strings at a NUL.
+            records += [r for r in page.items if _names_match(r, app_name, user_id)]
             if page.next_cursor is None:
                 break
             cursor = page.next_cursor
@@ -380,6 +381,13 @@ class StatekeeperSessionService(BaseSessionService):
         )
         session._storage_update_marker = f"{_MARKER}{record.version}"
         return session
+
+
+def _names_match(record: SessionRecord, app_name: str, user_id: str | None) -> bool:
+    metadata = record.metadata
+    if metadata.get(APP_KEY) != app_name:
+        return False
+    return user_id is None or metadata.get(USER_KEY) == user_id
 
 
 def _adk_error(exc: BaseException, session_id: str) -> BaseException:
