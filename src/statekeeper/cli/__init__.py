@@ -8,6 +8,8 @@
     statekeeper ... subagents list|kill|steer
     statekeeper ... lanes
     statekeeper ... profiles list|reset --agent AGENT
+    statekeeper ... serve [--app MODULE:ATTR] [--host H] [--port P] [--dev-anonymous]
+    statekeeper ... keys create --tenant T --scope read|operate|admin | list | revoke ID
 
 ``--store`` defaults to ``$STATEKEEPER_STORE`` or ``sqlite:///.statekeeper/state.db``,
 ``--tenant`` to ``$STATEKEEPER_TENANT`` or ``default``. Expected failures print one red

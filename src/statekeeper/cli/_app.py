@@ -23,6 +23,7 @@ from statekeeper.cli.profiles import profiles_app
 from statekeeper.cli.retention import gc
 from statekeeper.cli.runlimits import raise_limit
 from statekeeper.cli.runtime import lanes, subagents_app
+from statekeeper.cli.server import keys_app, serve
 
 __all__ = ["app"]
 
@@ -46,6 +47,8 @@ app.add_typer(events_app, name="events")
 app.add_typer(subagents_app, name="subagents")
 app.command("lanes")(lanes)
 app.add_typer(profiles_app, name="profiles")
+app.command("serve")(serve)
+app.add_typer(keys_app, name="keys")
 
 
 @app.callback()

@@ -16,7 +16,7 @@ from rich.text import Text
 from statekeeper.cli._common import JsonFlag, console, fail, print_json, run, stamp, wants_json
 from statekeeper.cli._runtime_common import span
 from statekeeper.core.messages import utcnow
-from statekeeper.runtime.profiles import AuthProfile, AuthProfiles
+from statekeeper.runtime.profiles import AuthProfile, AuthProfiles, mask_secret
 from statekeeper.stores import Store
 
 __all__ = ["profiles_app"]
@@ -28,12 +28,6 @@ profiles_app = typer.Typer(
 AgentOption = Annotated[
     str, typer.Option("--agent", metavar="AGENT", help="The agent id.", show_default=False)
 ]
-
-
-def mask_secret(ref: str) -> str:
-    """A secret reference with only its scheme left: ``env:OPENAI_KEY`` -> ``env:…``."""
-    scheme, sep, _ = ref.partition(":")
-    return f"{scheme}:…" if sep else "…"
 
 
 def _profile_json(profile: AuthProfile, now: datetime) -> dict[str, Any]:

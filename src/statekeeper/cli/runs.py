@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import json
-import os
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -34,6 +30,7 @@ from statekeeper.core.lifecycle import parse_status
 from statekeeper.errors import InvalidInputError, NotFoundError, StatekeeperError
 from statekeeper.runs.approvals import settle
 from statekeeper.runs.index import RunList
+from statekeeper.runs.operations import build_runner, load_factory
 from statekeeper.runs.runner import Runner, RunResult
 from statekeeper.runs.state import RunState
 from statekeeper.runs.store import RunIndex, RunStore
@@ -195,42 +192,18 @@ def _check_app(value: str | None) -> str | None:
 
 def load_app(spec: str) -> Callable[..., Any]:
     """Import the ``MODULE:ATTR`` runner factory (the current directory is importable)."""
-    module_name, _, attr = spec.partition(":")
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
     try:
-        target: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        fail(f"cannot import {module_name!r} for --app: {exc}")
-    for part in attr.split("."):
-        try:
-            target = getattr(target, part)
-        except AttributeError:
-            fail(f"module {module_name!r} has no attribute {attr!r} (from --app {spec})")
-    if not callable(target):
-        fail(f"--app {spec} is not callable; it must be a function (store, tenant) -> Runner")
-    try:
-        inspect.signature(target).bind(None, None)
-    except TypeError:
-        fail(f"--app {spec} must take (store, tenant) and return a Runner (see docs/cli.md)")
-    except ValueError:
-        pass  # no signature to check (some builtins): calling it is checked below
-    factory: Callable[..., Any] = target
-    return factory
+        return load_factory(spec)
+    except InvalidInputError as exc:
+        fail(str(exc))
 
 
 async def make_runner(factory: Callable[..., Any], spec: str, store: Store, tenant: str) -> Runner:
     """Call the ``--app`` factory; anything but a Runner is a clear error, not a traceback."""
     try:
-        made = factory(store, tenant)
-        runner = await made if inspect.isawaitable(made) else made
-    except StatekeeperError:
-        raise
-    except Exception as exc:
-        fail(f"--app {spec} failed: {type(exc).__name__}: {exc}")
-    if not isinstance(runner, Runner):
-        fail(f"--app {spec} returned {type(runner).__name__}, not a statekeeper Runner")
-    return runner
+        return await build_runner(factory, spec, store, tenant)
+    except InvalidInputError as exc:
+        fail(str(exc))
 
 
 @dataclass

@@ -12,9 +12,7 @@ cancels through the runs index (`Runner.cancel`), steer appends to the child's s
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -24,24 +22,31 @@ from statekeeper.cli._common import (
     FINISHED_RUNS,
     JsonFlag,
     console,
-    fail,
     print_json,
     run,
     stamp,
     wants_json,
 )
 from statekeeper.cli._runtime_common import clip, span
-from statekeeper.core.messages import Message, utcnow
-from statekeeper.errors import NotFoundError
-from statekeeper.runs.runner import Runner
-from statekeeper.runs.store import RunIndex, RunStore, owner_alive
+from statekeeper.core.messages import utcnow
+from statekeeper.runs.operations import (
+    OPERATOR_ID,
+    Held,
+    Killed,
+    Lanes,
+    Steered,
+    kill_subagent,
+    lanes_json,
+    lanes_of,
+    steer_subagent,
+)
+from statekeeper.runs.store import RunIndex, RunStore
 from statekeeper.runtime.subagents import SubagentEntry, SubagentRegistry, SubagentStatus
-from statekeeper.sessions import SessionManager
 from statekeeper.stores import Store
 
 __all__ = ["CLI_OWNER", "lanes", "subagents_app"]
 
-CLI_OWNER = "statekeeper-cli"
+CLI_OWNER = OPERATOR_ID
 """The worker id of the CLI's subagent registry (it never registers or owns children)."""
 
 subagents_app = typer.Typer(
@@ -103,14 +108,6 @@ def list_subagents(
     out.print(table)
 
 
-@dataclass
-class _Killed:
-    before: str | None = None
-    """The run's status before the cancel; None when the run is not in the runs index."""
-    after: str | None = None
-    owner: str | None = None
-
-
 @subagents_app.command("kill")
 def kill(ctx: typer.Context, run_id: SubagentRunId) -> None:
     """Cancel a running child run and mark its entry killed.
@@ -119,23 +116,10 @@ def kill(ctx: typer.Context, run_id: SubagentRunId) -> None:
     its next step (its cancel flag is set in the runs index). An entry whose run is not
     in the runs index is only marked killed.
     """
-    killed = _Killed()
+    killed = Killed()
 
     async def work(store: Store, tenant: str) -> SubagentEntry:
-        runner = Runner(store, tenant, agents=[])
-
-        async def cancel(child: str) -> None:
-            try:
-                await runner.runs.index(child)
-            except NotFoundError:
-                return  # not in the runs index: nothing to cancel, only the entry to mark
-            killed.before = str((await runner.load(child)).status)
-            state = await runner.cancel(child, "killed with `statekeeper subagents kill`")
-            killed.after = str(state.status)
-            killed.owner = (await runner.runs.index(child))[0].owner
-
-        registry = SubagentRegistry(store, tenant, owner_id=CLI_OWNER, kill=cancel)
-        return await registry.kill(run_id)
+        return await kill_subagent(store, tenant, run_id, killed)
 
     entry = run(ctx, work)
     out = console()
@@ -154,32 +138,6 @@ def kill(ctx: typer.Context, run_id: SubagentRunId) -> None:
     out.print(Text(f"killed subagent run {run_id}: {note}"))
 
 
-@dataclass
-class _Steered:
-    session_id: str = ""
-    seq: int | None = None
-    run_status: str | None = None
-    """The run's status in the runs index; None when the run is not in it."""
-
-
-def _steer_refusal(run_id: str, status: str) -> str | None:
-    """Why a run in ``status`` must not be steered (None: it may be)."""
-    if status == "waiting_for_approval":
-        return (
-            f"run {run_id} is waiting for approval: a message now would land between its "
-            "tool call and the call's result; decide the call first (`statekeeper runs "
-            "approve|reject`)"
-        )
-    if status == "waiting_for_input":
-        return (
-            f"run {run_id} is waiting for input, not running: give it the text with "
-            f"`statekeeper runs resume {run_id} --input TEXT --app ...` instead"
-        )
-    if status in FINISHED_RUNS:
-        return f"run {run_id} is already {status}: no run reads a steering message any more"
-    return None
-
-
 @subagents_app.command("steer")
 def steer(
     ctx: typer.Context,
@@ -192,30 +150,9 @@ def steer(
     (in any process) reads it as new input at its next step. Runs waiting for approval
     or input, and finished runs, are refused: decide, resume or start them instead.
     """
-    steered = _Steered()
 
-    async def work(store: Store, tenant: str) -> _Steered:
-        # No automatic continuation: the message must land in the session the run reads.
-        manager = SessionManager(store, tenant, auto_continue=False)
-
-        async def append(child: str, message: Message) -> None:
-            entry = await registry.get(child)
-            try:
-                steered.run_status = (await RunStore(store, tenant).index(child))[0].status
-            except NotFoundError:
-                steered.run_status = None  # cannot tell: append anyway
-            else:
-                refusal = _steer_refusal(child, steered.run_status)
-                if refusal is not None:
-                    fail(refusal)
-            session = await manager.get(entry.child_session_id)
-            outcome = await session.append(message, strict=False)
-            steered.session_id = outcome.session_id
-            steered.seq = outcome.entries[-1].seq if outcome.entries else None
-
-        registry = SubagentRegistry(store, tenant, owner_id=CLI_OWNER, steer=append)
-        await registry.steer(run_id, Message.user(text))
-        return steered
+    async def work(store: Store, tenant: str) -> Steered:
+        return await steer_subagent(store, tenant, run_id, text)
 
     done = run(ctx, work)
     at = f" (entry {done.seq})" if done.seq is not None else ""
@@ -233,73 +170,7 @@ def steer(
 # -- lanes ----------------------------------------------------------------------------------
 
 
-@dataclass
-class _Held:
-    index: RunIndex
-    alive: bool
-
-
-@dataclass
-class _Lanes:
-    """The runs index seen as session lanes at one moment."""
-
-    now: datetime
-    held: dict[str, list[_Held]] = field(default_factory=dict)
-    """Lane (``session:<id>``) -> the runs with a live lease on it."""
-    expired: list[RunIndex] = field(default_factory=list)
-    """Runs whose owner let the lease run out without releasing it."""
-
-
-def _lanes_of(runs: list[RunIndex], now: datetime) -> _Lanes:
-    found = _Lanes(now)
-    for index in runs:
-        if index.owner is None:
-            continue
-        if index.lease_until is None or index.lease_until <= now:
-            found.expired.append(index)
-            continue
-        held = _Held(index, owner_alive(index.owner))
-        found.held.setdefault(f"session:{index.session_id}", []).append(held)
-    return found
-
-
-def _held_json(held: _Held, now: datetime) -> dict[str, Any]:
-    index = held.index
-    assert index.lease_until is not None
-    return {
-        "run_id": index.run_id,
-        "status": index.status,
-        "agent": index.agent,
-        "owner": index.owner,
-        "owner_alive": held.alive,
-        "lease_until": index.lease_until.isoformat(),
-        "lease_left_seconds": round((index.lease_until - now).total_seconds(), 3),
-        "updated_at": index.updated_at.isoformat(),
-        "since_update_seconds": round((now - index.updated_at).total_seconds(), 3),
-        "cancel_requested": index.cancel_requested,
-    }
-
-
-def _lanes_json(found: _Lanes) -> dict[str, Any]:
-    return {
-        "lanes": [
-            {"lane": lane, "runs": [_held_json(h, found.now) for h in items]}
-            for lane, items in sorted(found.held.items())
-        ],
-        "expired_leases": [
-            {
-                "run_id": index.run_id,
-                "lane": f"session:{index.session_id}",
-                "status": index.status,
-                "owner": index.owner,
-                "lease_until": index.lease_until.isoformat() if index.lease_until else None,
-            }
-            for index in found.expired
-        ],
-    }
-
-
-def _held_notes(held: _Held, first: bool, holders: int) -> str:
+def _held_notes(held: Held, first: bool, holders: int) -> str:
     notes = []
     if not held.alive:
         notes.append("owner process is gone")
@@ -310,7 +181,7 @@ def _held_notes(held: _Held, first: bool, holders: int) -> str:
     return ", ".join(notes)
 
 
-def _lanes_table(found: _Lanes) -> Table:
+def _lanes_table(found: Lanes) -> Table:
     now = found.now
     table = Table(title=f"Held session lanes ({len(found.held)})")
     columns = ("lane", "run", "status", "agent", "owner", "lease left")
@@ -347,9 +218,9 @@ def lanes(ctx: typer.Context, json_output: JsonFlag = False) -> None:
     async def work(store: Store, tenant: str) -> list[RunIndex]:
         return await RunStore(store, tenant).list(limit=sys.maxsize)
 
-    found = _lanes_of(run(ctx, work), utcnow())
+    found = lanes_of(run(ctx, work), utcnow())
     if wants_json(ctx, json_output):
-        print_json(_lanes_json(found))
+        print_json(lanes_json(found))
         return
     out = console()
     if found.held:

@@ -11,6 +11,7 @@ from rich.text import Text
 
 from statekeeper.cli._common import FINISHED_RUNS, console, fields_table, stamp
 from statekeeper.core.messages import utcnow
+from statekeeper.runs.operations import timeline
 from statekeeper.runs.recovery import CORRUPT_EVENT_TYPE
 from statekeeper.runs.state import RunState
 from statekeeper.runs.store import RunIndex
@@ -26,17 +27,6 @@ class RunView:
     index: RunIndex
     state: RunState | None
     events: list[Event]
-
-
-def timeline(events: list[Event]) -> list[dict[str, Any]]:
-    """The lifecycle events of a run's log: status changes, start, pause, abort, end."""
-    rows = []
-    for event in events:
-        if event.stream != "lifecycle":
-            continue
-        payload = {k: v for k, v in event.payload.items() if k not in ("trace_id", "span_id")}
-        rows.append({"seq": event.seq, "ts": event.ts.isoformat(), "kind": event.kind, **payload})
-    return rows
 
 
 def recoveries(events: list[Event]) -> list[dict[str, Any]]:

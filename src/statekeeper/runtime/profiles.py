@@ -42,6 +42,7 @@ __all__ = [
     "AllProfilesCoolingDownError",
     "AuthProfile",
     "AuthProfiles",
+    "mask_secret",
     "resolve_secret",
 ]
 
@@ -361,3 +362,10 @@ class AuthProfiles:
         return min(
             p.cooldown_until if p.cooling(now) and p.cooldown_until else now for p in profiles
         )
+
+
+def mask_secret(ref: str) -> str:
+    """A secret reference with only its scheme left: ``env:OPENAI_KEY`` -> ``env:…``
+    (what listings show: never the reference itself)."""
+    scheme, sep, _ = ref.partition(":")
+    return f"{scheme}:…" if sep else "…"

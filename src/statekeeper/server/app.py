@@ -1,0 +1,131 @@
+"""The FastAPI application: lifespan (the store), error answers, routers, CORS, the UI."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import ipaddress
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from statekeeper.errors import InvalidInputError, StatekeeperError
+from statekeeper.server.context import ServerContext
+from statekeeper.server.errors import error_body, status_of
+from statekeeper.server.streams import EventHub, feed_of
+from statekeeper.stores import open_store
+
+__all__ = ["ServerConfig", "check_host", "create_app"]
+
+_log = logging.getLogger(__name__)
+API_PREFIX = "/api/v1"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """How to run a server (what ``statekeeper serve`` takes)."""
+
+    store: str
+    app: str | None = None
+    """``MODULE:ATTR`` of a ``(store, tenant) -> Runner`` factory (as ``runs resume --app``)."""
+    factory: Callable[..., Any] | None = None
+    """The loaded factory of ``app`` (loaded by the caller, who reports a bad one)."""
+    dev_anonymous: bool = False
+    cors_origins: Sequence[str] = field(default_factory=tuple)
+    poll_interval: float = 0.25
+
+
+def check_host(host: str, dev_anonymous: bool) -> None:
+    """Refuse ``--dev-anonymous`` on anything but a loopback address."""
+    if not dev_anonymous:
+        return
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise InvalidInputError(
+            f"--dev-anonymous serves without keys, so it binds loopback only, not {host!r}; "
+            "use --host 127.0.0.1, or create keys (statekeeper keys create) and drop the flag"
+        )
+
+
+def _errors(app: FastAPI) -> None:
+    @app.exception_handler(StatekeeperError)
+    async def typed(request: Request, exc: StatekeeperError) -> JSONResponse:
+        status = status_of(exc)
+        if status >= 500:
+            _log.warning("%s %s failed: %s", request.method, request.url.path, exc)
+        return JSONResponse(error_body(type(exc).__name__, str(exc)), status_code=status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        parts = [
+            f"{'.'.join(str(p) for p in error['loc'])}: {error['msg']}" for error in exc.errors()
+        ]
+        message = "; ".join(parts) or "the request does not match the API"
+        return JSONResponse(error_body("InvalidInputError", message), status_code=422)
+
+    @app.exception_handler(HTTPException)
+    async def http(request: Request, exc: HTTPException) -> JSONResponse:
+        name = "NotFoundError" if exc.status_code == 404 else "InvalidInputError"
+        return JSONResponse(
+            error_body(name, str(exc.detail)), status_code=exc.status_code, headers=exc.headers
+        )
+
+
+def create_app(config: ServerConfig) -> FastAPI:
+    """The server's application; the store opens when it starts and closes when it stops."""
+    from statekeeper.server import routes_runs, routes_runtime, routes_sessions, routes_stream
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        store = await open_store(config.store)
+        hub = EventHub(store, config.poll_interval, feed_of(store, config.store))
+        context = ServerContext(
+            store, hub, config.factory, config.app, anonymous=config.dev_anonymous
+        )
+        app.state.context = context
+        try:
+            yield
+        finally:
+            await context.aclose()
+
+    app = FastAPI(
+        title="statekeeper",
+        summary="Sessions, runs, approvals and live events of statekeeper agents.",
+        version="1",
+        openapi_url=f"{API_PREFIX}/openapi.json",
+        docs_url=f"{API_PREFIX}/docs",
+        redoc_url=None,
+        lifespan=lifespan,
+    )
+    _errors(app)
+    for module in (routes_runs, routes_sessions, routes_runtime, routes_stream):
+        app.include_router(module.router, prefix=API_PREFIX)
+    if config.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(config.cors_origins),
+            allow_methods=["GET", "POST", "PUT", "DELETE"],
+            allow_headers=["Authorization", "Content-Type", "Last-Event-ID"],
+        )
+    _mount_ui(app)
+    return app
+
+
+def _mount_ui(app: FastAPI) -> None:
+    try:  # by name: the UI package is built apart from the API
+        ui = importlib.import_module("statekeeper.server.ui")
+    except ImportError:  # the control UI is not in this build
+        return
+    mount = getattr(ui, "mount_ui", None)
+    if mount is not None:
+        mount(app)

@@ -1,0 +1,85 @@
+"""What every request of a server shares: the store, the keys, the hub, the runners."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from statekeeper.errors import InvalidInputError
+from statekeeper.runs.operations import build_runner
+from statekeeper.runs.runner import Runner
+from statekeeper.server.keys import ApiKeys
+from statekeeper.server.streams import EventHub
+from statekeeper.stores.base import Store
+from statekeeper.tasks import cancel_and_wait
+
+__all__ = ["ServerContext"]
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass
+class ServerContext:
+    """The open store and what is built on it, for the server's lifetime."""
+
+    store: Store
+    hub: EventHub
+    factory: Callable[..., Any] | None = None
+    app_spec: str | None = None
+    anonymous: bool = False
+    keys: ApiKeys = field(init=False)
+    _runners: dict[str, Runner] = field(default_factory=dict)
+    _plain: dict[str, Runner] = field(default_factory=dict)
+    _tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.keys = ApiKeys(self.store)
+
+    async def runner(self, tenant: str, *, agents: bool = False) -> Runner:
+        """The tenant's runner: the ``--app`` one when there is an app (it knows the
+        codec and the agents), else one without agents, enough to decide and cancel.
+        ``agents=True`` (resume, fork and run) requires the app."""
+        if self.factory is not None and self.app_spec is not None:
+            runner = self._runners.get(tenant)
+            if runner is None:
+                runner = await build_runner(self.factory, self.app_spec, self.store, tenant)
+                self._runners[tenant] = runner
+            return runner
+        if agents:
+            raise InvalidInputError(
+                "this server has no agents to run: start it with --app MODULE:ATTR "
+                "(a function (store, tenant) -> Runner), as for `statekeeper runs resume`"
+            )
+        plain = self._plain.get(tenant)
+        if plain is None:
+            plain = self._plain[tenant] = Runner(self.store, tenant, agents=[])
+        return plain
+
+    def background(self, work: Coroutine[Any, Any, Any], *, tenant: str, run_id: str) -> None:
+        """Run ``work`` (a resume) after the answer; its end wakes the run's streams."""
+
+        async def job() -> None:
+            try:
+                await work
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # recorded on the run (ERROR) by the runner itself
+                _log.warning("the background resume of run %s failed: %r", run_id, exc)
+            finally:
+                self.hub.poke(tenant, run_id)
+
+        task = asyncio.create_task(job(), name=f"statekeeper-resume:{run_id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def aclose(self) -> None:
+        """Stop background resumes and streams, then close the store."""
+        for task in list(self._tasks):
+            with contextlib.suppress(Exception):
+                await cancel_and_wait(task)
+        await self.hub.aclose()
+        await self.store.close()

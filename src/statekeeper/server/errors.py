@@ -1,0 +1,61 @@
+"""The server's own errors, and how every typed error becomes an HTTP answer.
+
+An error answer is ``{"error": {"type": <the error class name>, "message": ...}}`` with the
+status of the most specific class in `STATUS` (the library's names, so a client matches
+on the same names as Python code does).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from statekeeper.errors import (
+    AlreadyExistsError,
+    ConflictError,
+    InvalidInputError,
+    InvalidTransitionError,
+    LimitReachedError,
+    NotFoundError,
+    PayloadTooLargeError,
+    SessionLockTimeoutError,
+    StatekeeperError,
+    StoreError,
+)
+
+__all__ = ["STATUS", "AuthenticationError", "PermissionDeniedError", "error_body", "status_of"]
+
+
+class AuthenticationError(StatekeeperError):
+    """No API key, or a key the server does not know (or that was revoked)."""
+
+
+class PermissionDeniedError(StatekeeperError):
+    """The API key's scope does not allow the operation."""
+
+
+STATUS: Final[dict[type[StatekeeperError], int]] = {
+    AuthenticationError: 401,
+    PermissionDeniedError: 403,
+    NotFoundError: 404,
+    ConflictError: 409,
+    AlreadyExistsError: 409,
+    InvalidTransitionError: 409,
+    LimitReachedError: 409,
+    SessionLockTimeoutError: 409,
+    PayloadTooLargeError: 413,
+    InvalidInputError: 422,
+    StoreError: 503,
+}
+
+
+def status_of(error: StatekeeperError) -> int:
+    """The HTTP status of ``error``: that of its nearest class in `STATUS` (500 if none)."""
+    for cls in type(error).__mro__:
+        if cls in STATUS:
+            return STATUS[cls]
+    return 500
+
+
+def error_body(type_name: str, message: str) -> dict[str, dict[str, str]]:
+    """The JSON body of an error answer."""
+    return {"error": {"type": type_name, "message": message}}
