@@ -15,6 +15,7 @@ from statekeeper.runs.lifecycle import FINISHED
 from statekeeper.runs.runner import Runner
 from statekeeper.runs.state import RunState
 from statekeeper.runs.store import RunIndex, RunStore
+from statekeeper.runtime.events import EventBus
 from statekeeper.server.auth import Caller, Context, Operator, Reader
 from statekeeper.server.context import ServerContext
 from statekeeper.server.views import checkpoint_json, event_json, run_detail, run_summary
@@ -198,6 +199,12 @@ async def _decide(
         decided_by=caller.decided_by,
     )
     await runner.runs.save(state, index_version=index_version, session_version=session_version)
+    # The checkpoint keeps the decision until the run settles it; the log keeps it for good.
+    payload = {"call_id": body.call_id, "approved": approved, "always": body.always}
+    payload |= {"reason": body.reason, "decided_by": caller.decided_by}
+    await EventBus(context.store, caller.tenant).publish(
+        run_id, "approval", "approved" if approved else "rejected", payload
+    )
     context.hub.poke(caller.tenant, run_id)
     if body.resume and not settle(state).pending:
         await _start_resume(context, caller, run_id, Resume())

@@ -1,0 +1,158 @@
+"""A real server for the API tests: uvicorn on a free port, in a thread of this process
+(or, for restarts, a subprocess), over a SQLite file that the tests also open directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from statekeeper.server import ApiKeys, ServerConfig, create_app
+from statekeeper.stores import Store, open_store
+
+SRC = Path(__file__).parents[2] / "src"
+DEMO_APP = "statekeeper.demo_app:make_runner"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ThreadServer:
+    """uvicorn serving ``create_app(config)`` in a thread; `stop` ends it."""
+
+    def __init__(self, config: ServerConfig, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(
+            uvicorn.Config(
+                create_app(config),
+                host="127.0.0.1",
+                port=self.port,
+                log_level="warning",
+                timeout_graceful_shutdown=1,
+                limit_concurrency=1000,
+            )
+        )
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def start(self) -> ThreadServer:
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:  # readiness, not timing: nothing is asserted on it
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=20)
+
+
+def serve_subprocess(store_url: str, port: int, *extra: str) -> subprocess.Popen[bytes]:
+    """``statekeeper serve`` as its own process (started; call `wait_ready`)."""
+    env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    command = [sys.executable, "-m", "statekeeper.cli", "--store", store_url, "serve"]
+    command += ["--port", str(port), "--poll-interval", "0.05", *extra]
+    return subprocess.Popen(command, env=env, stderr=subprocess.PIPE)
+
+
+def wait_ready(url: str, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the server exited: {process.stderr.read().decode()}")  # type: ignore[union-attr]
+        try:
+            httpx.get(f"{url}/api/v1/openapi.json", timeout=1)
+            return
+        except httpx.TransportError:
+            time.sleep(0.05)
+    raise RuntimeError("the server did not start")
+
+
+@dataclass
+class Live:
+    """A running server, its store URL and a key of each scope (tenant ``acme``)."""
+
+    url: str
+    store_url: str
+    keys: dict[str, str]
+    key_ids: dict[str, str]
+    other_key: str
+    """An operate key of tenant ``other``."""
+
+    def headers(self, scope: str = "operate") -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.keys[scope]}"}
+
+    def client(self, scope: str = "operate", **options: Any) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=self.url, headers=self.headers(scope), **options)
+
+
+async def make_keys(store: Store) -> tuple[dict[str, str], dict[str, str], str]:
+    keys, ids = {}, {}
+    for scope in ("read", "operate", "admin"):
+        record, key = await ApiKeys(store).create("acme", scope, label=f"test {scope}")
+        keys[scope], ids[scope] = key, record.key_id
+    _, other = await ApiKeys(store).create("other", "operate")
+    return keys, ids, other
+
+
+@pytest.fixture
+async def db(tmp_path: Path) -> AsyncIterator[tuple[str, Store]]:
+    url = f"sqlite:///{tmp_path}/state.db"
+    store = await open_store(url)
+    try:
+        yield url, store
+    finally:
+        await store.close()
+
+
+@pytest.fixture
+async def live(db: tuple[str, Store]) -> AsyncIterator[Live]:
+    url, store = db
+    keys, ids, other = await make_keys(store)
+    from statekeeper.runs.operations import load_factory
+
+    config = ServerConfig(url, app=DEMO_APP, factory=load_factory(DEMO_APP), poll_interval=0.05)
+    server = ThreadServer(config).start()
+    try:
+        yield Live(server.url, url, keys, ids, other)
+    finally:
+        server.stop()
+
+
+class SseReader:
+    """Reads SSE messages off an httpx streaming response, one at a time."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.lines = response.aiter_lines()
+        self.current: dict[str, str] = {}
+
+    async def next(self) -> dict[str, Any]:
+        async for line in self.lines:
+            if not line:
+                message, self.current = self.current, {}
+                if "data" in message:
+                    return {**message, "data": json.loads(message["data"])}
+                continue
+            if line.startswith(":"):
+                continue
+            name, _, value = line.partition(":")
+            self.current[name] = value[1:] if value.startswith(" ") else value
+        raise EOFError("the stream ended")
