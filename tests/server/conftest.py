@@ -65,19 +65,21 @@ class ThreadServer:
         self.thread.join(timeout=20)
 
 
-def serve_subprocess(store_url: str, port: int, *extra: str) -> subprocess.Popen[bytes]:
-    """``statekeeper serve`` as its own process (started; call `wait_ready`)."""
+def serve_subprocess(store_url: str, port: int, log: Path, *extra: str) -> subprocess.Popen[bytes]:
+    """``statekeeper serve`` as its own process (started; call `wait_ready`), its
+    stderr appended to ``log``."""
     env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     command = [sys.executable, "-m", "statekeeper.cli", "--store", store_url, "serve"]
     command += ["--port", str(port), "--poll-interval", "0.05", *extra]
-    return subprocess.Popen(command, env=env, stderr=subprocess.PIPE)
+    with log.open("ab") as err:
+        return subprocess.Popen(command, env=env, stderr=err)
 
 
-def wait_ready(url: str, process: subprocess.Popen[bytes]) -> None:
+def wait_ready(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"the server exited: {process.stderr.read().decode()}")  # type: ignore[union-attr]
+            raise RuntimeError(f"the server exited: {log.read_text()}")
         try:
             httpx.get(f"{url}/api/v1/openapi.json", timeout=1)
             return
