@@ -10,7 +10,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from statekeeper.core.messages import utcnow
+from statekeeper.core.messages import Message, MessageCategory, stored_message, utcnow
 from statekeeper.core.metrics import Metrics
 from statekeeper.runs.approvals import settle
 from statekeeper.runs.history import CheckpointInfo
@@ -186,6 +186,14 @@ def session_summary(record: SessionRecord) -> dict[str, Any]:
     }
 
 
+def _message(entry: Entry) -> Message | None:
+    """The message of a message entry, or the summary of a compaction (else None)."""
+    if entry.kind == "message":
+        return stored_message(entry.payload, entry.id, entry.created_at)
+    summary = entry.payload.get("summary") if entry.kind == "compaction" else None
+    return Message.from_dict(summary) if isinstance(summary, dict) else None
+
+
 def _covers(entry: Entry, by_seq: dict[int, Entry]) -> list[int]:
     """The seqs a compaction entry stands for: its ancestors up to ``through_seq``,
     back to the previous compaction (which it summarised too), system and context
@@ -193,13 +201,14 @@ def _covers(entry: Entry, by_seq: dict[int, Entry]) -> list[int]:
     through = entry.payload.get("through_seq")
     if entry.kind != "compaction" or not isinstance(through, int):
         return []
+    kept = (MessageCategory.SYSTEM, MessageCategory.CONTEXT)
     covered: list[int] = []
     seq = entry.parent_seq
     while seq is not None and (parent := by_seq.get(seq)) is not None:
         if parent.seq <= through:
-            category = parent.payload.get("category") if parent.kind == "message" else None
+            message = _message(parent) if parent.kind == "message" else None
             if parent.kind == "compaction" or (
-                parent.kind == "message" and category not in ("system", "context")
+                message is not None and message.category not in kept
             ):
                 covered.append(parent.seq)
             if parent.kind == "compaction":
@@ -210,12 +219,7 @@ def _covers(entry: Entry, by_seq: dict[int, Entry]) -> list[int]:
 
 def entry_json(entry: Entry, by_seq: dict[int, Entry], branch: set[str]) -> dict[str, Any]:
     """An `Entry`: the stored message (or a compaction's summary) and its category."""
-    message: dict[str, Any] | None = None
-    if entry.kind == "message":
-        message = entry.payload
-    elif entry.kind == "compaction" and isinstance(entry.payload.get("summary"), dict):
-        message = entry.payload["summary"]
-    known = message is not None or entry.kind == "compaction"
+    message = _message(entry)
     return {
         "seq": entry.seq,
         "id": entry.id,
@@ -223,10 +227,10 @@ def entry_json(entry: Entry, by_seq: dict[int, Entry], branch: set[str]) -> dict
         "kind": entry.kind,
         "created_at": entry.created_at.isoformat(),
         "on_branch": entry.id in branch,
-        "category": None if message is None else message.get("category"),
-        "message": message,
+        "category": None if message is None else message.category.name.lower(),
+        "message": None if message is None else message.to_dict(),
         "covers": _covers(entry, by_seq),
-        "payload": None if known else entry.payload,
+        "payload": None if entry.kind in ("message", "compaction") else entry.payload,
     }
 
 

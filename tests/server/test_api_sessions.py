@@ -1,0 +1,148 @@
+"""The sessions and runtime API through HTTP against a running server."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import httpx
+from tests.server.conftest import Live
+
+from statekeeper.core.messages import Message
+from statekeeper.runtime.profiles import AuthProfiles
+from statekeeper.sessions import SessionManager
+from statekeeper.stores import Store
+
+
+async def _summary(messages: Sequence[Message]) -> Message:
+    return Message.assistant(f"summary of {len(messages)} messages")
+
+
+async def test_sessions_create_append_read_fork_export_import_delete(live: Live) -> None:
+    async with live.client("operate") as client, live.client("admin") as admin:
+        made = await client.post("/api/v1/sessions", json={"session_id": "ses-a", "title": "A"})
+        appended = await client.post(
+            "/api/v1/sessions/ses-a/messages",
+            json={
+                "messages": [
+                    {"role": "user", "content": "hello"},
+                    {"role": "assistant", "content": "hi there"},
+                ]
+            },
+        )
+        listed = (await client.get("/api/v1/sessions")).json()
+        shown = (await client.get("/api/v1/sessions/ses-a")).json()
+        entries = (await client.get("/api/v1/sessions/ses-a/entries")).json()
+        forked = await client.post("/api/v1/sessions/ses-a/fork", json={"at": 1})
+        exported = (await client.get("/api/v1/sessions/ses-a/export")).json()
+        imported = await client.post(
+            "/api/v1/sessions/import", params={"session_id": "ses-copy"}, json=exported
+        )
+        refused = await client.delete("/api/v1/sessions/ses-a")
+        deleted = await admin.delete("/api/v1/sessions/ses-a")
+        gone = await client.get("/api/v1/sessions/ses-a")
+        taken = await client.post("/api/v1/sessions", json={"session_id": "ses-copy"})
+        bad = await client.post("/api/v1/sessions/ses-copy/messages", json={"messages": [{}]})
+    assert made.status_code == 201, made.text
+    assert appended.status_code == 201
+    assert [e["message"]["content"] for e in appended.json()["entries"]] == ["hello", "hi there"]
+    assert {s["session_id"] for s in listed["items"]} == {"ses-a"}
+    assert shown["message_count"] == 2
+    assert shown["runs"] == []
+    assert [(e["seq"], e["parent_seq"], e["category"]) for e in entries["items"]] == [
+        (1, None, "dialog"),
+        (2, 1, "dialog"),
+    ]
+    assert all(e["on_branch"] for e in entries["items"])
+    assert forked.status_code == 201
+    assert forked.json()["forked_from"] == {"session_id": "ses-a", "seq": 1}
+    assert imported.status_code == 201
+    assert imported.json()["session_id"] == "ses-copy"
+    assert imported.json()["message_count"] == 2
+    assert refused.status_code == 403
+    assert deleted.status_code == 204
+    assert gone.status_code == 404
+    assert taken.status_code == 409
+    assert taken.json()["error"]["type"] == "AlreadyExistsError"
+    assert bad.status_code == 422
+
+
+async def test_the_tree_shows_branches_and_what_a_compaction_stands_for(
+    live: Live, db: tuple[str, Store]
+) -> None:
+    manager = SessionManager(db[1], "acme")
+    session = await manager.create(session_id="ses-tree")
+    for n in range(6):
+        await session.append(Message.user(f"question {n}"), Message.assistant(f"answer {n}"))
+    await session.checkout(2)  # a branch from entry 2
+    await session.append(Message.user("another way"))
+    await session.checkout(12)
+    result = await session.compact(_summary, keep_last=2)
+    assert result.entry is not None
+    async with live.client("read") as client:
+        tree = (await client.get("/api/v1/sessions/ses-tree/tree")).json()
+    nodes = {n["seq"]: n for n in tree["nodes"]}
+    assert tree["head_seq"] == result.entry.seq
+    branch_point = [e for e in tree["edges"] if e["type"] == "parent" and e["from"] == 2]
+    assert sorted(e["to"] for e in branch_point) == [3, 13]
+    assert nodes[13]["on_branch"] is False
+    compaction = nodes[result.entry.seq]
+    assert compaction["kind"] == "compaction"
+    assert compaction["message"]["content"] == f"summary of {result.replaced} messages"
+    assert len(compaction["covers"]) == result.replaced
+    summarized = {e["to"] for e in tree["edges"] if e["type"] == "summarizes"}
+    assert summarized == set(compaction["covers"])
+    assert 13 not in summarized
+
+
+async def test_records_profiles_lanes_and_subagents(live: Live, db: tuple[str, Store]) -> None:
+    await AuthProfiles(db[1], "acme", "support").add("env:OPENAI_KEY_SECRET", label="main")
+    async with live.client("operate") as client, live.client("admin") as admin:
+        put = await client.put("/api/v1/records/notes/k1", json={"value": {"a": 1}})
+        stale = await client.put(
+            "/api/v1/records/notes/k1", json={"value": 2, "expected_version": 9}
+        )
+        listed = (await client.get("/api/v1/records/notes")).json()
+        got = (await client.get("/api/v1/records/notes/k1")).json()
+        library = await client.get("/api/v1/records/auth_profiles")
+        deleted = await admin.delete("/api/v1/records/notes/k1")
+        profiles = await client.get("/api/v1/profiles", params={"agent": "support"})
+        reset = await client.post("/api/v1/profiles/reset", json={"agent": "support"})
+        lanes = (await client.get("/api/v1/lanes")).json()
+        subagents = (await client.get("/api/v1/subagents")).json()
+        kill = await client.post("/api/v1/subagents/run-none/kill")
+    assert put.json()["version"] == 1
+    assert stale.status_code == 409
+    assert stale.json()["error"]["type"] == "ConflictError"
+    assert [r["key"] for r in listed["items"]] == ["k1"]
+    assert got["value"] == {"a": 1}
+    assert library.status_code == 422
+    assert deleted.status_code == 204
+    [profile] = profiles.json()["items"]
+    assert profile["secret_ref"] == "env:…"
+    assert "OPENAI_KEY_SECRET" not in profiles.text
+    assert "OPENAI_KEY_SECRET" not in reset.text
+    assert lanes == {"lanes": [], "expired_leases": []}
+    assert subagents == {"items": []}
+    assert kill.status_code == 404
+
+
+async def test_keys_are_stored_hashed(live: Live, db: tuple[str, Store]) -> None:
+    from statekeeper.server.keys import KEYS_NAMESPACE, KEYS_TENANT
+
+    stored = await db[1].list_records(KEYS_TENANT, KEYS_NAMESPACE)
+    text = str([r.value for r in stored])
+    assert len(stored) == 4
+    for key in [*live.keys.values(), live.other_key]:
+        assert key.split("_", 2)[2] not in text
+    async with httpx.AsyncClient(base_url=live.url) as client:
+        answer = await client.get("/api/v1/records/api_keys", headers=live.headers("admin"))
+    assert answer.json()["items"] == []  # the key records are not in any tenant's reach
+
+
+async def test_cors_is_closed_by_default(live: Live) -> None:
+    async with httpx.AsyncClient(base_url=live.url) as client:
+        answer = await client.options(
+            "/api/v1/runs",
+            headers={"Origin": "https://evil.example", "Access-Control-Request-Method": "GET"},
+        )
+    assert "access-control-allow-origin" not in answer.headers
