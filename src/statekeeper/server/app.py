@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException
 
 from statekeeper.errors import InvalidInputError, StatekeeperError
 from statekeeper.server.context import ServerContext
-from statekeeper.server.errors import error_body, status_of
+from statekeeper.server.errors import ERROR_RESPONSES, error_body, status_of
 from statekeeper.server.streams import EventHub, feed_of
 from statekeeper.stores import open_store
 
@@ -76,8 +76,9 @@ def _errors(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def http(request: Request, exc: HTTPException) -> JSONResponse:
         name = "NotFoundError" if exc.status_code == 404 else "InvalidInputError"
+        status = 422 if exc.status_code == 400 else exc.status_code  # a body that is not JSON
         return JSONResponse(
-            error_body(name, str(exc.detail)), status_code=exc.status_code, headers=exc.headers
+            error_body(name, str(exc.detail)), status_code=status, headers=exc.headers
         )
 
 
@@ -109,7 +110,7 @@ def create_app(config: ServerConfig) -> FastAPI:
     )
     _errors(app)
     for module in (routes_runs, routes_sessions, routes_runtime, routes_stream):
-        app.include_router(module.router, prefix=API_PREFIX)
+        app.include_router(module.router, prefix=API_PREFIX, responses=ERROR_RESPONSES)
     if config.cors_origins:
         app.add_middleware(
             CORSMiddleware,

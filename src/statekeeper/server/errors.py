@@ -7,7 +7,9 @@ on the same names as Python code does).
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
+
+from pydantic import BaseModel
 
 from statekeeper.errors import (
     AlreadyExistsError,
@@ -22,7 +24,15 @@ from statekeeper.errors import (
     StoreError,
 )
 
-__all__ = ["STATUS", "AuthenticationError", "PermissionDeniedError", "error_body", "status_of"]
+__all__ = [
+    "ERROR_RESPONSES",
+    "STATUS",
+    "AuthenticationError",
+    "ErrorBody",
+    "PermissionDeniedError",
+    "error_body",
+    "status_of",
+]
 
 
 class AuthenticationError(StatekeeperError):
@@ -59,3 +69,31 @@ def status_of(error: StatekeeperError) -> int:
 def error_body(type_name: str, message: str) -> dict[str, dict[str, str]]:
     """The JSON body of an error answer."""
     return {"error": {"type": type_name, "message": message}}
+
+
+class ErrorDetail(BaseModel):
+    """What went wrong: the error class name and a message that names the fix."""
+
+    type: str
+    message: str
+
+
+class ErrorBody(BaseModel):
+    """The body of every error answer."""
+
+    error: ErrorDetail
+
+
+ERROR_RESPONSES: Final[dict[int | str, dict[str, Any]]] = {
+    status: {"model": ErrorBody, "description": description}
+    for status, description in (
+        (401, "no API key, or an unknown or revoked one (AuthenticationError)"),
+        (403, "the key's scope is too low (PermissionDeniedError)"),
+        (404, "not found for this tenant (NotFoundError)"),
+        (409, "a conflict: already decided, taken, stale, not allowed now"),
+        (413, "over the store's size limit (PayloadTooLargeError)"),
+        (422, "bad input (InvalidInputError and its subclasses)"),
+        (503, "the store failed or cannot be reached (StoreError)"),
+    )
+}
+"""The error answers every route may give, for the OpenAPI description."""
