@@ -22,6 +22,7 @@ SUITES = {
     "longterm": "long-term store (LangGraph BaseStore) on SQLite vs LangGraph's AsyncSqliteStore",
     "openai_agents": "OpenAI Agents SDK session vs the SDK's SQLiteSession",
     "adk": "Google ADK session service vs ADK's own SQLite services",
+    "server": "the HTTP server vs the library calls, and SSE fan-out latency",
 }
 
 

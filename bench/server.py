@@ -1,0 +1,238 @@
+"""The HTTP server against the library calls it makes, and its SSE fan-out latency.
+
+The server is ``statekeeper serve`` in its own process (uvicorn, one worker) over a
+SQLite file (and, for the feed row, a Redis store), with the demo app; this process is
+the client (httpx, one keep-alive connection per client) and the library side, on the
+same store:
+
+- append: one message per request, ``POST /sessions/{id}/messages``, against
+  ``Session.append`` of the same message in this process; sides interleaved in batches;
+- approve and resume: a demo run waiting on its refund call, ``POST .../approve`` then
+  ``POST .../resume {"wait": true}`` (two requests, until the run completes), against
+  ``Runner.approve`` and ``Runner.resume``;
+- SSE fan-out: 1 and 100 clients stream one run; this process publishes an event and
+  times until each client has it. Without a feed the server reads the log every
+  ``--poll-interval`` (0.05 s here), so latency is about half of that; with the Redis
+  store's feed it is pushed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.common import Verdicts, interleave, spread
+from statekeeper.core.messages import Message
+from statekeeper.demo_app import make_runner
+from statekeeper.runtime.events import EventBus
+from statekeeper.server import ApiKeys
+from statekeeper.sessions import SessionManager
+from statekeeper.stores import Store, open_store
+
+BATCHES, BATCH = 6, 50
+RUNS_PER_SIDE = 30
+FANOUT = (1, 100)
+EVENTS = 20
+POLL = 0.05
+REDIS = os.environ.get("STATEKEEPER_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+SRC = Path(__file__).parents[1] / "src"
+
+
+class Served:
+    """``statekeeper serve`` in a subprocess, and an admin key for it."""
+
+    def __init__(self, store_url: str, port: int) -> None:
+        self.url = f"http://127.0.0.1:{port}"
+        env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+        command = [sys.executable, "-m", "statekeeper.cli", "--store", store_url, "serve"]
+        command += ["--port", str(port), "--poll-interval", str(POLL)]
+        command += ["--app", "statekeeper.demo_app:make_runner"]
+        self.process = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
+
+    async def ready(self) -> None:
+        async with httpx.AsyncClient() as client:
+            for _ in range(600):
+                try:
+                    await client.get(f"{self.url}/api/v1/openapi.json")
+                    return
+                except httpx.TransportError:
+                    await asyncio.sleep(0.05)
+        raise RuntimeError("the server did not start")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=30)
+
+
+def _port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def _append(store: Store, client: httpx.AsyncClient) -> tuple[Any, float, float]:
+    manager = SessionManager(store, "bench", max_messages=None, auto_continue=False)
+    await manager.create(session_id="http")
+    session = await manager.create(session_id="lib")
+
+    async def ours(n: int) -> None:
+        answer = await client.post(
+            "/api/v1/sessions/http/messages",
+            json={"messages": [{"role": "user", "content": f"message {n} " + "x" * 300}]},
+        )
+        answer.raise_for_status()
+
+    async def raw(n: int) -> None:
+        await session.append(Message.user(f"message {n} " + "x" * 300), strict=False)
+
+    ratios = await interleave(ours, raw, BATCHES, BATCH)
+    return ratios, 1e6 / ratios.ours_us, 1e6 / ratios.raw_us
+
+
+async def _approve_resume(store: Store, client: httpx.AsyncClient) -> tuple[float, float]:
+    runner = make_runner(store, "bench")
+    http_runs = [(await runner.start("support", "refund?")).run_id for _ in range(RUNS_PER_SIDE)]
+    lib_runs = [(await runner.start("support", "refund?")).run_id for _ in range(RUNS_PER_SIDE)]
+    took = {"http": 0.0, "lib": 0.0}
+    for n, (over_http, in_process) in enumerate(zip(http_runs, lib_runs, strict=True)):
+        sides = [("http", over_http), ("lib", in_process)]
+        for side, run_id in sides if n % 2 == 0 else sides[::-1]:  # interleaved
+            started = time.perf_counter()
+            if side == "http":
+                await client.post(f"/api/v1/runs/{run_id}/approve", json={"call_id": "c-refund"})
+                done = await client.post(f"/api/v1/runs/{run_id}/resume", json={"wait": True})
+                assert done.json()["status"] == "completed", done.text
+            else:
+                await runner.approve(run_id, "c-refund")
+                assert (await runner.resume(run_id)).status == "completed"
+            took[side] += time.perf_counter() - started
+    return RUNS_PER_SIDE / took["http"], RUNS_PER_SIDE / took["lib"]
+
+
+async def _fanout(store: Store, served: Served, key: str, clients: int) -> list[float]:
+    """Seconds from publish to receipt, per event per client."""
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    bus = EventBus(store, "bench")
+    await bus.publish(run_id, "bench", "tick", {"t": time.time()})
+    lags: list[float] = []
+    headers = {"Authorization": f"Bearer {key}"}
+    limits = httpx.Limits(max_connections=clients + 5)
+    async with httpx.AsyncClient(base_url=served.url, timeout=60, limits=limits) as client:
+
+        async def one() -> None:
+            params = {"run_id": run_id}
+            async with client.stream("GET", "/api/v1/stream", params=params, headers=headers) as r:
+                async for line in r.aiter_lines():
+                    if line.startswith("data:") and '"seq":' in line:
+                        seq = int(line.split('"seq":')[1].split(",")[0])
+                        if seq > 1:
+                            lags.append(time.perf_counter() - sent[seq])
+                        if seq == EVENTS + 1:
+                            return
+
+        sent: dict[int, float] = {}
+        tasks = [asyncio.create_task(one()) for _ in range(clients)]
+        await asyncio.sleep(1.0)  # every client connected and caught up
+        for n in range(2, EVENTS + 2):
+            sent[n] = time.perf_counter()
+            await bus.publish(run_id, "bench", "tick", {})
+            await asyncio.sleep(0.05)
+        await asyncio.gather(*tasks)
+    return lags
+
+
+async def _sse(store_url: str, rows: dict[str, Any], label: str) -> None:
+    store = await open_store(store_url)
+    served = Served(store_url, _port())
+    try:
+        _, key = await ApiKeys(store).create("bench", "read")
+        await served.ready()
+        for clients in FANOUT:
+            lags = await _fanout(store, served, key, clients)
+            rows[f"sse {label} {clients}"] = lags
+    finally:
+        served.stop()
+        await store.close()
+
+
+async def run() -> dict[str, Any]:
+    """Every figure of the suite."""
+    rows: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        url = f"sqlite:///{tmp}/bench.db"
+        store = await open_store(url)
+        served = Served(url, _port())
+        try:
+            _, key = await ApiKeys(store).create("bench", "admin")
+            await served.ready()
+            headers = {"Authorization": f"Bearer {key}"}
+            async with httpx.AsyncClient(base_url=served.url, headers=headers, timeout=60) as c:
+                rows["append"] = await _append(store, c)
+                rows["approve"] = await _approve_resume(store, c)
+        finally:
+            served.stop()
+            await store.close()
+        await _sse(url, rows, "sqlite (poll)")
+    prefix = f"bench-server-{uuid.uuid4().hex[:6]}"
+    try:
+        await _sse(f"{REDIS}?prefix={prefix}", rows, "redis (feed)")
+    except Exception as exc:  # no Redis here: the row is left out
+        print(f"(redis row skipped: {exc})")
+    finally:
+        await _drop_keys(prefix)
+    return rows
+
+
+async def _drop_keys(prefix: str) -> None:
+    from redis.asyncio import Redis
+
+    client = Redis.from_url(REDIS)
+    try:
+        async for key in client.scan_iter(match=f"{prefix}*", count=1000):
+            await client.delete(key)
+    except Exception as exc:
+        print(f"(could not clean up Redis keys {prefix}*: {exc})")
+    finally:
+        await client.aclose()
+
+
+def report(rows: dict[str, Any]) -> list[str]:
+    """Print the figures; return the missed targets."""
+    verdicts = Verdicts()
+    ratios, http_rps, lib_rps = rows["append"]
+    verdicts.info("append: HTTP requests/s", http_rps)
+    verdicts.info("append: library calls/s", lib_rps)
+    verdicts.at_most("append: HTTP / library time per call", list(ratios), 15.0)
+    http, lib = rows["approve"]
+    verdicts.info("approve+resume: HTTP runs/s (2 requests)", http)
+    verdicts.info("approve+resume: library runs/s", lib)
+    verdicts.at_most("approve+resume: HTTP / library time", lib / http, 3.0)
+    for name, lags in rows.items():
+        if name.startswith("sse "):
+            ms = [lag * 1000 for lag in lags]
+            p95 = sorted(ms)[int(len(ms) * 0.95) - 1]
+            print(f"{name + ' clients: latency ms':<44} {spread(ms):>20}  p95 {p95:.1f}")
+            limit = POLL * 1000 * 2 if "poll" in name else 50.0
+            verdicts.at_most(f"{name}: median latency ms", statistics.median(ms), limit)
+    return verdicts.missed
+
+
+def main() -> None:
+    """Run and report."""
+    report(asyncio.run(run()))
+
+
+if __name__ == "__main__":
+    main()
