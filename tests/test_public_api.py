@@ -29,6 +29,7 @@ PACKAGES = [
     "statekeeper.sessions",
     "statekeeper.runs",
     "statekeeper.runtime",
+    "statekeeper.server",
     "statekeeper.testing",
     "statekeeper.tracing",
     "statekeeper.integrations.openai_agents",
