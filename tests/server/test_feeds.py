@@ -1,0 +1,65 @@
+"""A server over a store with an event feed (Redis, PostgreSQL with ``notify_channel``)
+uses it: events another process writes reach the stream."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from tests.server.conftest import SseReader, ThreadServer
+from tests.server.test_streams import publish
+
+from statekeeper.server import ApiKeys, ServerConfig
+from statekeeper.stores import open_store
+from statekeeper.testing.schemes import (
+    POSTGRES_URL,
+    REDIS_URL,
+    delete_prefix,
+    drop_schema,
+    postgres_reachable,
+)
+
+
+@pytest.fixture(params=["redis", "postgres"])
+async def feed_url(request: pytest.FixtureRequest) -> AsyncIterator[str]:
+    unique = f"srv{uuid.uuid4().hex[:10]}"
+    if request.param == "redis":
+        url = f"{REDIS_URL}?prefix={unique}"
+        try:
+            async with await open_store(url):
+                pass
+        except Exception as exc:
+            pytest.skip(f"no Redis server: {exc}")
+        yield url
+        await delete_prefix(REDIS_URL, unique)
+    else:
+        if not await postgres_reachable():
+            pytest.skip("no PostgreSQL server")
+        yield f"{POSTGRES_URL}?schema={unique}&notify_channel={unique}"
+        await drop_schema(unique)
+
+
+async def test_the_feed_pushes_other_processes_events_to_the_stream(feed_url: str) -> None:
+    store = await open_store(feed_url)
+    try:
+        _, key = await ApiKeys(store).create("acme", "read")
+        await publish(store, "run-feed", 1, 1)
+        server = ThreadServer(ServerConfig(feed_url, poll_interval=60)).start()
+        try:
+            assert server.server.config.app.state.context.hub.has_feed
+            headers = {"Authorization": f"Bearer {key}"}
+            async with (
+                httpx.AsyncClient(base_url=server.url, headers=headers, timeout=30) as client,
+                client.stream("GET", "/api/v1/stream", params={"run_id": "run-feed"}) as answer,
+            ):
+                reader = SseReader(answer)
+                got = [await reader.next()]
+                await publish(store, "run-feed", 2, 6)
+                got += [await reader.next() for _ in range(5)]
+        finally:
+            server.stop()
+    finally:
+        await store.close()
+    assert [m["data"]["seq"] for m in got] == [1, 2, 3, 4, 5, 6]
