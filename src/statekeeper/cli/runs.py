@@ -26,11 +26,10 @@ from statekeeper.cli._common import (
     write_output,
 )
 from statekeeper.cli.runview import RunView, print_run, recoveries, runs_table, timeline
-from statekeeper.core.lifecycle import parse_status
 from statekeeper.errors import InvalidInputError, NotFoundError, StatekeeperError
 from statekeeper.runs.approvals import settle
 from statekeeper.runs.index import RunList
-from statekeeper.runs.operations import build_runner, load_factory
+from statekeeper.runs.operations import build_runner, load_factory, status_filter
 from statekeeper.runs.runner import Runner, RunResult
 from statekeeper.runs.state import RunState
 from statekeeper.runs.store import RunIndex, RunStore
@@ -50,15 +49,6 @@ Reason = Annotated[str | None, typer.Option(help="Why (kept with the decision)."
 DecidedBy = Annotated[str | None, typer.Option("--by", help="Who decides (default: cli).")]
 
 
-def _status_filter(value: str | None) -> str | None:
-    if value is None:
-        return None
-    try:
-        return str(parse_status(value))
-    except InvalidInputError:
-        return value.lower()  # a custom state of some agent's transition table
-
-
 @app.command("list")
 def list_runs(
     ctx: typer.Context,
@@ -70,7 +60,7 @@ def list_runs(
     json_output: JsonFlag = False,
 ) -> None:
     """List runs, oldest first."""
-    wanted = _status_filter(status)
+    wanted = status_filter(status)
 
     async def work(store: Store, tenant: str) -> RunList:
         return await RunStore(store, tenant).list(status=wanted, session_id=session, limit=limit)

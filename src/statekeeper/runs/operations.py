@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from statekeeper.core.lifecycle import parse_status
 from statekeeper.core.messages import Message
 from statekeeper.errors import ConflictError, InvalidInputError, NotFoundError, StatekeeperError
 from statekeeper.runs.lifecycle import FINISHED
@@ -39,6 +40,7 @@ __all__ = [
     "lanes_json",
     "lanes_of",
     "load_factory",
+    "status_filter",
     "steer_refusal",
     "steer_subagent",
     "timeline",
@@ -265,3 +267,14 @@ def timeline(events: list[Event]) -> list[dict[str, Any]]:
         payload = {k: v for k, v in event.payload.items() if k not in ("trace_id", "span_id")}
         rows.append({"seq": event.seq, "ts": event.ts.isoformat(), "kind": event.kind, **payload})
     return rows
+
+
+def status_filter(value: str | None) -> str | None:
+    """A run status to filter on, aliases resolved (``waiting`` ...); a name that is no
+    built-in status is kept, lower-cased (a custom state of some agent's table)."""
+    if value is None:
+        return None
+    try:
+        return str(parse_status(value))
+    except InvalidInputError:
+        return value.lower()

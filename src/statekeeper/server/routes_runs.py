@@ -12,6 +12,7 @@ from statekeeper.errors import ConflictError, InvalidInputError, NotFoundError, 
 from statekeeper.ids import validate_id
 from statekeeper.runs.approvals import record_decision, settle
 from statekeeper.runs.lifecycle import FINISHED
+from statekeeper.runs.operations import status_filter
 from statekeeper.runs.runner import Runner
 from statekeeper.runs.state import RunState
 from statekeeper.runs.store import RunIndex, RunStore
@@ -124,7 +125,8 @@ async def list_runs(
     runs = (await context.runner(caller.tenant)).runs
     if cursor is not None:
         validate_id(cursor, "cursor")
-    page = await runs.list(status=status, session_id=session_id, after=cursor, limit=limit)
+    wanted = status_filter(status)
+    page = await runs.list(status=wanted, session_id=session_id, after=cursor, limit=limit)
     return {
         "items": await _summaries(runs, page),
         "next_cursor": page[-1].run_id if len(page) == limit else None,
