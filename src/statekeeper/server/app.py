@@ -73,6 +73,13 @@ def _errors(app: FastAPI) -> None:
         message = "; ".join(parts) or "the request does not match the API"
         return JSONResponse(error_body("InvalidInputError", message), status_code=422)
 
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # A bug, not bad input: logged with its traceback, answered without one.
+        _log.exception("%s %s failed", request.method, request.url.path, exc_info=exc)
+        body = error_body("InternalServerError", "the server failed; see its log")
+        return JSONResponse(body, status_code=500)
+
     @app.exception_handler(HTTPException)
     async def http(request: Request, exc: HTTPException) -> JSONResponse:
         name = "NotFoundError" if exc.status_code == 404 else "InvalidInputError"

@@ -109,10 +109,12 @@ async def entries(
     manager = _manager(context, caller.tenant)
     branch = await _branch_ids(manager, session_id)
     session = await manager.get(session_id)
-    # Compactions need their ancestors to say what they cover: read from the start.
-    everything = await session.entries(limit=_TREE_LIMIT)
-    by_seq = {e.seq: e for e in everything}
     page = await session.entries(after_seq=after_seq, limit=limit)
+    by_seq = {e.seq: e for e in page}
+    if any(e.kind == "compaction" for e in page):
+        # What a compaction stands for is among its ancestors: read those too.
+        earlier = await session.entries(until_seq=page[-1].seq, limit=_TREE_LIMIT)
+        by_seq = {e.seq: e for e in earlier}
     return {
         "items": [entry_json(e, by_seq, branch) for e in page],
         "next_after_seq": page[-1].seq if len(page) == limit else None,
