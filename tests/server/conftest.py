@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
@@ -146,7 +147,13 @@ class SseReader:
         self.lines = response.aiter_lines()
         self.current: dict[str, str] = {}
 
-    async def next(self) -> dict[str, Any]:
+    async def next(self, timeout: float = 60) -> dict[str, Any]:
+        """The next message; a stream quiet for ``timeout`` seconds fails the test (its
+        keep-alive comments would reset httpx's read timeout forever)."""
+        async with asyncio.timeout(timeout):
+            return await self._next()
+
+    async def _next(self) -> dict[str, Any]:
         async for line in self.lines:
             if not line:
                 message, self.current = self.current, {}

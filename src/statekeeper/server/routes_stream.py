@@ -124,6 +124,8 @@ async def stream(
 ) -> StreamingResponse:
     """Live events: of one run (``run_id``), or of every run of the tenant."""
     del key  # read by the auth dependency
+    # Listening before the stream starts: a write from now on is noticed, none missed.
+    await context.hub.ready(caller.tenant)
     if run_id is not None:
         session = await _session_of(context, caller.tenant, run_id)
         start = _position(last_event_id, last_event_id_query, after)

@@ -27,7 +27,7 @@ from datetime import datetime
 from typing import Any
 
 from statekeeper.core.messages import utcnow
-from statekeeper.errors import InvalidInputError, StatekeeperError
+from statekeeper.errors import InvalidInputError, NotFoundError, StatekeeperError
 from statekeeper.runs.lifecycle import FINISHED
 from statekeeper.runs.store import RunStore
 from statekeeper.runtime.coordination import EventFeed
@@ -40,6 +40,7 @@ _log = logging.getLogger(__name__)
 _PAGE = 256
 _INBOX = 4096  # events a slow client may hold before it re-reads the log instead
 _SAFETY_READ = 5.0  # seconds: with a feed, still read now and then
+_FEED_WAIT = 10.0  # seconds a new stream waits for its tenant's feed to listen
 
 
 class _Inbox:
@@ -57,6 +58,27 @@ class _Inbox:
         else:
             self.events.extend(events)
         self.ready.set()
+
+
+class _Signal:
+    """What woke a tenant stream: the runs written (None: any run, rescan them all)."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+        self.runs: set[str] | None = set()
+
+    def note(self, run_id: str | None) -> None:
+        if run_id is None or self.runs is None:
+            self.runs = None
+        else:
+            self.runs.add(run_id)
+        self.event.set()
+
+    def take(self) -> set[str] | None:
+        """The runs noted since the last take (None: rescan), and start over."""
+        runs, self.runs = self.runs, set()
+        self.event.clear()
+        return runs
 
 
 class LogTail:
@@ -101,8 +123,9 @@ class EventHub:
     poll_interval: float = 0.25
     feed: EventFeed | None = None
     tails: dict[tuple[str, str], LogTail] = field(default_factory=dict)
-    tenant_waiters: dict[str, set[asyncio.Event]] = field(default_factory=dict)
+    tenant_waiters: dict[str, set[_Signal]] = field(default_factory=dict)
     feeds: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    listening: dict[str, asyncio.Future[None]] = field(default_factory=dict)
 
     @property
     def has_feed(self) -> bool:
@@ -114,17 +137,30 @@ class EventHub:
             if owner == tenant and (run_id is None or run == run_id):
                 tail.changed.set()
         for waiter in self.tenant_waiters.get(tenant, ()):
-            waiter.set()
+            waiter.note(run_id)
 
     def _listen(self, tenant: str) -> None:
         if self.feed is not None and tenant not in self.feeds:
-            task = asyncio.create_task(self._follow(self.feed, tenant))
+            ready = self.listening[tenant] = asyncio.get_running_loop().create_future()
+            task = asyncio.create_task(self._follow(self.feed, tenant, ready))
             self.feeds[tenant] = task
 
-    async def _follow(self, feed: EventFeed, tenant: str) -> None:
+    async def ready(self, tenant: str) -> None:
+        """Return once the tenant's feed listens (at once without a feed, and after
+        `_FEED_WAIT` seconds at most: a feed that cannot connect leaves the safety reads)."""
+        self._listen(tenant)
+        ready = self.listening.get(tenant)
+        if ready is not None and not ready.done():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_FEED_WAIT):
+                    await asyncio.shield(ready)
+
+    async def _follow(self, feed: EventFeed, tenant: str, ready: asyncio.Future[None]) -> None:
         while True:
             try:
                 async for notice in feed.notices(tenant):
+                    if not ready.done():  # the first notice: listening from now on
+                        ready.set_result(None)
                     self.poke(tenant, notice.log_id)
             except StatekeeperError as exc:  # polled meanwhile: the tails still read
                 _log.warning("the event feed of tenant %r failed (%s); retrying", tenant, exc)
@@ -151,7 +187,7 @@ class EventHub:
     @contextlib.contextmanager
     def tenant_signal(self, tenant: str) -> Any:
         self._listen(tenant)
-        signal = asyncio.Event()
+        signal = _Signal()
         self.tenant_waiters.setdefault(tenant, set()).add(signal)
         try:
             yield signal
@@ -233,11 +269,11 @@ class TenantCursor:
             ) from exc
 
 
-async def _live_runs(store: Store, tenant: str, since: datetime) -> dict[str, str]:
+async def _live_runs(store: Store, tenant: str, since: datetime) -> dict[str, str | None]:
     """Run id -> session id of the runs that may get events: not finished, or updated
     since the stream began."""
     runs = RunStore(store, tenant)
-    found: dict[str, str] = {}
+    found: dict[str, str | None] = {}
     after: str | None = None
     while page := await runs.list(after=after, limit=500):
         for index in page:
@@ -251,23 +287,44 @@ async def _live_runs(store: Store, tenant: str, since: datetime) -> dict[str, st
 
 async def tenant_events(
     hub: EventHub, tenant: str, cursor: TenantCursor
-) -> AsyncIterator[tuple[Event, str]]:
-    """The events of the tenant's runs (with each run's session id), from the cursor on."""
+) -> AsyncIterator[tuple[Event, str | None]]:
+    """The events of the tenant's runs (with each run's session id), from the cursor on.
+
+    A notice names the run written: only that one is read. A resync, or the periodic
+    read, rescans every run that may get events (see `_live_runs`).
+    """
     seen: dict[str, int] = {}  # read up to here, sent or not
+    sessions: dict[str, str | None] = {}
+    runs = RunStore(hub.store, tenant)
     with hub.tenant_signal(tenant) as signal:
+        noted: set[str] | None = None
         while True:
-            signal.clear()
-            for run_id, session_id in (await _live_runs(hub.store, tenant, cursor.since)).items():
+            if noted is None:
+                sessions |= await _live_runs(hub.store, tenant, cursor.since)
+            for run_id in sorted(sessions if noted is None else noted):
+                if run_id not in sessions:
+                    sessions[run_id] = await _session_of(runs, run_id)
                 start = seen.get(run_id, cursor.sent.get(run_id, 0))
                 async for page in _pages(hub.store, tenant, run_id, start):
                     for event in page:
                         if run_id in cursor.sent or event.ts >= cursor.since:
                             cursor.sent[run_id] = event.seq
-                            yield event, session_id
+                            yield event, sessions[run_id]
                     seen[run_id] = page[-1].seq
-            with contextlib.suppress(TimeoutError):
+            try:
                 async with asyncio.timeout(_SAFETY_READ if hub.has_feed else hub.poll_interval):
-                    await signal.wait()
+                    await signal.event.wait()
+                noted = signal.take()
+            except TimeoutError:  # the periodic read: rescan every live run
+                signal.take()
+                noted = None
+
+
+async def _session_of(runs: RunStore, run_id: str) -> str | None:
+    try:
+        return (await runs.index(run_id))[0].session_id
+    except NotFoundError:  # a log without a run (events published on a bare bus)
+        return None
 
 
 def feed_of(store: Store, url: str) -> EventFeed | None:
