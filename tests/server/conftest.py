@@ -147,10 +147,12 @@ class SseReader:
         self.lines = response.aiter_lines()
         self.current: dict[str, str] = {}
 
-    async def next(self, timeout: float = 60) -> dict[str, Any]:
-        """The next message; a stream quiet for ``timeout`` seconds fails the test (its
+    QUIET = 60.0
+
+    async def next(self) -> dict[str, Any]:
+        """The next message; a stream quiet for `QUIET` seconds fails the test (its
         keep-alive comments would reset httpx's read timeout forever)."""
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(self.QUIET):
             return await self._next()
 
     async def _next(self) -> dict[str, Any]:
