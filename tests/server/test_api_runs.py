@@ -48,6 +48,8 @@ async def test_list_and_show_a_run_waiting_for_approval(live: Live, db: tuple[st
         history = (await client.get(f"/api/v1/runs/{run_id}/checkpoints")).json()
         events = (await client.get(f"/api/v1/runs/{run_id}/events")).json()
         waiting = await client.get("/api/v1/runs", params={"status": "waiting_for_approval"})
+        session = listed["items"][0]["session_id"]
+        entries = (await client.get(f"/api/v1/sessions/{session}/entries")).json()["items"]
     [summary] = listed["items"]
     assert summary["run_id"] == run_id
     assert summary["pending_approvals"] == 1
@@ -66,6 +68,10 @@ async def test_list_and_show_a_run_waiting_for_approval(live: Live, db: tuple[st
     seqs = [e["seq"] for e in events["items"]]
     assert seqs == list(range(1, len(seqs) + 1))
     assert events["items"][0]["session_id"] == summary["session_id"]
+    checkpoints = [e for e in entries if e["kind"] == "checkpoint"]
+    assert len(checkpoints) == len(history["items"])
+    assert {e["payload"] for e in checkpoints} == {None}  # the run's routes show them
+    assert next(e["message"]["content"] for e in entries if e["kind"] == "message") == QUESTION
 
 
 async def test_approve_and_resume_finishes_the_run_and_records_the_key(

@@ -16,7 +16,7 @@ from statekeeper.runs.approvals import settle
 from statekeeper.runs.history import CheckpointInfo
 from statekeeper.runs.operations import timeline
 from statekeeper.runs.state import ApprovalDecision, Interruption, RunState
-from statekeeper.runs.store import RunIndex
+from statekeeper.runs.store import CHECKPOINT_KIND, RunIndex
 from statekeeper.stores.base import Entry, Event, SessionRecord
 
 __all__ = [
@@ -186,6 +186,9 @@ def session_summary(record: SessionRecord) -> dict[str, Any]:
     }
 
 
+_NO_PAYLOAD = frozenset({"message", "compaction", CHECKPOINT_KIND})
+
+
 def _message(entry: Entry) -> Message | None:
     """The message of a message entry, or the summary of a compaction (else None)."""
     if entry.kind == "message":
@@ -230,7 +233,8 @@ def entry_json(entry: Entry, by_seq: dict[int, Entry], branch: set[str]) -> dict
         "category": None if message is None else message.category.name.lower(),
         "message": None if message is None else message.to_dict(),
         "covers": _covers(entry, by_seq),
-        "payload": None if entry.kind in ("message", "compaction") else entry.payload,
+        # A checkpoint's payload is a whole run state (maybe sealed): the run's routes show it.
+        "payload": None if entry.kind in _NO_PAYLOAD else entry.payload,
     }
 
 
