@@ -30,6 +30,10 @@ async def test_sessions_create_append_read_fork_export_import_delete(live: Live)
             },
         )
         listed = (await client.get("/api/v1/sessions")).json()
+        later = await client.get(
+            "/api/v1/sessions", params={"active_after": "2999-01-01T00:00:00+00:00"}
+        )
+        naive = await client.get("/api/v1/sessions", params={"active_after": "2000-01-01T00:00"})
         shown = (await client.get("/api/v1/sessions/ses-a")).json()
         entries = (await client.get("/api/v1/sessions/ses-a/entries")).json()
         forked = await client.post("/api/v1/sessions/ses-a/fork", json={"at": 1})
@@ -46,6 +50,8 @@ async def test_sessions_create_append_read_fork_export_import_delete(live: Live)
     assert appended.status_code == 201
     assert [e["message"]["content"] for e in appended.json()["entries"]] == ["hello", "hi there"]
     assert {s["session_id"] for s in listed["items"]} == {"ses-a"}
+    assert later.json()["items"] == []
+    assert naive.status_code == 422
     assert shown["message_count"] == 2
     assert shown["runs"] == []
     assert [(e["seq"], e["parent_seq"], e["category"]) for e in entries["items"]] == [

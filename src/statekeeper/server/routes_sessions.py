@@ -3,6 +3,7 @@ import and delete."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response
@@ -61,10 +62,17 @@ async def list_sessions(
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: str | None = None,
     agent_id: str | None = None,
+    active_after: datetime | None = None,
+    active_before: datetime | None = None,
 ) -> dict[str, Any]:
-    """Sessions, most recently active first."""
+    """Sessions, most recently active first (of one agent, active in a window)."""
     page = await _manager(context, caller.tenant).list(
-        limit=limit, cursor=cursor, agent_id=agent_id, all_agents=agent_id is None
+        limit=limit,
+        cursor=cursor,
+        agent_id=agent_id,
+        all_agents=agent_id is None,
+        active_after=active_after,
+        active_before=active_before,
     )
     return {"items": [session_summary(r) for r in page.items], "next_cursor": page.next_cursor}
 
