@@ -79,3 +79,21 @@ async def test_dev_anonymous_serves_tenant_default_as_admin(tmp_path: Path) -> N
     assert me == {"tenant": "default", "scope": "admin", "key_id": None}
     assert made.status_code == 201
     assert deleted.status_code == 204
+
+
+async def test_cors_opens_only_to_the_origins_given() -> None:
+    config = ServerConfig("memory://", dev_anonymous=True, cors_origins=("http://ui.example",))
+    server = ThreadServer(config).start()
+    preflight = {"Access-Control-Request-Method": "POST"}
+    try:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            allowed = await client.options(
+                "/api/v1/runs", headers={"Origin": "http://ui.example", **preflight}
+            )
+            other = await client.options(
+                "/api/v1/runs", headers={"Origin": "http://evil.example", **preflight}
+            )
+    finally:
+        server.stop()
+    assert allowed.headers["access-control-allow-origin"] == "http://ui.example"
+    assert "access-control-allow-origin" not in other.headers
