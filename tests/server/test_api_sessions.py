@@ -8,6 +8,7 @@ import httpx
 from tests.server.conftest import Live
 
 from statekeeper.core.messages import Message
+from statekeeper.longterm import LongTermStore
 from statekeeper.runtime.profiles import AuthProfiles
 from statekeeper.sessions import SessionManager
 from statekeeper.stores import Store
@@ -152,3 +153,58 @@ async def test_cors_is_closed_by_default(live: Live) -> None:
             headers={"Origin": "https://evil.example", "Access-Control-Request-Method": "GET"},
         )
     assert "access-control-allow-origin" not in answer.headers
+
+
+async def test_memories_of_the_long_term_store(live: Live, db: tuple[str, Store]) -> None:
+    memories = LongTermStore(db[1], tenant="acme")
+    await memories.put(("users", "ann"), "theme", {"value": "dark"})
+    await memories.put(("users", "bob"), "theme", {"value": "light"}, ttl=60)
+    await LongTermStore(db[1], tenant="other").put(("users", "eve"), "theme", {"value": "x"})
+    ann = [("namespace", "users"), ("namespace", "ann")]
+    async with live.client("operate") as client, live.client("admin") as admin:
+        spaces = (await client.get("/api/v1/memories/namespaces", params={"max_depth": 2})).json()
+        dark = await client.get(
+            "/api/v1/memories", params={"prefix": "users", "filter": '{"value": "dark"}'}
+        )
+        got = await client.get("/api/v1/memories/item", params=[*ann, ("key", "theme")])
+        put = await client.put(
+            "/api/v1/memories/item",
+            json={"namespace": ["users", "ann"], "key": "lang", "value": {"value": "fr"}},
+        )
+        bad = await client.get("/api/v1/memories", params={"filter": "[1]"})
+        raw = await client.get("/api/v1/records/ltm.default")
+        refused = await client.delete("/api/v1/memories/item", params=[*ann, ("key", "lang")])
+        deleted = await admin.delete("/api/v1/memories/item", params=[*ann, ("key", "lang")])
+        again = await admin.delete("/api/v1/memories/item", params=[*ann, ("key", "lang")])
+    assert spaces["items"] == [["users", "ann"], ["users", "bob"]]  # not tenant other's
+    [item] = dark.json()["items"]
+    assert (item["namespace"], item["key"], item["value"]) == (
+        ["users", "ann"],
+        "theme",
+        {"value": "dark"},
+    )
+    assert got.json()["expires_at"] is None
+    assert put.json()["value"] == {"value": "fr"}
+    assert bad.status_code == 422
+    assert raw.status_code == 422
+    assert refused.status_code == 403
+    assert deleted.status_code == 204
+    assert again.status_code == 404
+
+
+async def test_reading_a_memory_over_http_does_not_refresh_its_ttl(
+    live: Live, db: tuple[str, Store]
+) -> None:
+    memories = LongTermStore(db[1], tenant="acme")
+    await memories.put(("users", "bob"), "theme", {"value": "light"}, ttl=60)
+    before = await memories.get(("users", "bob"), "theme", refresh_ttl=False)
+    params = [("namespace", "users"), ("namespace", "bob"), ("key", "theme")]
+    async with live.client("read") as client:
+        shown = (await client.get("/api/v1/memories/item", params=params)).json()
+        listed = (await client.get("/api/v1/memories", params={"prefix": "users"})).json()
+    after = await memories.get(("users", "bob"), "theme", refresh_ttl=False)
+    assert before is not None
+    assert after is not None
+    assert after.expires_at == before.expires_at
+    assert shown["expires_at"] == before.expires_at.isoformat()
+    assert [i["key"] for i in listed["items"]] == ["theme"]

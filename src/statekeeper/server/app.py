@@ -91,7 +91,13 @@ def _errors(app: FastAPI) -> None:
 
 def create_app(config: ServerConfig) -> FastAPI:
     """The server's application; the store opens when it starts and closes when it stops."""
-    from statekeeper.server import routes_runs, routes_runtime, routes_sessions, routes_stream
+    from statekeeper.server import (
+        routes_memories,
+        routes_runs,
+        routes_runtime,
+        routes_sessions,
+        routes_stream,
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -116,7 +122,7 @@ def create_app(config: ServerConfig) -> FastAPI:
         lifespan=lifespan,
     )
     _errors(app)
-    for module in (routes_runs, routes_sessions, routes_runtime, routes_stream):
+    for module in (routes_runs, routes_sessions, routes_runtime, routes_memories, routes_stream):
         app.include_router(module.router, prefix=API_PREFIX, responses=ERROR_RESPONSES)
     if config.cors_origins:
         app.add_middleware(

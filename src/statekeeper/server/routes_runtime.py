@@ -123,12 +123,12 @@ _LIBRARY = frozenset({RUNS_NAMESPACE, SUBAGENTS_NAMESPACE, PROFILES_NAMESPACE})
 
 def _own(namespace: str) -> str:
     """``namespace``, unless the library keeps its own records there (runs, subagents
-    and profiles have their own routes: raw writes would bypass their rules, raw reads
-    would show a profile's secret reference)."""
-    if namespace in _LIBRARY:
+    profiles and the long-term store have their own routes: raw writes would bypass
+    their rules, raw reads would show a profile's secret reference)."""
+    if namespace in _LIBRARY or namespace.startswith("ltm."):
         raise InvalidInputError(
             f"namespace {namespace!r} holds the library's own records; use the "
-            "runs, subagents or profiles routes"
+            "runs, subagents, profiles or memories routes"
         )
     return namespace
 
