@@ -80,9 +80,12 @@ async def test_reconnecting_with_last_event_id_misses_and_repeats_nothing(
         second = await read(client, 5, {"run_id": "run-re"}, header)
         by_query = await read(client, 2, {"run_id": "run-re", "last_event_id": "6"}, {})
         bad = await client.get("/api/v1/stream", params={"run_id": "run-re", "last_event_id": "x"})
+        ahead = await client.get("/api/v1/stream", params={"run_id": "run-re", "after": 99})
     assert [m["data"]["seq"] for m in first + second] == list(range(1, 9))
     assert [m["data"]["seq"] for m in by_query] == [7, 8]
     assert bad.status_code == 422
+    assert ahead.status_code == 422
+    assert "does not exist" in ahead.json()["error"]["message"]
 
 
 async def test_a_stream_survives_a_server_restart(db: tuple[str, Store], tmp_path: Path) -> None:

@@ -79,6 +79,19 @@ def _position(header: str | None, query: str | None, after: int | None) -> int:
     return value
 
 
+async def _check_position(context: ServerContext, tenant: str, run_id: str, start: int) -> None:
+    """Refuse a position past the run's last event: the stream would wait for seqs that
+    were never written (and its log reader would skip the ones to come)."""
+    if start == 0:
+        return
+    found = await context.store.read_events(tenant, run_id, after_seq=start - 1, limit=1)
+    if not found or found[0].seq != start:
+        raise InvalidInputError(
+            f"event {start} of run {run_id!r} does not exist; reconnect from a seq the "
+            "stream sent, or without Last-Event-ID to start at the run's first event"
+        )
+
+
 async def _session_of(context: ServerContext, tenant: str, run_id: str) -> str | None:
     validate_id(run_id, "run id")
     try:
@@ -129,6 +142,7 @@ async def stream(
     if run_id is not None:
         session = await _session_of(context, caller.tenant, run_id)
         start = _position(last_event_id, last_event_id_query, after)
+        await _check_position(context, caller.tenant, run_id, start)
         source = _run_messages(context, caller.tenant, run_id, session, start)
     else:
         cursor = TenantCursor.parse(last_event_id or last_event_id_query)
