@@ -97,3 +97,13 @@ async def test_cors_opens_only_to_the_origins_given() -> None:
         server.stop()
     assert allowed.headers["access-control-allow-origin"] == "http://ui.example"
     assert "access-control-allow-origin" not in other.headers
+
+
+def test_serve_never_prints_the_store_password() -> None:
+    from statekeeper.cli.server import _shown
+
+    assert (
+        _shown("postgresql://app:s3cret@db:5432/agents?schema=x") == "postgresql://db:5432/agents"
+    )
+    assert _shown("redis://:s3cret@cache:6379/0") == "redis://cache:6379/0"
+    assert _shown("sqlite:///var/state.db?mode=ro") == "sqlite:///var/state.db"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Annotated, Any
+from urllib.parse import urlsplit, urlunsplit
 
 import typer
 from rich.table import Table
@@ -93,7 +94,7 @@ def _run_server(config: Any, host: str, port: int) -> None:
     except StatekeeperError as exc:
         fail(str(exc))
     console(stderr=True).print(
-        Text(f"statekeeper serving {config.store} on http://{host}:{port} (UI at /ui)")
+        Text(f"statekeeper serving {_shown(config.store)} on http://{host}:{port} (UI at /ui)")
     )
     uvicorn.run(
         create_app(config),
@@ -103,6 +104,15 @@ def _run_server(config: Any, host: str, port: int) -> None:
         access_log=False,  # a stream URL may carry ?key=: never log request lines
         timeout_graceful_shutdown=2,
     )
+
+
+def _shown(url: str) -> str:
+    """The store URL without credentials or options (a password must not reach a log)."""
+    parts = urlsplit(url)
+    if not parts.netloc:  # sqlite:///path, memory://: nothing secret
+        return url.partition("?")[0]
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
 @keys_app.command("create")
