@@ -208,3 +208,37 @@ async def test_reading_a_memory_over_http_does_not_refresh_its_ttl(
     assert after.expires_at == before.expires_at
     assert shown["expires_at"] == before.expires_at.isoformat()
     assert [i["key"] for i in listed["items"]] == ["theme"]
+
+
+async def test_lists_report_damaged_rows_and_show_the_rest(
+    live: Live, db: tuple[str, Store]
+) -> None:
+    from tests.server.test_api_runs import start_waiting_run
+
+    from statekeeper.runs.store import RUNS_NAMESPACE
+    from statekeeper.testing.damage import damage_record, damage_session
+
+    store = db[1]
+    manager = SessionManager(store, "acme")
+    await manager.create(session_id="ses-good")
+    await manager.create(session_id="ses-bad")
+    await damage_session(store, "acme", "ses-bad")
+    await store.put_record("acme", "notes", "a", 1)
+    await store.put_record("acme", "notes", "b", 2)
+    await damage_record(store, "acme", "notes", "b")
+    good = await start_waiting_run(store)
+    bad = await start_waiting_run(store)
+    await damage_record(store, "acme", RUNS_NAMESPACE, bad)
+    async with live.client("read") as client:
+        sessions = (await client.get("/api/v1/sessions")).json()
+        records = (await client.get("/api/v1/records/notes")).json()
+        runs = (await client.get("/api/v1/runs")).json()
+        broken = await client.get("/api/v1/sessions/ses-bad")
+    assert "ses-good" in {s["session_id"] for s in sessions["items"]}
+    assert [c["id"] for c in sessions["corrupt"]] == ["ses-bad"]
+    assert [r["key"] for r in records["items"]] == ["a"]
+    assert [c["id"] for c in records["corrupt"]] == ["b"]
+    assert [r["run_id"] for r in runs["items"]] == [good]
+    assert [c["id"] for c in runs["corrupt"]] == [bad]
+    assert broken.status_code == 500
+    assert broken.json()["error"]["type"] == "StoreCorruptError"

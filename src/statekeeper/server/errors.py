@@ -21,6 +21,7 @@ from statekeeper.errors import (
     PayloadTooLargeError,
     SessionLockTimeoutError,
     StatekeeperError,
+    StoreCorruptError,
     StoreError,
 )
 
@@ -54,6 +55,7 @@ STATUS: Final[dict[type[StatekeeperError], int]] = {
     SessionLockTimeoutError: 409,
     PayloadTooLargeError: 413,
     InvalidInputError: 422,
+    StoreCorruptError: 500,  # a stored row cannot be decoded: retrying will not help
     StoreError: 503,
 }
 
@@ -93,6 +95,7 @@ ERROR_RESPONSES: Final[dict[int | str, dict[str, Any]]] = {
         (409, "a conflict: already decided, taken, stale, not allowed now"),
         (413, "over the store's size limit (PayloadTooLargeError)"),
         (422, "bad input (InvalidInputError and its subclasses)"),
+        (500, "a bug, or stored data that cannot be decoded (StoreCorruptError)"),
         (503, "the store failed or cannot be reached (StoreError)"),
     )
 }

@@ -130,6 +130,8 @@ async def list_runs(
     return {
         "items": await _summaries(runs, page),
         "next_cursor": page[-1].run_id if len(page) == limit else None,
+        # By id once: RunStore.list can report a damaged index that ends a page twice.
+        "corrupt": list({c.id: c.model_dump(mode="json") for c in page.corrupt}.values()),
     }
 
 

@@ -74,7 +74,11 @@ async def list_sessions(
         active_after=active_after,
         active_before=active_before,
     )
-    return {"items": [session_summary(r) for r in page.items], "next_cursor": page.next_cursor}
+    return {
+        "items": [session_summary(r) for r in page.items],
+        "next_cursor": page.next_cursor,
+        "corrupt": [item.model_dump(mode="json") for item in page.corrupt],
+    }
 
 
 @router.post("", status_code=201)
