@@ -14,9 +14,10 @@ from statekeeper.errors import ConflictError, InvalidPayloadError, NotFoundError
 from statekeeper.runs import AskInput, CheckpointOptions, Finish, ModelCall, Respond, Runner
 from statekeeper.runs.inspect import RunInspector
 from statekeeper.runs.scripted import ScriptedAgent
-from statekeeper.runs.store import CHECKPOINT_KIND
+from statekeeper.runs.store import CHECKPOINT_KIND, RUNS_NAMESPACE
 from statekeeper.sessions import SessionManager
 from statekeeper.stores import Store, open_store
+from statekeeper.testing.damage import can_damage, damage_record
 
 
 def chatty(steps: int) -> ScriptedAgent:
@@ -167,3 +168,14 @@ async def test_retention_and_pruning(store: Store) -> None:
         await runner.load(result.run_id)
     sessions = SessionManager(store, "alice")
     assert session_id in await sessions.delete_before(utcnow() + timedelta(seconds=1))
+
+
+async def test_a_damaged_last_run_index_is_reported_once(store: Store) -> None:
+    if not can_damage(store):
+        pytest.skip(f"{type(store).__name__} keeps nothing that can be damaged")
+    runner = Runner(store, "alice", [chatty(0)])
+    run_ids = sorted([(await runner.start("a", "go", run_id=f"r{i}")).run_id for i in range(4)])
+    await damage_record(store, "alice", RUNS_NAMESPACE, run_ids[-1])  # the last one listed
+    listed = await runner.runs.list(limit=10)
+    assert [r.run_id for r in listed] == run_ids[:-1]
+    assert [item.id for item in listed.corrupt] == [run_ids[-1]]  # once, not once a page

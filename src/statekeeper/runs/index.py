@@ -96,7 +96,7 @@ class RunList(list[RunIndex]):
 def read_indexes(records: Sequence[VersionedRecord]) -> RunList:
     """The run indexes among listed records; those that cannot be read (and those the
     listing reported damaged) in ``corrupt``."""
-    out = RunList(corrupt=getattr(records, "corrupt", []))
+    out = RunList(corrupt=list(getattr(records, "corrupt", [])))
     for record in records:
         try:
             out.append(decode_index(record.key, record.value))

@@ -132,7 +132,8 @@ class RunStore:
             )
             found = read_indexes(page)
             out.corrupt += found.corrupt
-            if not page:
+            seen = [record.key for record in page] + [item.id for item in page.corrupt]
+            if not seen:
                 break
             out += [
                 index
@@ -140,7 +141,7 @@ class RunStore:
                 if (status is None or index.status == status)
                 and (session_id is None or index.session_id == session_id)
             ]
-            cursor = page[-1].key
+            cursor = max(seen)  # past a damaged last row too, or it is read (and reported) again
         del out[limit:]
         return out
 
