@@ -1,0 +1,408 @@
+"""The checkpointer's operations, async, on a statekeeper store (layout: `_layout`)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    get_serializable_checkpoint_metadata,
+)
+
+from statekeeper.errors import AlreadyExistsError, ConflictError, NotFoundError
+from statekeeper.integrations.langgraph._layout import (
+    AGENT_ID,
+    BLOB,
+    CHECKPOINT,
+    NS_KEY,
+    RUNS_NAMESPACE,
+    THREAD_KEY,
+    WRITE,
+    Reader,
+    Tip,
+    blob_entry_id,
+    blob_payload,
+    checkpoint_entry_id,
+    key,
+    matches,
+    run_key,
+    session_id,
+    thread_of,
+    write_entry_id,
+    writes_by_checkpoint,
+)
+from statekeeper.integrations.langgraph._prune import collect_garbage, copy_entries
+from statekeeper.integrations.langgraph._values import ValueCodec
+from statekeeper.stores.base import Store
+from statekeeper.stores.types import Entry, EntryDraft, SessionPatch, SessionQuery, SessionRecord
+
+_TIP_SESSIONS = 256  # threads whose list tips stay in memory (the bases of deltas)
+
+
+class CheckpointLog:
+    """LangGraph checkpoints, values and writes in a store, for one tenant."""
+
+    def __init__(self, store: Store, tenant: str, codec: ValueCodec) -> None:
+        self.store, self.tenant, self.codec = store, tenant, codec
+        self._tips: OrderedDict[str, dict[str, Tip]] = OrderedDict()
+        self._parents: dict[str, tuple[str, dict[str, Any], dict[str, str]]] = {}
+        self._known: set[str] = set()
+        self._indexed: set[str] = set()
+
+    # -- writing -------------------------------------------------------------------------
+
+    async def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        thread_id, ns = thread_of(config)
+        parent_id = (config.get("configurable") or {}).get("checkpoint_id")
+        sid = await self._ensure(thread_id, ns)
+        meta = dict(get_serializable_checkpoint_metadata(config, metadata))
+        run_id = meta.get("run_id")
+        if run_id is not None:
+            await self._index_run(str(run_id), sid, thread_id, ns)
+        cid = checkpoint["id"]
+        versions = checkpoint["channel_versions"]
+        drafts, values = await self._blobs(sid, checkpoint, parent_id, new_versions)
+        rest = {k: v for k, v in checkpoint.items() if k != "channel_values"}
+        doc = {
+            "id": cid,
+            "checkpoint": self.codec.encode(rest),
+            "metadata": self.codec.encode(meta),
+            "parent": parent_id,
+            "run": None if run_id is None else str(run_id),
+            "values": values,
+        }
+        drafts.append(_side(checkpoint_entry_id(cid), CHECKPOINT, doc))
+        patch = SessionPatch(set={"state": {"latest": cid}})
+        stored = await self._append(sid, thread_id, ns, drafts, patch)
+        self._remember_put(sid, stored, checkpoint)
+        self._parents[sid] = (cid, dict(versions), values)
+        return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": cid}}
+
+    async def _blobs(
+        self,
+        sid: str,
+        checkpoint: Checkpoint,
+        parent_id: str | None,
+        new_versions: ChannelVersions,
+    ) -> tuple[list[EntryDraft], dict[str, str]]:
+        """Drafts for the values that changed; the blob id of every value."""
+        parent_versions, parent_values = await self._parent(sid, parent_id)
+        tips = self._tips.get(sid, {})
+        channel_values = checkpoint["channel_values"]
+        drafts: list[EntryDraft] = []
+        values: dict[str, str] = {}
+        for channel, version in checkpoint["channel_versions"].items():
+            if channel not in channel_values:
+                continue
+            if (
+                channel not in new_versions
+                and channel in parent_values
+                and parent_versions.get(channel) == version
+            ):
+                values[channel] = parent_values[channel]
+                continue
+            blob_id = blob_entry_id(checkpoint["id"], channel)
+            tip = tips.get(channel)
+            if tip is not None and tip.blob_id == blob_id:  # a retried put
+                payload = tip.payload
+            else:
+                payload = blob_payload(self.codec, channel, channel_values[channel], tip)
+            drafts.append(_side(blob_id, BLOB, payload))
+            values[channel] = blob_id
+        return drafts, values
+
+    async def _parent(
+        self, sid: str, parent_id: str | None
+    ) -> tuple[dict[str, Any], dict[str, str]]:
+        """The parent checkpoint's channel versions and blob ids (empty if unknown)."""
+        if parent_id is None:
+            return {}, {}
+        cached = self._parents.get(sid)
+        if cached is not None and cached[0] == parent_id:
+            return cached[1], cached[2]
+        try:
+            entry = await self.store.get_entry(self.tenant, sid, checkpoint_entry_id(parent_id))
+        except NotFoundError:
+            return {}, {}
+        rest = self.codec.decode(entry.payload["checkpoint"])
+        return dict(rest.get("channel_versions") or {}), dict(entry.payload["values"])
+
+    def _remember_put(self, sid: str, stored: list[Entry], checkpoint: Checkpoint) -> None:
+        """Make the list values just written the bases of the next deltas."""
+        tips = self._tips_of(sid)
+        for entry in stored:
+            if entry.kind != BLOB:
+                continue
+            channel = entry.payload["ch"]
+            value = checkpoint["channel_values"].get(channel)
+            if type(value) is list:
+                root = entry.payload.get("root", entry.seq)
+                tips[channel] = Tip(entry.id, entry.seq, root, list(value), entry.payload)
+            else:
+                tips.pop(channel, None)
+
+    def _tips_of(self, sid: str) -> dict[str, Tip]:
+        tips = self._tips.setdefault(sid, {})
+        self._tips.move_to_end(sid)
+        while len(self._tips) > _TIP_SESSIONS:
+            self._tips.popitem(last=False)
+        return tips
+
+    async def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str,
+    ) -> None:
+        thread_id, ns = thread_of(config)
+        cid = config["configurable"]["checkpoint_id"]
+        sid = await self._ensure(thread_id, ns)
+        drafts = []
+        for i, (channel, value) in enumerate(writes):
+            idx = WRITES_IDX_MAP.get(channel, i)
+            doc = {"cp": cid, "task": task_id, "path": task_path, "idx": idx, "ch": channel}
+            doc["value"] = self.codec.encode(value)
+            entry_id = write_entry_id(cid, task_id, idx)
+            if idx < 0:  # a special write replaces the last one: give each its own entry
+                entry_id += ":" + _unique()
+            drafts.append(_side(entry_id, WRITE, doc))
+        if not drafts:
+            return
+        try:
+            await self._append(sid, thread_id, ns, drafts, None)
+        except ConflictError:
+            # A retried task: the first stored write for a (task, idx) wins, as in LangGraph.
+            for draft in drafts:
+                try:
+                    await self._append(sid, thread_id, ns, [draft], None)
+                except ConflictError:
+                    continue
+
+    async def _append(
+        self,
+        sid: str,
+        thread_id: str,
+        ns: str,
+        drafts: list[EntryDraft],
+        patch: SessionPatch | None,
+    ) -> list[Entry]:
+        """Append, creating the session again if another process deleted it meanwhile."""
+        try:
+            result = await self.store.append_entries(self.tenant, sid, drafts, patch=patch)
+        except NotFoundError:
+            self._forget(sid)
+            await self._ensure(thread_id, ns)
+            result = await self.store.append_entries(self.tenant, sid, drafts, patch=patch)
+        return result.entries
+
+    async def _ensure(self, thread_id: str, ns: str) -> str:
+        sid = session_id(thread_id, ns)
+        if sid in self._known:
+            return sid
+        record = SessionRecord(
+            id=sid,
+            tenant=self.tenant,
+            agent_id=AGENT_ID,
+            title=f"LangGraph thread {thread_id}"[:200],
+            metadata={THREAD_KEY: thread_id, NS_KEY: ns},
+        )
+        try:
+            await self.store.create_session(record)
+        except AlreadyExistsError:
+            pass
+        self._known.add(sid)
+        return sid
+
+    async def _index_run(self, run_id: str, sid: str, thread_id: str, ns: str) -> None:
+        marker = run_key(run_id, sid)
+        if marker in self._indexed:
+            return
+        value = {"thread": thread_id, "ns": ns}
+        await self.store.put_record(self.tenant, RUNS_NAMESPACE, marker, value)
+        self._indexed.add(marker)
+
+    def _forget(self, sid: str) -> None:
+        self._known.discard(sid)
+        self._tips.pop(sid, None)
+        self._parents.pop(sid, None)
+        self._indexed = {m for m in self._indexed if not m.endswith("." + sid)}
+
+    # -- reading -------------------------------------------------------------------------
+
+    async def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        thread_id, ns = thread_of(config)
+        sid = session_id(thread_id, ns)
+        cid = (config.get("configurable") or {}).get("checkpoint_id")
+        try:
+            if cid is None:
+                record = await self.store.get_session(self.tenant, sid)
+                cid = record.state.get("latest")
+                if not isinstance(cid, str):
+                    return None
+            entry = await self.store.get_entry(self.tenant, sid, checkpoint_entry_id(cid))
+            after = await self.store.read_entries(self.tenant, sid, after_seq=entry.seq)
+        except NotFoundError:
+            return None
+        reader = Reader(self.codec)
+        reader.add([entry, *after])
+        await self._load_values(reader, sid, entry)
+        found = reader.to_tuple(thread_id, ns, entry, writes_by_checkpoint(after).get(cid, []))
+        self._remember_read(sid, entry, reader)
+        return found
+
+    async def _load_values(self, reader: Reader, sid: str, entry: Entry) -> None:
+        """Read the checkpoint's blobs, and each delta chain in one range read."""
+        blobs = []
+        for blob_id in entry.payload["values"].values():
+            if blob_id not in reader.entries:
+                try:
+                    blobs.append(await self.store.get_entry(self.tenant, sid, blob_id))
+                except NotFoundError:
+                    continue  # reported by Reader.value, naming the missing value
+        reader.add(blobs)
+        chained = [b for b in reader_blobs(reader, entry) if reader.chain_start(b) is not None]
+        if chained:
+            low = min(int(b.payload["root"]) for b in chained)
+            high = max(b.seq for b in chained)
+            reader.add(
+                await self.store.read_entries(
+                    self.tenant, sid, after_seq=low - 1, until_seq=high
+                )
+            )
+
+    def _remember_read(self, sid: str, entry: Entry, reader: Reader) -> None:
+        """A value read can be the base of the next delta (a resume in a new process)."""
+        tips = self._tips_of(sid)
+        for channel, blob_id in entry.payload["values"].items():
+            value = reader.values.get(blob_id)
+            if type(value) is list and channel not in tips:
+                blob = reader.entries[blob_id]
+                root = blob.payload.get("root", blob.seq)
+                tips[channel] = Tip(blob_id, blob.seq, root, list(value), blob.payload)
+
+    async def list(
+        self,
+        config: RunnableConfig | None,
+        filter: dict[str, Any] | None,
+        before: RunnableConfig | None,
+        limit: int | None,
+    ) -> list[CheckpointTuple]:
+        configurable = (config or {}).get("configurable") or {}
+        wanted_id = configurable.get("checkpoint_id")
+        before_id = ((before or {}).get("configurable") or {}).get("checkpoint_id")
+        found: list[tuple[str, str, str, Entry, Reader, list[Entry]]] = []
+        for thread_id, ns, sid in await self._threads(config):
+            try:
+                entries = await self.store.read_entries(self.tenant, sid)
+            except NotFoundError:
+                continue
+            reader = Reader(self.codec)
+            reader.add(entries)
+            writes = writes_by_checkpoint(entries)
+            for entry in entries:
+                cid = entry.payload.get("id") if entry.kind == CHECKPOINT else None
+                if cid is None or (wanted_id is not None and cid != wanted_id):
+                    continue
+                if before_id is not None and cid >= before_id:
+                    continue
+                if matches(self.codec.decode(entry.payload["metadata"]), filter):
+                    found.append((cid, thread_id, ns, entry, reader, writes.get(cid, [])))
+        found.sort(key=lambda f: f[0], reverse=True)
+        if limit is not None:
+            found = found[:limit]
+        return [r.to_tuple(t, ns, e, w) for _, t, ns, e, r, w in found]
+
+    async def _threads(self, config: RunnableConfig | None) -> list[tuple[str, str, str]]:
+        """(thread, namespace, session) of every session a config names."""
+        if config is not None:
+            thread_id, ns = thread_of(config)
+            if config["configurable"].get("checkpoint_ns") is not None:
+                return [(thread_id, ns, session_id(thread_id, ns))]
+            return await self._sessions(thread_id)
+        return await self._sessions(None)
+
+    async def _sessions(self, thread_id: str | None) -> list[tuple[str, str, str]]:
+        metadata = {} if thread_id is None else {THREAD_KEY: thread_id}
+        found: list[tuple[str, str, str]] = []
+        cursor = None
+        while True:
+            query = SessionQuery(agent_id=AGENT_ID, metadata=metadata, limit=1000, cursor=cursor)
+            page = await self.store.list_sessions(self.tenant, query)
+            for record in page.items:
+                found.append((record.metadata[THREAD_KEY], record.metadata[NS_KEY], record.id))
+            if page.next_cursor is None:
+                return found
+            cursor = page.next_cursor
+
+    # -- retention -----------------------------------------------------------------------
+
+    async def delete_thread(self, thread_id: str) -> None:
+        for _, _, sid in await self._sessions(str(thread_id)):
+            self._forget(sid)
+            try:
+                await self.store.delete_session(self.tenant, sid)
+            except NotFoundError:
+                pass
+
+    async def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        for run_id in {str(r) for r in run_ids}:
+            prefix = key(run_id) + "."
+            records = await self.store.list_records(
+                self.tenant, RUNS_NAMESPACE, prefix=prefix, limit=1000
+            )
+            for record in records:
+                sid = record.key[len(prefix) :]
+                self._forget(sid)
+                await collect_garbage(
+                    self.store, self.tenant, sid, lambda doc, r=run_id: doc.get("run") != r
+                )
+                try:
+                    await self.store.delete_record(self.tenant, RUNS_NAMESPACE, record.key)
+                except NotFoundError:
+                    pass
+
+    async def prune(self, thread_ids: Sequence[str], strategy: str) -> None:
+        for thread_id in thread_ids:
+            if strategy == "delete":
+                await self.delete_thread(thread_id)
+                continue
+            for _, _, sid in await self._sessions(str(thread_id)):
+                self._forget(sid)
+                await collect_garbage(self.store, self.tenant, sid, None)
+
+    async def copy_thread(self, source: str, target: str) -> None:
+        for _, ns, sid in await self._sessions(str(source)):
+            target_sid = await self._ensure(str(target), ns)
+            self._forget(target_sid)
+            runs = await copy_entries(self.store, self.tenant, sid, target_sid)
+            for run_id in runs:
+                await self._index_run(run_id, target_sid, str(target), ns)
+
+
+def reader_blobs(reader: Reader, entry: Entry) -> list[Entry]:
+    """The blob entries a checkpoint entry names that the reader holds."""
+    return [reader.entries[b] for b in entry.payload["values"].values() if b in reader.entries]
+
+
+def _side(entry_id: str, kind: str, payload: dict[str, Any]) -> EntryDraft:
+    return EntryDraft(id=entry_id, kind=kind, payload=payload, parent=None, side=True)
+
+
+def _unique() -> str:
+    from statekeeper.ids import new_id
+
+    return new_id("x")

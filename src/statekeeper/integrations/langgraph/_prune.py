@@ -1,0 +1,122 @@
+"""Retention for the checkpointer: drop checkpoints and what only they need; copy a log."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from statekeeper.errors import NotFoundError
+from statekeeper.integrations.langgraph._layout import BLOB, CHECKPOINT, WRITE
+from statekeeper.stores.base import Store
+from statekeeper.stores.types import Entry, EntryDraft, SessionPatch
+
+_CHUNK = 500  # entries per append when copying a thread
+
+
+async def collect_garbage(
+    store: Store, tenant: str, sid: str, keep: Callable[[dict[str, Any]], bool] | None
+) -> None:
+    """Delete the checkpoints ``keep`` refuses (None: all but the latest), their writes,
+    and every value no kept checkpoint needs (a kept delta keeps its whole chain)."""
+    try:
+        record = await store.get_session(tenant, sid)
+        entries = await store.read_entries(tenant, sid)
+    except NotFoundError:
+        return
+    checkpoints = [e for e in entries if e.kind == CHECKPOINT]
+    if keep is None:
+        latest = record.state.get("latest") or max((e.payload["id"] for e in checkpoints), default=None)
+        kept = {e.payload["id"] for e in checkpoints if e.payload["id"] == latest}
+    else:
+        kept = {e.payload["id"] for e in checkpoints if keep(e.payload)}
+    needed = _needed_values(entries, [e for e in checkpoints if e.payload["id"] in kept])
+    doomed = [
+        e
+        for e in entries
+        if (e.kind == CHECKPOINT and e.payload["id"] not in kept)
+        or (e.kind == WRITE and e.payload["cp"] not in kept)
+        or (e.kind == BLOB and e.id not in needed)
+    ]
+    await _delete(store, tenant, sid, entries, doomed)
+    latest_kept = max(kept, default=None)
+    if record.state.get("latest") != latest_kept:
+        state = {"latest": latest_kept} if latest_kept else {}
+        await store.update_session(tenant, sid, SessionPatch(set={"state": state}))
+
+
+def _needed_values(entries: Sequence[Entry], kept: Sequence[Entry]) -> set[str]:
+    """The blob ids the kept checkpoints read, with the chains their deltas extend."""
+    by_id = {e.id: e for e in entries}
+    needed: set[str] = set()
+    for checkpoint in kept:
+        for blob_id in checkpoint.payload["values"].values():
+            current: str | None = blob_id
+            while current is not None and current in by_id and current not in needed:
+                needed.add(current)
+                base = by_id[current].payload.get("base")
+                current = base[0] if base else None
+    return needed
+
+
+async def _delete(
+    store: Store, tenant: str, sid: str, entries: Sequence[Entry], doomed: Sequence[Entry]
+) -> None:
+    """One range delete per kind below its oldest kept entry, then one delete per entry."""
+    doomed_seqs = {e.seq for e in doomed}
+    for kind in (CHECKPOINT, WRITE, BLOB):
+        kept = [e.seq for e in entries if e.kind == kind and e.seq not in doomed_seqs]
+        floor = min(kept, default=max((e.seq for e in entries), default=0) + 1)
+        if any(e.kind == kind and e.seq < floor for e in doomed):
+            await store.prune_entries(tenant, sid, kind=kind, before_seq=floor)
+        for entry in doomed:
+            if entry.kind == kind and entry.seq > floor:
+                await store.prune_entries(
+                    tenant, sid, kind=kind, before_seq=entry.seq + 1, id_prefix=entry.id
+                )
+
+
+async def copy_entries(store: Store, tenant: str, source: str, target: str) -> set[str]:
+    """Append every entry of session ``source`` to ``target`` (delta pointers moved to
+    the new seqs) and make the source's latest checkpoint the target's. Returns the run
+    ids of the copied checkpoints."""
+    try:
+        record = await store.get_session(tenant, source)
+        entries = await store.read_entries(tenant, source)
+    except NotFoundError:
+        return set()
+    if not entries:
+        return set()
+    target_record = await store.get_session(tenant, target)
+    seqs = {e.seq: target_record.last_seq + i + 1 for i, e in enumerate(entries)}
+    drafts = [
+        EntryDraft(
+            id=e.id,
+            kind=e.kind,
+            payload=_moved(e.payload, seqs),
+            parent=None,
+            side=True,
+            created_at=e.created_at,
+        )
+        for e in entries
+    ]
+    version = target_record.version
+    for start in range(0, len(drafts), _CHUNK):
+        last = start + _CHUNK >= len(drafts)
+        patch = SessionPatch(set={"state": dict(record.state)}) if last else None
+        result = await store.append_entries(
+            tenant, target, drafts[start : start + _CHUNK], expected_version=version, patch=patch
+        )
+        version = result.session.version
+    return {str(e.payload["run"]) for e in entries if e.kind == CHECKPOINT and e.payload.get("run")}
+
+
+def _moved(payload: dict[str, Any], seqs: Mapping[int, int]) -> dict[str, Any]:
+    """A delta blob's payload with its base and root seqs in the target log."""
+    if "base" not in payload:
+        return payload
+    base_id, base_seq = payload["base"]
+    return {
+        **payload,
+        "base": [base_id, seqs.get(base_seq, base_seq)],
+        "root": seqs.get(payload["root"], payload["root"]),
+    }
