@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -43,6 +44,7 @@ from statekeeper.integrations.langgraph._values import ValueCodec
 from statekeeper.stores.base import Store
 from statekeeper.stores.types import Entry, EntryDraft, SessionPatch, SessionQuery, SessionRecord
 
+_WAIT_FOR_PUT = 30.0  # seconds writes wait for their checkpoint's put before going first
 _TIP_SESSIONS = 256  # threads whose list tips stay in memory (the bases of deltas)
 
 
@@ -55,10 +57,41 @@ class CheckpointLog:
         self._parents: dict[str, tuple[str, dict[str, Any], dict[str, str]]] = {}
         self._known: set[str] = set()
         self._indexed: set[str] = set()
+        # LangGraph may send a checkpoint's writes before (or while) it stores the
+        # checkpoint; they wait for it, so a checkpoint's writes always follow it in the log
+        # and a read finds them after it. ``_newest``: the newest checkpoint id put or read.
+        self._storing: dict[tuple[str, str], asyncio.Future[None]] = {}
+        self._newest: dict[str, str] = {}
 
     # -- writing -------------------------------------------------------------------------
 
     async def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        thread_id, ns = thread_of(config)
+        cid = checkpoint["id"]
+        done = self._announce(session_id(thread_id, ns), cid)
+        try:
+            return await self._put(config, checkpoint, metadata, new_versions)
+        finally:
+            self._storing.pop((session_id(thread_id, ns), cid), None)
+            if not done.done():
+                done.set_result(None)
+
+    def _announce(self, sid: str, cid: str) -> asyncio.Future[None]:
+        """Register a checkpoint being stored (before any await, so writes can wait)."""
+        done = self._storing.get((sid, cid))
+        if done is None:
+            done = self._storing[(sid, cid)] = asyncio.get_running_loop().create_future()
+        if cid > self._newest.get(sid, ""):
+            self._newest[sid] = cid
+        return done
+
+    async def _put(
         self,
         config: RunnableConfig,
         checkpoint: Checkpoint,
@@ -171,6 +204,7 @@ class CheckpointLog:
         thread_id, ns = thread_of(config)
         cid = config["configurable"]["checkpoint_id"]
         sid = await self._ensure(thread_id, ns)
+        await self._stored(sid, cid)
         drafts = []
         for i, (channel, value) in enumerate(writes):
             idx = WRITES_IDX_MAP.get(channel, i)
@@ -191,6 +225,20 @@ class CheckpointLog:
                     await self._append(sid, thread_id, ns, [draft], None)
                 except ConflictError:
                     continue
+
+    async def _stored(self, sid: str, cid: str) -> None:
+        """Wait until this process has stored checkpoint ``cid`` if it is storing it, or
+        will (newer than any it put or read); a checkpoint never stored here was stored
+        before its writes were made."""
+        done = self._storing.get((sid, cid))
+        if done is None and sid in self._newest and cid > self._newest[sid]:
+            done = self._storing[(sid, cid)] = asyncio.get_running_loop().create_future()
+        if done is None:
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(done), _WAIT_FOR_PUT)
+        except TimeoutError:
+            self._storing.pop((sid, cid), None)
 
     async def _append(
         self,
@@ -239,6 +287,7 @@ class CheckpointLog:
         self._known.discard(sid)
         self._tips.pop(sid, None)
         self._parents.pop(sid, None)
+        self._newest.pop(sid, None)
         self._indexed = {m for m in self._indexed if not m.endswith("." + sid)}
 
     # -- reading -------------------------------------------------------------------------
@@ -261,6 +310,8 @@ class CheckpointLog:
         reader.add([entry, *after])
         await self._load_values(reader, sid, entry)
         found = reader.to_tuple(thread_id, ns, entry, writes_by_checkpoint(after).get(cid, []))
+        if cid > self._newest.get(sid, ""):
+            self._newest[sid] = cid
         self._remember_read(sid, entry, reader)
         return found
 

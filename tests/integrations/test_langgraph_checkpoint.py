@@ -1,0 +1,187 @@
+"""StatekeeperSaver through LangGraph's own runtime: a compiled MessagesState graph with a
+scripted model, interrupts and resume (also from another process), time travel, and the
+delta layout; pickle refused. Every test that takes ``store`` runs on each backend."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.messages import AIMessage, HumanMessage
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from langgraph.types import Command
+
+import statekeeper
+from statekeeper import open_store
+from statekeeper.errors import StatekeeperError
+from statekeeper.integrations.langgraph._layout import BLOB, session_id
+from statekeeper.integrations.langgraph._values import ValueCodec
+from statekeeper.integrations.langgraph.checkpoint import PickleRefusedError, StatekeeperSaver
+from statekeeper.stores import Store
+
+from .lg_graphs import chat, with_approval
+
+HERE = Path(__file__).parent
+
+
+def config(thread_id: str) -> Any:
+    return {"configurable": {"thread_id": thread_id}}
+
+
+def contents(state: Any) -> list[str]:
+    return [m.content for m in state.values["messages"]]
+
+
+async def stored_message_items(store: Store, thread_id: str) -> list[int]:
+    """How many messages each stored value of the messages channel holds."""
+    codec = ValueCodec(JsonPlusSerializer())
+    entries = await store.read_entries("default", session_id(thread_id, ""))
+    sizes = []
+    for entry in entries:
+        if entry.kind == BLOB and entry.payload["ch"] == "messages":
+            doc = entry.payload.get("add", entry.payload.get("value"))
+            sizes.append(len(codec.decode(doc)))
+    return sizes
+
+
+async def test_a_conversation_stores_each_message_once(store: Store) -> None:
+    graph = chat(StatekeeperSaver(store))
+    for text in ("hi", "how are you", "bye"):
+        await graph.ainvoke({"messages": [HumanMessage(text, id=f"h-{text}")]}, config("t1"))
+
+    reopened = chat(StatekeeperSaver(store))
+    state = await reopened.aget_state(config("t1"))
+    assert contents(state) == [
+        "hi", "reply to hi", "how are you", "reply to how are you", "bye", "reply to bye"
+    ]
+    # One value per step, each holding only what the step added: 6 messages, 6 items.
+    assert await stored_message_items(store, "t1") == [1, 1, 1, 1, 1, 1]
+
+
+async def test_a_resumed_saver_keeps_writing_deltas(store: Store) -> None:
+    await chat(StatekeeperSaver(store)).ainvoke({"messages": [("user", "one")]}, config("t2"))
+    # A new saver (as after a restart) learns the stored list when it reads the thread.
+    await chat(StatekeeperSaver(store)).ainvoke({"messages": [("user", "two")]}, config("t2"))
+    assert await stored_message_items(store, "t2") == [1, 1, 1, 1]
+
+
+async def test_an_interrupt_is_resumed_by_another_saver(store: Store) -> None:
+    first = await with_approval(StatekeeperSaver(store)).ainvoke(
+        {"messages": [("user", "draft")]}, config("h1")
+    )
+    assert first["__interrupt__"][0].value == {"question": "send this reply?"}
+
+    graph = with_approval(StatekeeperSaver(store))
+    paused = await graph.aget_state(config("h1"))
+    assert paused.next == ("approve",)
+    assert paused.tasks[0].interrupts[0].value == {"question": "send this reply?"}
+
+    done = await graph.ainvoke(Command(resume="yes"), config("h1"))
+    assert [m.content for m in done["messages"]] == ["draft", "reply to draft", "approved: yes"]
+    assert (await graph.aget_state(config("h1"))).next == ()
+
+
+def test_an_interrupt_is_resumed_in_another_process(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'lg.db'}"
+    with StatekeeperSaver.from_url(url) as saver:
+        first = with_approval(saver).invoke({"messages": [("user", "draft")]}, config("p1"))
+    assert "__interrupt__" in first
+
+    env = {**os.environ, "PYTHONPATH": str(Path(statekeeper.__file__).parents[1])}
+    done = subprocess.run(
+        [sys.executable, str(HERE / "lg_graphs.py"), url, "p1", "ship it"],
+        capture_output=True, text=True, env=env, timeout=120, check=True,
+    )
+    assert done.stdout.strip() == "approved: ship it"
+
+    with StatekeeperSaver.from_url(url) as saver:
+        state = with_approval(saver).get_state(config("p1"))
+    assert [m.content for m in state.values["messages"]][-1] == "approved: ship it"
+    assert state.next == ()
+
+
+async def test_time_travel_replays_and_forks_from_a_past_checkpoint(store: Store) -> None:
+    graph = chat(StatekeeperSaver(store))
+    await graph.ainvoke({"messages": [("user", "first")]}, config("tt"))
+    await graph.ainvoke({"messages": [("user", "second")]}, config("tt"))
+
+    history = [s async for s in graph.aget_state_history(config("tt"))]
+    assert [len(s.values.get("messages", [])) for s in history] == [4, 3, 2, 2, 1, 0]
+    after_first = next(s for s in history if len(s.values.get("messages", [])) == 2 and not s.next)
+
+    forked = await graph.ainvoke({"messages": [("user", "other")]}, after_first.config)
+    assert [m.content for m in forked["messages"]] == [
+        "first", "reply to first", "other", "reply to other"
+    ]
+    # The old branch is still there, whole, under its own checkpoint.
+    old_tip = await graph.aget_state({"configurable": {**history[0].config["configurable"]}})
+    assert contents(old_tip) == ["first", "reply to first", "second", "reply to second"]
+    # Replay: run again from before the model answered the second message.
+    before_reply = next(s for s in history if s.next == ("model",) and len(s.values["messages"]) == 3)
+    replayed = await graph.ainvoke(None, before_reply.config)
+    assert [m.content for m in replayed["messages"]][-1] == "reply to second"
+
+
+async def test_update_state_that_rewrites_a_message_is_stored_whole(store: Store) -> None:
+    graph = chat(StatekeeperSaver(store))
+    await graph.ainvoke({"messages": [HumanMessage("hello", id="h1")]}, config("u1"))
+    state = await graph.aget_state(config("u1"))
+    # add_messages replaces a message with the same id: the list no longer extends the last.
+    await graph.aupdate_state(state.config, {"messages": [AIMessage("edited", id="ai-1")]})
+
+    again = await chat(StatekeeperSaver(store)).aget_state(config("u1"))
+    assert contents(again) == ["hello", "edited"]
+    assert (await stored_message_items(store, "u1"))[-1] == 2  # written whole
+
+
+async def test_values_are_json_with_msgpack_bytes_in_base64(store: Store) -> None:
+    await chat(StatekeeperSaver(store)).ainvoke({"messages": [("user", "x")]}, config("j1"))
+    entries = await store.read_entries("default", session_id("j1", ""))
+    docs = [e.payload.get("add", e.payload.get("value")) for e in entries if e.kind == BLOB]
+    messages = [d for d in docs if "type" in d]
+    assert messages and all(d["type"] == "msgpack" and isinstance(d["b64"], str) for d in messages)
+
+
+async def test_a_pickle_fallback_serializer_is_refused(store: Store) -> None:
+    with pytest.raises(PickleRefusedError, match="pickle_fallback"):
+        StatekeeperSaver(store, serde=JsonPlusSerializer(pickle_fallback=True))
+
+
+class PicklingSerde(JsonPlusSerializer):
+    def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
+        return "pickle", b"\x80\x04N."
+
+
+async def test_a_value_the_serializer_would_pickle_is_refused_and_nothing_is_written(
+    store: Store,
+) -> None:
+    graph = chat(StatekeeperSaver(store, serde=PicklingSerde()))
+    with pytest.raises(PickleRefusedError, match="JSON only"):
+        await graph.ainvoke({"messages": [("user", "x")]}, config("pk"))
+    assert await StatekeeperSaver(store).aget_tuple(config("pk")) is None
+
+
+async def test_sync_methods_refuse_to_block_their_own_loop(store: Store) -> None:
+    saver = StatekeeperSaver(store)
+    with pytest.raises(StatekeeperError, match="use the async method"):
+        saver.get_tuple(config("s1"))
+
+
+async def test_tenants_do_not_see_each_others_threads(store: Store) -> None:
+    await chat(StatekeeperSaver(store, tenant="alice")).ainvoke(
+        {"messages": [("user", "secret")]}, config("shared")
+    )
+    bob = StatekeeperSaver(store, tenant="bob")
+    assert await bob.aget_tuple(config("shared")) is None
+    assert [t async for t in bob.alist(None)] == []
+
+
+def test_a_saver_needs_a_loop_or_from_url(tmp_path: Path) -> None:
+    from statekeeper.errors import InvalidInputError
+
+    with pytest.raises(InvalidInputError, match="from_url"):
+        StatekeeperSaver(open_store(f"sqlite:///{tmp_path / 'x.db'}"))  # type: ignore[arg-type]
