@@ -1,7 +1,7 @@
 """Graphs for the LangGraph tests: MessagesState with a scripted "model" (no network).
 
 Run as a script to resume an interrupted thread in a fresh process:
-``python lg_graphs.py resume <sqlite url> <thread id> <answer>`` prints the last message.
+``python lg_graphs.py <sqlite url> <thread id> <answer>`` prints the last message.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def with_approval(checkpointer: BaseCheckpointSaver[Any]) -> CompiledStateGraph[
 def main(argv: list[str]) -> None:
     from statekeeper.integrations.langgraph.checkpoint import StatekeeperSaver
 
-    _, url, thread_id, answer = argv
+    url, thread_id, answer = argv
     with StatekeeperSaver.from_url(url) as saver:
         graph = with_approval(saver)
         result = graph.invoke(Command(resume=answer), {"configurable": {"thread_id": thread_id}})

@@ -77,6 +77,13 @@ class CheckpointLog:
         done = self._announce(session_id(thread_id, ns), cid)
         try:
             return await self._put(config, checkpoint, metadata, new_versions)
+        except BaseException:
+            # The run stops: writes waiting for later checkpoints of it go ahead.
+            self._newest.pop(session_id(thread_id, ns), None)
+            for (waiting_sid, _), waiting in list(self._storing.items()):
+                if waiting_sid == session_id(thread_id, ns) and not waiting.done():
+                    waiting.set_result(None)
+            raise
         finally:
             self._storing.pop((session_id(thread_id, ns), cid), None)
             if not done.done():
