@@ -21,6 +21,7 @@ SUITES = {
     "tracing": "a runner step with tracing off, the OpenTelemetry API alone, the SDK",
     "longterm": "long-term store (LangGraph BaseStore) on SQLite vs LangGraph's AsyncSqliteStore",
     "openai_agents": "OpenAI Agents SDK session vs the SDK's SQLiteSession",
+    "langgraph": "LangGraph checkpointer vs SqliteSaver (MessagesState)",
 }
 
 

@@ -19,7 +19,9 @@ from langgraph.types import Command, interrupt
 def model(state: MessagesState) -> dict[str, Any]:
     """A scripted model: answers the last message, with a stable id."""
     n = len(state["messages"])
-    return {"messages": [AIMessage(content=f"reply to {state['messages'][-1].content}", id=f"ai-{n}")]}
+    return {
+        "messages": [AIMessage(content=f"reply to {state['messages'][-1].content}", id=f"ai-{n}")]
+    }
 
 
 def approve(state: MessagesState) -> dict[str, Any]:

@@ -7,18 +7,20 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
-from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage
+from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.types import Command
 
 import statekeeper
 from statekeeper import open_store
 from statekeeper.errors import StatekeeperError
-from statekeeper.integrations.langgraph._layout import BLOB, session_id
+from statekeeper.integrations.langgraph._layout import BLOB, WRITE, session_id
 from statekeeper.integrations.langgraph._values import ValueCodec
 from statekeeper.integrations.langgraph.checkpoint import PickleRefusedError, StatekeeperSaver
 from statekeeper.stores import Store
@@ -40,10 +42,14 @@ async def stored_message_items(store: Store, thread_id: str) -> list[int]:
     """How many messages each stored value of the messages channel holds."""
     codec = ValueCodec(JsonPlusSerializer())
     entries = await store.read_entries("default", session_id(thread_id, ""))
+    by_seq = {e.seq: e for e in entries}
     sizes = []
     for entry in entries:
         if entry.kind == BLOB and entry.payload["ch"] == "messages":
-            doc = entry.payload.get("add", entry.payload.get("value"))
+            if "from" in entry.payload:  # the delta is a pending write's value, named
+                doc = by_seq[entry.payload["from"]].payload["value"]
+            else:
+                doc = entry.payload.get("add", entry.payload.get("value"))
             sizes.append(len(codec.decode(doc)))
     return sizes
 
@@ -56,7 +62,12 @@ async def test_a_conversation_stores_each_message_once(store: Store) -> None:
     reopened = chat(StatekeeperSaver(store))
     state = await reopened.aget_state(config("t1"))
     assert contents(state) == [
-        "hi", "reply to hi", "how are you", "reply to how are you", "bye", "reply to bye"
+        "hi",
+        "reply to hi",
+        "how are you",
+        "reply to how are you",
+        "bye",
+        "reply to bye",
     ]
     # One value per step, each holding only what the step added: 6 messages, 6 items.
     assert await stored_message_items(store, "t1") == [1, 1, 1, 1, 1, 1]
@@ -94,7 +105,11 @@ def test_an_interrupt_is_resumed_in_another_process(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(Path(statekeeper.__file__).parents[1])}
     done = subprocess.run(
         [sys.executable, str(HERE / "lg_graphs.py"), url, "p1", "ship it"],
-        capture_output=True, text=True, env=env, timeout=120, check=True,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=True,
     )
     assert done.stdout.strip() == "approved: ship it"
 
@@ -115,13 +130,18 @@ async def test_time_travel_replays_and_forks_from_a_past_checkpoint(store: Store
 
     forked = await graph.ainvoke({"messages": [("user", "other")]}, after_first.config)
     assert [m.content for m in forked["messages"]] == [
-        "first", "reply to first", "other", "reply to other"
+        "first",
+        "reply to first",
+        "other",
+        "reply to other",
     ]
     # The old branch is still there, whole, under its own checkpoint.
     old_tip = await graph.aget_state({"configurable": {**history[0].config["configurable"]}})
     assert contents(old_tip) == ["first", "reply to first", "second", "reply to second"]
     # Replay: run again from before the model answered the second message.
-    before_reply = next(s for s in history if s.next == ("model",) and len(s.values["messages"]) == 3)
+    before_reply = next(
+        s for s in history if s.next == ("model",) and len(s.values["messages"]) == 3
+    )
     replayed = await graph.ainvoke(None, before_reply.config)
     assert [m.content for m in replayed["messages"]][-1] == "reply to second"
 
@@ -138,12 +158,48 @@ async def test_update_state_that_rewrites_a_message_is_stored_whole(store: Store
     assert (await stored_message_items(store, "u1"))[-1] == 2  # written whole
 
 
-async def test_values_are_json_with_msgpack_bytes_in_base64(store: Store) -> None:
-    await chat(StatekeeperSaver(store)).ainvoke({"messages": [("user", "x")]}, config("j1"))
+async def test_messages_are_stored_as_json_and_other_values_as_msgpack_in_base64(
+    store: Store,
+) -> None:
+    saver = StatekeeperSaver(store)
+    when = datetime(2026, 1, 2, 3, 4, tzinfo=UTC)
+    values = {
+        "messages": [HumanMessage("hello", id="h1"), AIMessageChunk("part", id="a1")],
+        "plain": {"n": 1, "tags": ["x"]},
+        "when": when,
+    }
+    checkpoint = empty_checkpoint()
+    checkpoint["channel_values"] = values
+    checkpoint["channel_versions"] = {k: saver.get_next_version(None, None) for k in values}
+    stored = await saver.aput(
+        config("j1"), checkpoint, {"source": "input", "step": -1}, checkpoint["channel_versions"]
+    )
+
     entries = await store.read_entries("default", session_id("j1", ""))
-    docs = [e.payload.get("add", e.payload.get("value")) for e in entries if e.kind == BLOB]
-    messages = [d for d in docs if "type" in d]
-    assert messages and all(d["type"] == "msgpack" and isinstance(d["b64"], str) for d in messages)
+    docs = {e.payload["ch"]: e.payload["value"] for e in entries if e.kind == BLOB}
+    assert docs["plain"] == {"json": {"n": 1, "tags": ["x"]}}
+    assert docs["when"]["type"] == "msgpack"
+    assert isinstance(docs["when"]["b64"], str)
+    # A list with a message type outside the built-in set goes whole through msgpack.
+    assert docs["messages"]["type"] == "msgpack"
+
+    again = await StatekeeperSaver(store).aget_tuple(stored)
+    assert again is not None
+    assert again.checkpoint["channel_values"] == values
+
+
+async def test_built_in_messages_are_stored_as_readable_json(store: Store) -> None:
+    await chat(StatekeeperSaver(store)).ainvoke(
+        {"messages": [HumanMessage("hi", id="h1")]}, config("j2")
+    )
+    entries = await store.read_entries("default", session_id("j2", ""))
+    stored = [
+        e.payload["value"] for e in entries if e.kind == WRITE and e.payload["ch"] == "messages"
+    ]
+    assert stored == [
+        {"msgs": [["HumanMessage", {"content": "hi", "type": "human", "id": "h1"}]]},
+        {"msgs": [["AIMessage", {"content": "reply to hi", "type": "ai", "id": "ai-1"}]]},
+    ]
 
 
 async def test_a_pickle_fallback_serializer_is_refused(store: Store) -> None:

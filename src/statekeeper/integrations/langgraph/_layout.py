@@ -8,8 +8,9 @@ three kinds of side entries (roots, so pruning can pick any of them):
   value;
 - ``lg.blob`` (id ``b:<checkpoint id>:<channel hash>``): one channel's value, written
   when the channel got a new version. A list that grew by appending (``MessagesState``'s
-  messages) is stored as a *delta*: only the new items, with the id and seq of the blob
-  it extends (``base``) and of the first full value of its chain (``root``);
+  messages) is stored as a *delta*: only the new items (or the seq of the pending write
+  that holds them, ``from``), with the seqs of the blob it extends (``base``) and of the
+  first whole value of its chain (``root``);
 - ``lg.write`` (id ``w:<checkpoint id>:<task hash>:<idx>``): a pending write.
 
 The session's ``state`` names the latest checkpoint. A run index (records in
@@ -19,7 +20,9 @@ The session's ``state`` names the latest checkpoint. A run index (records in
 from __future__ import annotations
 
 import hashlib
+import operator
 import re
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,18 +38,37 @@ CHECKPOINT, BLOB, WRITE = "lg.checkpoint", "lg.blob", "lg.write"
 AGENT_ID = "langgraph"
 THREAD_KEY, NS_KEY = "langgraph_thread", "langgraph_ns"
 RUNS_NAMESPACE = "langgraph.runs"
-_SAFE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_SAFE = re.compile(r"[A-Za-z0-9_-]{1,64}")  # no ":" (prefixes) nor "." (run keys)
 
 
 def key(value: str) -> str:
-    """``value`` if it is a short id-safe string without dots, else a hash of it."""
-    if _SAFE.fullmatch(value) and value[0] not in "_-":
-        return value
+    """A short id-safe form of ``value``, without ":" or ".": a UUID (LangGraph's
+    checkpoint ids) in base 36, a short safe value as it is, else a hash; each with its
+    own first letter, so no two values share a key."""
+    if len(value) == 36:
+        try:
+            parsed = uuid.UUID(value)
+        except ValueError:
+            parsed = None
+        if parsed is not None and str(parsed) == value:
+            return "u" + _base36(parsed.int)
+    if _SAFE.fullmatch(value):
+        return "r" + value
     return "h" + hashlib.sha256(value.encode()).hexdigest()[:40]
 
 
-def _hash(value: str) -> str:
-    return hashlib.sha256(value.encode()).hexdigest()[:16]
+def _base36(number: int) -> str:
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    out = ""
+    while True:
+        number, rest = divmod(number, 36)
+        out = digits[rest] + out
+        if not number:
+            return out
+
+
+def _hash(value: str, size: int) -> str:
+    return hashlib.sha256(value.encode()).hexdigest()[:size]
 
 
 def session_id(thread_id: str, ns: str) -> str:
@@ -60,11 +82,13 @@ def checkpoint_entry_id(checkpoint_id: str) -> str:
 
 
 def blob_entry_id(checkpoint_id: str, channel: str) -> str:
-    return f"b:{key(checkpoint_id)}:{_hash(channel)}"
+    # Two channels of one checkpoint with one hash would be refused, never mixed up.
+    return f"b:{key(checkpoint_id)}:{_hash(channel, 8)}"
 
 
 def write_entry_id(checkpoint_id: str, task_id: str, idx: int) -> str:
-    return f"w:{key(checkpoint_id)}:{_hash(task_id)}:{idx if idx >= 0 else f'm{-idx}'}"
+    task = _hash(task_id, 12)
+    return f"w:{key(checkpoint_id)}:{task}:{idx if idx >= 0 else f'm{-idx}'}"
 
 
 def writes_prefix(checkpoint_id: str) -> str:
@@ -101,21 +125,32 @@ def extends(items: list[Any], value: list[Any]) -> bool:
     """True if ``value`` starts with ``items`` (same objects, or equal ones)."""
     if len(value) < len(items):
         return False
+    if all(map(operator.is_, items, value)):  # LangGraph's reducers keep the same objects
+        return True
     return all(a is b or a == b for a, b in zip(items, value, strict=False))
 
 
 def blob_payload(
-    codec: ValueCodec, channel: str, value: Any, tip: Tip | None
+    codec: ValueCodec,
+    channel: str,
+    value: Any,
+    tip: Tip | None,
+    written: Sequence[tuple[int, Any]] = (),
 ) -> dict[str, Any]:
-    """A channel value's blob: a delta on ``tip`` if the value extends it, else whole."""
+    """A channel value's blob: a delta on ``tip`` if the value extends it, else whole.
+
+    ``written``: the (entry seq, stored value) of the parent checkpoint's writes to the
+    channel. When the delta is exactly the one write (a node that returned its new
+    messages), the delta names that write instead of storing the messages again.
+    """
     if tip is not None and type(value) is list and extends(tip.items, value):
-        return {
-            "ch": channel,
-            "base": [tip.blob_id, tip.seq],
-            "root": tip.root,
-            "n": len(tip.items),
-            "add": codec.encode(value[len(tip.items) :]),
-        }
+        added = codec.encode(value[len(tip.items) :])
+        doc = {"ch": channel, "base": tip.seq, "root": tip.root, "n": len(tip.items)}
+        if len(written) == 1 and written[0][1] == added:
+            doc["from"] = written[0][0]
+        else:
+            doc["add"] = added
+        return doc
     return {"ch": channel, "value": codec.encode(value)}
 
 
@@ -125,11 +160,13 @@ class Reader:
 
     codec: ValueCodec
     entries: dict[str, Entry] = field(default_factory=dict)
+    by_seq: dict[int, Entry] = field(default_factory=dict)
     values: dict[str, Any] = field(default_factory=dict)
 
     def add(self, entries: Iterable[Entry]) -> None:
         for entry in entries:
             self.entries[entry.id] = entry
+            self.by_seq[entry.seq] = entry
 
     def chain_start(self, blob: Entry) -> int | None:
         """The seq a delta chain starts at (to read it in one range), or None if whole."""
@@ -140,38 +177,46 @@ class Reader:
         """The value of a blob (a delta chain is followed back to its first whole value)."""
         if blob_id in self.values:
             return self.values[blob_id]
-        chain: list[Entry] = []
-        current = blob_id
-        while current not in self.values:
-            entry = self.entries.get(current)
-            if entry is None:
-                raise StoreCorruptError(
-                    f"LangGraph value {current!r} is missing from the store (pruned or "
-                    "deleted by another process?)"
-                )
-            chain.append(entry)
-            if "base" not in entry.payload:
+        entry = self._entry(self.entries.get(blob_id), blob_id)
+        chain = [entry]
+        while "base" in entry.payload:
+            entry = self._entry(self.by_seq.get(entry.payload["base"]), entry.payload["base"])
+            if entry.id in self.values:
                 break
-            current = entry.payload["base"][0]
-        for entry in reversed(chain):
-            self.values[entry.id] = self._apply(entry)
+            chain.append(entry)
+        for link in reversed(chain):
+            self.values[link.id] = self._apply(link)
         return self.values[blob_id]
+
+    @staticmethod
+    def _entry(entry: Entry | None, name: object) -> Entry:
+        if entry is None:
+            raise StoreCorruptError(
+                f"LangGraph value {name!r} is missing from the store (pruned or deleted "
+                "by another process?)"
+            )
+        return entry
 
     def _apply(self, entry: Entry) -> Any:
         payload = entry.payload
         if "base" not in payload:
             return self.codec.decode(payload.get("value"))
-        base = self.values[payload["base"][0]]
+        base = self.values[self.by_seq[payload["base"]].id]
         if not isinstance(base, list) or len(base) != payload.get("n"):
             raise StoreCorruptError(f"LangGraph delta {entry.id!r} does not fit its base")
-        return [*base, *self.codec.decode(payload["add"])]
+        if "from" in payload:
+            write = self._entry(self.by_seq.get(payload["from"]), payload["from"])
+            added = self.codec.decode(write.payload["value"])
+        else:
+            added = self.codec.decode(payload["add"])
+        return [*base, *added]
 
     def to_tuple(
         self, thread_id: str, ns: str, entry: Entry, writes: Sequence[Entry]
     ) -> CheckpointTuple:
         """The `CheckpointTuple` of a checkpoint entry and its pending write entries."""
         doc = entry.payload
-        checkpoint = dict(self.codec.decode(doc["checkpoint"]))
+        checkpoint = {"id": doc["id"], **self.codec.decode(doc["checkpoint"])}
         checkpoint["channel_values"] = {
             channel: self.value(blob_id) for channel, blob_id in doc["values"].items()
         }
@@ -191,7 +236,9 @@ class Reader:
             latest[(entry.payload["task"], entry.payload["idx"])] = entry
         ordered = sorted(
             latest.values(),
-            key=lambda e: writes_sort_key(e.payload["path"], e.payload["task"], e.payload["idx"]),
+            key=lambda e: writes_sort_key(
+                e.payload.get("path", ""), e.payload["task"], e.payload["idx"]
+            ),
         )
         return [
             (e.payload["task"], e.payload["ch"], self.codec.decode(e.payload["value"]))
@@ -210,16 +257,14 @@ def _config(thread_id: str, ns: str, checkpoint_id: str) -> RunnableConfig:
 
 
 def writes_by_checkpoint(entries: Iterable[Entry]) -> dict[str, list[Entry]]:
-    """The write entries among ``entries``, grouped by the checkpoint they belong to."""
+    """The write entries among ``entries``, grouped by the `key` of their checkpoint id."""
     grouped: dict[str, list[Entry]] = {}
     for entry in entries:
         if entry.kind == WRITE:
-            grouped.setdefault(entry.payload["cp"], []).append(entry)
+            grouped.setdefault(entry.id.split(":")[1], []).append(entry)
     return grouped
 
 
 def matches(metadata: Mapping[str, Any], wanted: Mapping[str, Any] | None) -> bool:
     """True if every key of the filter is in the metadata with an equal value."""
-    return not wanted or all(
-        k in metadata and metadata[k] == v for k, v in wanted.items()
-    )
+    return not wanted or all(k in metadata and metadata[k] == v for k, v in wanted.items())

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -16,6 +17,7 @@ from langgraph.checkpoint.base import (
     CheckpointTuple,
     get_serializable_checkpoint_metadata,
 )
+from pydantic import JsonValue
 
 from statekeeper.errors import AlreadyExistsError, ConflictError, NotFoundError
 from statekeeper.integrations.langgraph._layout import (
@@ -62,6 +64,9 @@ class CheckpointLog:
         # and a read finds them after it. ``_newest``: the newest checkpoint id put or read.
         self._storing: dict[tuple[str, str], asyncio.Future[None]] = {}
         self._newest: dict[str, str] = {}
+        # The newest checkpoint's writes per session: (checkpoint id, channel -> [(entry
+        # seq, stored value)]), so the next delta can name a write instead of copying it.
+        self._written: dict[str, tuple[str, dict[str, list[tuple[int, Any]]]]] = {}
 
     # -- writing -------------------------------------------------------------------------
 
@@ -115,15 +120,17 @@ class CheckpointLog:
         cid = checkpoint["id"]
         versions = checkpoint["channel_versions"]
         drafts, values = await self._blobs(sid, checkpoint, parent_id, new_versions)
-        rest = {k: v for k, v in checkpoint.items() if k != "channel_values"}
+        rest = {k: v for k, v in checkpoint.items() if k not in ("channel_values", "id")}
         doc = {
             "id": cid,
             "checkpoint": self.codec.encode(rest),
             "metadata": self.codec.encode(meta),
-            "parent": parent_id,
-            "run": None if run_id is None else str(run_id),
             "values": values,
         }
+        if parent_id is not None:
+            doc["parent"] = parent_id
+        if run_id is not None:
+            doc["run"] = str(run_id)
         drafts.append(_side(checkpoint_entry_id(cid), CHECKPOINT, doc))
         patch = SessionPatch(set={"state": {"latest": cid}})
         stored = await self._append(sid, thread_id, ns, drafts, patch)
@@ -141,6 +148,8 @@ class CheckpointLog:
         """Drafts for the values that changed; the blob id of every value."""
         parent_versions, parent_values = await self._parent(sid, parent_id)
         tips = self._tips.get(sid, {})
+        cached = self._written.get(sid)
+        written = cached[1] if cached is not None and cached[0] == parent_id else {}
         channel_values = checkpoint["channel_values"]
         drafts: list[EntryDraft] = []
         values: dict[str, str] = {}
@@ -159,7 +168,8 @@ class CheckpointLog:
             if tip is not None and tip.blob_id == blob_id:  # a retried put
                 payload = tip.payload
             else:
-                payload = blob_payload(self.codec, channel, channel_values[channel], tip)
+                value = channel_values[channel]
+                payload = blob_payload(self.codec, channel, value, tip, written.get(channel, ()))
             drafts.append(_side(blob_id, BLOB, payload))
             values[channel] = blob_id
         return drafts, values
@@ -215,8 +225,9 @@ class CheckpointLog:
         drafts = []
         for i, (channel, value) in enumerate(writes):
             idx = WRITES_IDX_MAP.get(channel, i)
-            doc = {"cp": cid, "task": task_id, "path": task_path, "idx": idx, "ch": channel}
-            doc["value"] = self.codec.encode(value)
+            doc = {"task": task_id, "idx": idx, "ch": channel, "value": self.codec.encode(value)}
+            if task_path:
+                doc["path"] = task_path
             entry_id = write_entry_id(cid, task_id, idx)
             if idx < 0:  # a special write replaces the last one: give each its own entry
                 entry_id += ":" + _unique()
@@ -224,7 +235,7 @@ class CheckpointLog:
         if not drafts:
             return
         try:
-            await self._append(sid, thread_id, ns, drafts, None)
+            stored = await self._append(sid, thread_id, ns, drafts, None)
         except ConflictError:
             # A retried task: the first stored write for a (task, idx) wins, as in LangGraph.
             for draft in drafts:
@@ -232,6 +243,18 @@ class CheckpointLog:
                     await self._append(sid, thread_id, ns, [draft], None)
                 except ConflictError:
                     continue
+            return
+        self._note_writes(sid, cid, stored)
+
+    def _note_writes(self, sid: str, cid: str, stored: list[Entry]) -> None:
+        cached = self._written.get(sid)
+        if cached is None or cached[0] != cid:
+            if cached is not None and cid < cached[0]:
+                return
+            cached = self._written[sid] = (cid, {})
+        for entry in stored:
+            channel = entry.payload["ch"]
+            cached[1].setdefault(channel, []).append((entry.seq, entry.payload["value"]))
 
     async def _stored(self, sid: str, cid: str) -> None:
         """Wait until this process has stored checkpoint ``cid`` if it is storing it, or
@@ -275,10 +298,8 @@ class CheckpointLog:
             title=f"LangGraph thread {thread_id}"[:200],
             metadata={THREAD_KEY: thread_id, NS_KEY: ns},
         )
-        try:
+        with contextlib.suppress(AlreadyExistsError):
             await self.store.create_session(record)
-        except AlreadyExistsError:
-            pass
         self._known.add(sid)
         return sid
 
@@ -286,7 +307,7 @@ class CheckpointLog:
         marker = run_key(run_id, sid)
         if marker in self._indexed:
             return
-        value = {"thread": thread_id, "ns": ns}
+        value: dict[str, JsonValue] = {"thread": thread_id, "ns": ns}
         await self.store.put_record(self.tenant, RUNS_NAMESPACE, marker, value)
         self._indexed.add(marker)
 
@@ -295,6 +316,7 @@ class CheckpointLog:
         self._tips.pop(sid, None)
         self._parents.pop(sid, None)
         self._newest.pop(sid, None)
+        self._written.pop(sid, None)
         self._indexed = {m for m in self._indexed if not m.endswith("." + sid)}
 
     # -- reading -------------------------------------------------------------------------
@@ -316,7 +338,7 @@ class CheckpointLog:
         reader = Reader(self.codec)
         reader.add([entry, *after])
         await self._load_values(reader, sid, entry)
-        found = reader.to_tuple(thread_id, ns, entry, writes_by_checkpoint(after).get(cid, []))
+        found = reader.to_tuple(thread_id, ns, entry, writes_by_checkpoint(after).get(key(cid), []))
         if cid > self._newest.get(sid, ""):
             self._newest[sid] = cid
         self._remember_read(sid, entry, reader)
@@ -337,9 +359,7 @@ class CheckpointLog:
             low = min(int(b.payload["root"]) for b in chained)
             high = max(b.seq for b in chained)
             reader.add(
-                await self.store.read_entries(
-                    self.tenant, sid, after_seq=low - 1, until_seq=high
-                )
+                await self.store.read_entries(self.tenant, sid, after_seq=low - 1, until_seq=high)
             )
 
     def _remember_read(self, sid: str, entry: Entry, reader: Reader) -> None:
@@ -352,7 +372,7 @@ class CheckpointLog:
                 root = blob.payload.get("root", blob.seq)
                 tips[channel] = Tip(blob_id, blob.seq, root, list(value), blob.payload)
 
-    async def list(
+    async def list_checkpoints(
         self,
         config: RunnableConfig | None,
         filter: dict[str, Any] | None,
@@ -378,7 +398,7 @@ class CheckpointLog:
                 if before_id is not None and cid >= before_id:
                     continue
                 if matches(self.codec.decode(entry.payload["metadata"]), filter):
-                    found.append((cid, thread_id, ns, entry, reader, writes.get(cid, [])))
+                    found.append((cid, thread_id, ns, entry, reader, writes.get(key(cid), [])))
         found.sort(key=lambda f: f[0], reverse=True)
         if limit is not None:
             found = found[:limit]
@@ -401,7 +421,8 @@ class CheckpointLog:
             query = SessionQuery(agent_id=AGENT_ID, metadata=metadata, limit=1000, cursor=cursor)
             page = await self.store.list_sessions(self.tenant, query)
             for record in page.items:
-                found.append((record.metadata[THREAD_KEY], record.metadata[NS_KEY], record.id))
+                meta = record.metadata
+                found.append((str(meta[THREAD_KEY]), str(meta[NS_KEY]), record.id))
             if page.next_cursor is None:
                 return found
             cursor = page.next_cursor
@@ -411,10 +432,8 @@ class CheckpointLog:
     async def delete_thread(self, thread_id: str) -> None:
         for _, _, sid in await self._sessions(str(thread_id)):
             self._forget(sid)
-            try:
+            with contextlib.suppress(NotFoundError):
                 await self.store.delete_session(self.tenant, sid)
-            except NotFoundError:
-                pass
 
     async def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         for run_id in {str(r) for r in run_ids}:
@@ -425,13 +444,9 @@ class CheckpointLog:
             for record in records:
                 sid = record.key[len(prefix) :]
                 self._forget(sid)
-                await collect_garbage(
-                    self.store, self.tenant, sid, lambda doc, r=run_id: doc.get("run") != r
-                )
-                try:
+                await collect_garbage(self.store, self.tenant, sid, _not_of_run(run_id))
+                with contextlib.suppress(NotFoundError):
                     await self.store.delete_record(self.tenant, RUNS_NAMESPACE, record.key)
-                except NotFoundError:
-                    pass
 
     async def prune(self, thread_ids: Sequence[str], strategy: str) -> None:
         for thread_id in thread_ids:
@@ -449,6 +464,13 @@ class CheckpointLog:
             runs = await copy_entries(self.store, self.tenant, sid, target_sid)
             for run_id in runs:
                 await self._index_run(run_id, target_sid, str(target), ns)
+
+
+def _not_of_run(run_id: str) -> Callable[[dict[str, Any]], bool]:
+    def keep(doc: dict[str, Any]) -> bool:
+        return doc.get("run") != run_id
+
+    return keep
 
 
 def reader_blobs(reader: Reader, entry: Entry) -> list[Entry]:

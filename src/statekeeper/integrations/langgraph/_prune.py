@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from statekeeper.errors import NotFoundError
-from statekeeper.integrations.langgraph._layout import BLOB, CHECKPOINT, WRITE
+from statekeeper.integrations.langgraph._layout import BLOB, CHECKPOINT, WRITE, key
 from statekeeper.stores.base import Store
 from statekeeper.stores.types import Entry, EntryDraft, SessionPatch
 
@@ -25,16 +25,19 @@ async def collect_garbage(
         return
     checkpoints = [e for e in entries if e.kind == CHECKPOINT]
     if keep is None:
-        latest = record.state.get("latest") or max((e.payload["id"] for e in checkpoints), default=None)
+        latest = record.state.get("latest") or max(
+            (e.payload["id"] for e in checkpoints), default=None
+        )
         kept = {e.payload["id"] for e in checkpoints if e.payload["id"] == latest}
     else:
         kept = {e.payload["id"] for e in checkpoints if keep(e.payload)}
+    kept_keys = {key(cid) for cid in kept}
     needed = _needed_values(entries, [e for e in checkpoints if e.payload["id"] in kept])
     doomed = [
         e
         for e in entries
         if (e.kind == CHECKPOINT and e.payload["id"] not in kept)
-        or (e.kind == WRITE and e.payload["cp"] not in kept)
+        or (e.kind == WRITE and e.id.split(":")[1] not in kept_keys and e.id not in needed)
         or (e.kind == BLOB and e.id not in needed)
     ]
     await _delete(store, tenant, sid, entries, doomed)
@@ -45,16 +48,20 @@ async def collect_garbage(
 
 
 def _needed_values(entries: Sequence[Entry], kept: Sequence[Entry]) -> set[str]:
-    """The blob ids the kept checkpoints read, with the chains their deltas extend."""
+    """The blob ids the kept checkpoints read, with the chains their deltas extend and
+    the writes those deltas name."""
     by_id = {e.id: e for e in entries}
+    by_seq = {e.seq: e for e in entries}
     needed: set[str] = set()
     for checkpoint in kept:
         for blob_id in checkpoint.payload["values"].values():
-            current: str | None = blob_id
-            while current is not None and current in by_id and current not in needed:
-                needed.add(current)
-                base = by_id[current].payload.get("base")
-                current = base[0] if base else None
+            current = by_id.get(blob_id)
+            while current is not None and current.id not in needed:
+                needed.add(current.id)
+                named = by_seq.get(current.payload.get("from", -1))
+                if named is not None:
+                    needed.add(named.id)
+                current = by_seq.get(current.payload.get("base", -1))
     return needed
 
 
@@ -111,12 +118,11 @@ async def copy_entries(store: Store, tenant: str, source: str, target: str) -> s
 
 
 def _moved(payload: dict[str, Any], seqs: Mapping[int, int]) -> dict[str, Any]:
-    """A delta blob's payload with its base and root seqs in the target log."""
+    """A delta blob's payload with its seqs (base, root, from) in the target log."""
     if "base" not in payload:
         return payload
-    base_id, base_seq = payload["base"]
-    return {
-        **payload,
-        "base": [base_id, seqs.get(base_seq, base_seq)],
-        "root": seqs.get(payload["root"], payload["root"]),
-    }
+    moved = {**payload}
+    for name in ("base", "root", "from"):
+        if name in payload:
+            moved[name] = seqs.get(payload[name], payload[name])
+    return moved

@@ -144,7 +144,7 @@ class StatekeeperSaver(BaseCheckpointSaver[str]):
         limit: int | None = None,
     ) -> AsyncIterator[CheckpointTuple]:
         """Checkpoints newest first, filtered by metadata equality, before a checkpoint."""
-        found = await self._on_loop(self._log.list(config, filter, before, limit))
+        found = await self._on_loop(self._log.list_checkpoints(config, filter, before, limit))
         for item in found:
             yield item
 
@@ -184,7 +184,9 @@ class StatekeeperSaver(BaseCheckpointSaver[str]):
         """``keep_latest``: keep each namespace's latest checkpoint (and the values it
         needs); ``delete``: delete the threads."""
         if strategy not in ("keep_latest", "delete"):
-            raise InvalidInputError(f"unknown prune strategy {strategy!r}; use keep_latest or delete")
+            raise InvalidInputError(
+                f"unknown prune strategy {strategy!r}; use keep_latest or delete"
+            )
         await self._on_loop(self._log.prune(thread_ids, strategy))
 
     # -- sync API ------------------------------------------------------------------------
@@ -202,7 +204,7 @@ class StatekeeperSaver(BaseCheckpointSaver[str]):
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
         """Sync `alist`."""
-        return iter(self._block(self._log.list(config, filter, before, limit)))
+        return iter(self._block(self._log.list_checkpoints(config, filter, before, limit)))
 
     def put(
         self,
@@ -239,7 +241,9 @@ class StatekeeperSaver(BaseCheckpointSaver[str]):
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Sync `aprune`."""
         if strategy not in ("keep_latest", "delete"):
-            raise InvalidInputError(f"unknown prune strategy {strategy!r}; use keep_latest or delete")
+            raise InvalidInputError(
+                f"unknown prune strategy {strategy!r}; use keep_latest or delete"
+            )
         self._block(self._log.prune(thread_ids, strategy))
 
     def get_next_version(self, current: str | None, channel: None) -> str:
@@ -250,4 +254,4 @@ class StatekeeperSaver(BaseCheckpointSaver[str]):
             number = current
         else:
             number = int(str(current).split(".")[0])
-        return f"{number + 1:032}.{random.random():016}"
+        return f"{number + 1:016}.{random.getrandbits(32):08x}"
