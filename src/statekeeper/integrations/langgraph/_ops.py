@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -41,7 +41,6 @@ from statekeeper.integrations.langgraph._layout import (
     write_entry_id,
     writes_by_checkpoint,
 )
-from statekeeper.integrations.langgraph._prune import collect_garbage, copy_entries
 from statekeeper.integrations.langgraph._values import ValueCodec
 from statekeeper.stores.base import Store
 from statekeeper.stores.types import Entry, EntryDraft, SessionPatch, SessionQuery, SessionRecord
@@ -112,11 +111,11 @@ class CheckpointLog:
     ) -> RunnableConfig:
         thread_id, ns = thread_of(config)
         parent_id = (config.get("configurable") or {}).get("checkpoint_id")
-        sid = await self._ensure(thread_id, ns)
+        sid = await self.ensure(thread_id, ns)
         meta = dict(get_serializable_checkpoint_metadata(config, metadata))
         run_id = meta.get("run_id")
         if run_id is not None:
-            await self._index_run(str(run_id), sid, thread_id, ns)
+            await self.index_run(str(run_id), sid, thread_id, ns)
         cid = checkpoint["id"]
         versions = checkpoint["channel_versions"]
         drafts, values = await self._blobs(sid, checkpoint, parent_id, new_versions)
@@ -220,7 +219,7 @@ class CheckpointLog:
     ) -> None:
         thread_id, ns = thread_of(config)
         cid = config["configurable"]["checkpoint_id"]
-        sid = await self._ensure(thread_id, ns)
+        sid = await self.ensure(thread_id, ns)
         await self._stored(sid, cid)
         drafts = []
         for i, (channel, value) in enumerate(writes):
@@ -282,12 +281,12 @@ class CheckpointLog:
         try:
             result = await self.store.append_entries(self.tenant, sid, drafts, patch=patch)
         except NotFoundError:
-            self._forget(sid)
-            await self._ensure(thread_id, ns)
+            self.forget(sid)
+            await self.ensure(thread_id, ns)
             result = await self.store.append_entries(self.tenant, sid, drafts, patch=patch)
         return result.entries
 
-    async def _ensure(self, thread_id: str, ns: str) -> str:
+    async def ensure(self, thread_id: str, ns: str) -> str:
         sid = session_id(thread_id, ns)
         if sid in self._known:
             return sid
@@ -303,7 +302,7 @@ class CheckpointLog:
         self._known.add(sid)
         return sid
 
-    async def _index_run(self, run_id: str, sid: str, thread_id: str, ns: str) -> None:
+    async def index_run(self, run_id: str, sid: str, thread_id: str, ns: str) -> None:
         marker = run_key(run_id, sid)
         if marker in self._indexed:
             return
@@ -311,7 +310,7 @@ class CheckpointLog:
         await self.store.put_record(self.tenant, RUNS_NAMESPACE, marker, value)
         self._indexed.add(marker)
 
-    def _forget(self, sid: str) -> None:
+    def forget(self, sid: str) -> None:
         self._known.discard(sid)
         self._tips.pop(sid, None)
         self._parents.pop(sid, None)
@@ -410,10 +409,10 @@ class CheckpointLog:
             thread_id, ns = thread_of(config)
             if config["configurable"].get("checkpoint_ns") is not None:
                 return [(thread_id, ns, session_id(thread_id, ns))]
-            return await self._sessions(thread_id)
-        return await self._sessions(None)
+            return await self.sessions(thread_id)
+        return await self.sessions(None)
 
-    async def _sessions(self, thread_id: str | None) -> list[tuple[str, str, str]]:
+    async def sessions(self, thread_id: str | None) -> list[tuple[str, str, str]]:
         metadata = {} if thread_id is None else {THREAD_KEY: thread_id}
         found: list[tuple[str, str, str]] = []
         cursor = None
@@ -426,51 +425,6 @@ class CheckpointLog:
             if page.next_cursor is None:
                 return found
             cursor = page.next_cursor
-
-    # -- retention -----------------------------------------------------------------------
-
-    async def delete_thread(self, thread_id: str) -> None:
-        for _, _, sid in await self._sessions(str(thread_id)):
-            self._forget(sid)
-            with contextlib.suppress(NotFoundError):
-                await self.store.delete_session(self.tenant, sid)
-
-    async def delete_for_runs(self, run_ids: Sequence[str]) -> None:
-        for run_id in {str(r) for r in run_ids}:
-            prefix = key(run_id) + "."
-            records = await self.store.list_records(
-                self.tenant, RUNS_NAMESPACE, prefix=prefix, limit=1000
-            )
-            for record in records:
-                sid = record.key[len(prefix) :]
-                self._forget(sid)
-                await collect_garbage(self.store, self.tenant, sid, _not_of_run(run_id))
-                with contextlib.suppress(NotFoundError):
-                    await self.store.delete_record(self.tenant, RUNS_NAMESPACE, record.key)
-
-    async def prune(self, thread_ids: Sequence[str], strategy: str) -> None:
-        for thread_id in thread_ids:
-            if strategy == "delete":
-                await self.delete_thread(thread_id)
-                continue
-            for _, _, sid in await self._sessions(str(thread_id)):
-                self._forget(sid)
-                await collect_garbage(self.store, self.tenant, sid, None)
-
-    async def copy_thread(self, source: str, target: str) -> None:
-        for _, ns, sid in await self._sessions(str(source)):
-            target_sid = await self._ensure(str(target), ns)
-            self._forget(target_sid)
-            runs = await copy_entries(self.store, self.tenant, sid, target_sid)
-            for run_id in runs:
-                await self._index_run(run_id, target_sid, str(target), ns)
-
-
-def _not_of_run(run_id: str) -> Callable[[dict[str, Any]], bool]:
-    def keep(doc: dict[str, Any]) -> bool:
-        return doc.get("run") != run_id
-
-    return keep
 
 
 def reader_blobs(reader: Reader, entry: Entry) -> list[Entry]:

@@ -1,16 +1,81 @@
-"""Retention for the checkpointer: drop checkpoints and what only they need; copy a log."""
+"""Retention for the checkpointer: delete threads or runs, prune, copy a thread."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from statekeeper.errors import NotFoundError
-from statekeeper.integrations.langgraph._layout import BLOB, CHECKPOINT, WRITE, key
+from statekeeper.integrations.langgraph._layout import (
+    BLOB,
+    CHECKPOINT,
+    RUNS_NAMESPACE,
+    WRITE,
+    key,
+)
 from statekeeper.stores.base import Store
 from statekeeper.stores.types import Entry, EntryDraft, SessionPatch
 
+if TYPE_CHECKING:
+    from statekeeper.integrations.langgraph._ops import CheckpointLog
+
 _CHUNK = 500  # entries per append when copying a thread
+
+
+async def delete_thread(log: CheckpointLog, thread_id: str) -> None:
+    """Delete the sessions of every namespace of a thread."""
+    for _, _, sid in await log.sessions(str(thread_id)):
+        log.forget(sid)
+        with contextlib.suppress(NotFoundError):
+            await log.store.delete_session(log.tenant, sid)
+
+
+async def delete_for_runs(log: CheckpointLog, run_ids: Sequence[str]) -> None:
+    """Delete the runs' checkpoints and writes in every thread the run index names."""
+    for run_id in {str(r) for r in run_ids}:
+        prefix = key(run_id) + "."
+        after: str | None = None
+        while True:
+            records = await log.store.list_records(
+                log.tenant, RUNS_NAMESPACE, prefix=prefix, after_key=after, limit=500
+            )
+            for record in records:
+                sid = record.key[len(prefix) :]
+                log.forget(sid)
+                await collect_garbage(log.store, log.tenant, sid, _not_of_run(run_id))
+                with contextlib.suppress(NotFoundError):
+                    await log.store.delete_record(log.tenant, RUNS_NAMESPACE, record.key)
+            if len(records) < 500:
+                break
+            after = records[-1].key
+
+
+def _not_of_run(run_id: str) -> Callable[[dict[str, Any]], bool]:
+    def keep(doc: dict[str, Any]) -> bool:
+        return doc.get("run") != run_id
+
+    return keep
+
+
+async def prune(log: CheckpointLog, thread_ids: Sequence[str], strategy: str) -> None:
+    """``keep_latest`` per namespace (with the values it needs), or ``delete``."""
+    for thread_id in thread_ids:
+        if strategy == "delete":
+            await delete_thread(log, thread_id)
+            continue
+        for _, _, sid in await log.sessions(str(thread_id)):
+            log.forget(sid)
+            await collect_garbage(log.store, log.tenant, sid, None)
+
+
+async def copy_thread(log: CheckpointLog, source: str, target: str) -> None:
+    """Copy every namespace's log of ``source`` onto ``target`` (and index its runs)."""
+    for _, ns, sid in await log.sessions(str(source)):
+        target_sid = await log.ensure(str(target), ns)
+        log.forget(target_sid)
+        for run_id in await copy_entries(log.store, log.tenant, sid, target_sid):
+            await log.index_run(run_id, target_sid, str(target), ns)
 
 
 async def collect_garbage(

@@ -31,6 +31,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from statekeeper.errors import InvalidInputError, StatekeeperError
 from statekeeper.ids import validate_id
+from statekeeper.integrations.langgraph import _prune
 from statekeeper.integrations.langgraph._ops import CheckpointLog
 from statekeeper.integrations.langgraph._values import PickleRefusedError, ValueCodec
 from statekeeper.stores import Store, open_store
@@ -170,15 +171,15 @@ class StatekeeperSaver(BaseCheckpointSaver[str]):
 
     async def adelete_thread(self, thread_id: str) -> None:
         """Delete a thread's checkpoints and writes in every namespace."""
-        await self._on_loop(self._log.delete_thread(thread_id))
+        await self._on_loop(_prune.delete_thread(self._log, thread_id))
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete the checkpoints (and their writes) the given runs made."""
-        await self._on_loop(self._log.delete_for_runs(run_ids))
+        await self._on_loop(_prune.delete_for_runs(self._log, run_ids))
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint and write of a thread to another thread."""
-        await self._on_loop(self._log.copy_thread(source_thread_id, target_thread_id))
+        await self._on_loop(_prune.copy_thread(self._log, source_thread_id, target_thread_id))
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """``keep_latest``: keep each namespace's latest checkpoint (and the values it
@@ -187,7 +188,7 @@ class StatekeeperSaver(BaseCheckpointSaver[str]):
             raise InvalidInputError(
                 f"unknown prune strategy {strategy!r}; use keep_latest or delete"
             )
-        await self._on_loop(self._log.prune(thread_ids, strategy))
+        await self._on_loop(_prune.prune(self._log, thread_ids, strategy))
 
     # -- sync API ------------------------------------------------------------------------
 
@@ -228,15 +229,15 @@ class StatekeeperSaver(BaseCheckpointSaver[str]):
 
     def delete_thread(self, thread_id: str) -> None:
         """Sync `adelete_thread`."""
-        self._block(self._log.delete_thread(thread_id))
+        self._block(_prune.delete_thread(self._log, thread_id))
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Sync `adelete_for_runs`."""
-        self._block(self._log.delete_for_runs(run_ids))
+        self._block(_prune.delete_for_runs(self._log, run_ids))
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Sync `acopy_thread`."""
-        self._block(self._log.copy_thread(source_thread_id, target_thread_id))
+        self._block(_prune.copy_thread(self._log, source_thread_id, target_thread_id))
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Sync `aprune`."""
@@ -244,7 +245,7 @@ class StatekeeperSaver(BaseCheckpointSaver[str]):
             raise InvalidInputError(
                 f"unknown prune strategy {strategy!r}; use keep_latest or delete"
             )
-        self._block(self._log.prune(thread_ids, strategy))
+        self._block(_prune.prune(self._log, thread_ids, strategy))
 
     def get_next_version(self, current: str | None, channel: None) -> str:
         """A zero-padded counter plus a random fraction, so forked branches never collide."""
