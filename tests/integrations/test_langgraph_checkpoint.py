@@ -243,3 +243,67 @@ def test_a_saver_needs_a_loop_or_from_url(tmp_path: Path) -> None:
 
     with pytest.raises(InvalidInputError, match="from_url"):
         StatekeeperSaver(open_store(f"sqlite:///{tmp_path / 'x.db'}"))  # type: ignore[arg-type]
+
+
+async def test_prune_keeps_the_latest_state_whole_and_the_thread_usable(store: Store) -> None:
+    saver = StatekeeperSaver(store)
+    graph = chat(saver)
+    for text in ("a", "b", "c"):
+        await graph.ainvoke({"messages": [HumanMessage(text, id=f"h-{text}")]}, config("pr"))
+    before = contents(await graph.aget_state(config("pr")))
+
+    await saver.aprune(["pr"], strategy="keep_latest")
+
+    fresh = chat(StatekeeperSaver(store))
+    assert len([s async for s in fresh.aget_state_history(config("pr"))]) == 1
+    assert contents(await fresh.aget_state(config("pr"))) == before
+    await fresh.ainvoke({"messages": [HumanMessage("d", id="h-d")]}, config("pr"))
+    assert contents(await fresh.aget_state(config("pr"))) == [*before, "d", "reply to d"]
+
+
+async def test_deleting_an_earlier_run_keeps_what_later_checkpoints_need(store: Store) -> None:
+    saver = StatekeeperSaver(store)
+    graph = chat(saver)
+    # As LangGraph's server does: the run id in the config's metadata goes into each
+    # checkpoint's metadata.
+    first: Any = {"configurable": {"thread_id": "dr"}, "metadata": {"run_id": "run-1"}}
+    second: Any = {"configurable": {"thread_id": "dr"}, "metadata": {"run_id": "run-2"}}
+    await graph.ainvoke({"messages": [HumanMessage("one", id="h1")]}, first)
+    await graph.ainvoke({"messages": [HumanMessage("two", id="h2")]}, second)
+
+    await saver.adelete_for_runs(["run-1"])
+
+    fresh = chat(StatekeeperSaver(store))
+    history = [s async for s in fresh.aget_state_history(config("dr"))]
+    assert {s.metadata["run_id"] for s in history} == {"run-2"}
+    assert contents(await fresh.aget_state(config("dr"))) == [
+        "one",
+        "reply to one",
+        "two",
+        "reply to two",
+    ]
+
+
+async def test_a_copied_thread_continues_on_its_own(store: Store) -> None:
+    saver = StatekeeperSaver(store)
+    graph = chat(saver)
+    await graph.ainvoke({"messages": [HumanMessage("x", id="hx")]}, config("src"))
+    await saver.acopy_thread("src", "dst")
+
+    fresh = chat(StatekeeperSaver(store))
+    await fresh.ainvoke({"messages": [HumanMessage("y", id="hy")]}, config("dst"))
+    assert contents(await fresh.aget_state(config("dst"))) == ["x", "reply to x", "y", "reply to y"]
+    assert contents(await fresh.aget_state(config("src"))) == ["x", "reply to x"]
+
+
+def test_the_sync_api_runs_a_graph_and_lists_its_history(tmp_path: Path) -> None:
+    with StatekeeperSaver.from_url(f"sqlite:///{tmp_path / 's.db'}") as saver:
+        graph = chat(saver)
+        graph.invoke({"messages": [HumanMessage("sync", id="hs")]}, config("sy"))
+        history = list(graph.get_state_history(config("sy")))
+        assert [len(s.values.get("messages", [])) for s in history] == [2, 1, 0]
+        assert [t.checkpoint["id"] for t in saver.list(config("sy"), limit=1)] == [
+            history[0].config["configurable"]["checkpoint_id"]
+        ]
+        saver.delete_thread("sy")
+        assert saver.get_tuple(config("sy")) is None
