@@ -1,18 +1,25 @@
-"""The LangGraph checkpointer vs langgraph-checkpoint-sqlite's SqliteSaver, at 10 and
-10,000 messages of ``MessagesState`` history.
+"""The LangGraph checkpointer vs langgraph-checkpoint-sqlite's SqliteSaver, with
+``MessagesState`` histories of 10 and 10,000 messages.
 
-One step is what LangGraph's loop does per model turn: ``put_writes`` of the node's new
-message, then ``put`` of the checkpoint holding the whole message list (one more
-message). Both sides get the same messages (the realistic mix of `bench.common`), through
-each saver's public API, sides interleaved. SqliteSaver writes the whole list every step;
-StatekeeperSaver writes the new message as a delta. Disk: file growth over the measured
-steps against the payload they added (LangGraph's serialized bytes of the new messages).
+A step is what LangGraph's loop stores per model turn: ``put_writes`` of the node's new
+message, then ``put`` of the next checkpoint, whose ``messages`` holds the whole list. Both
+savers get the same messages (the realistic mix of `bench.common`: ~400 B turns and ~2 KB
+tool outputs), through their public APIs, sides interleaved. SqliteSaver (SQLite,
+``synchronous=FULL``: it fsyncs every commit, as our default ``power`` durability does)
+writes the whole list every step; StatekeeperSaver writes the new message once, and a
+delta naming it.
+
+Disk: our thread is built step by step to 10,000 messages and its file compared with the
+payload (LangGraph's own serialized bytes of the messages, what any saver stores at the
+least). SqliteSaver cannot be built that way (the file grows with the square of the
+history), so its bytes per step at 10,000 are compared with the step's payload.
 """
 
 from __future__ import annotations
 
-import os
+import statistics
 import tempfile
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -28,36 +35,36 @@ from statekeeper.integrations.langgraph.checkpoint import StatekeeperSaver
 
 HISTORIES = (10, 10_000)
 BATCHES, BATCH = 3, 4
+BUILT = 10_000
+SERDE = JsonPlusSerializer()
 
 
 def message(n: int) -> BaseMessage:
     return AIMessage(content=message_dict(n)["content"], id=f"m-{n}")
 
 
-class Side:
-    """One saver's thread: the message list and the config of its latest checkpoint."""
+class Thread:
+    """One saver's thread: its message list and the config of its latest checkpoint."""
 
     def __init__(self, saver: Any, history: int, is_async: bool) -> None:
         self.saver, self.is_async = saver, is_async
         self.messages = [message(n) for n in range(history)]
         self.config: Any = {"configurable": {"thread_id": str(uuid.uuid4()), "checkpoint_ns": ""}}
-        self.version = 0
-        self.last: Any = None
+        self.version: Any = None
 
     async def step(self, n: int) -> None:
-        new = message(1_000_000 + n)
-        if self.version:
+        """Store one model turn (the first call stores the history as it is)."""
+        if self.version is not None:
+            new = message(1_000_000 + n)
             await self._call("put_writes", self.config, [("messages", [new])], str(uuid.uuid4()))
             self.messages = [*self.messages, new]
-        self.version += 1
+        self.version = self.saver.get_next_version(self.version, None)
         checkpoint = empty_checkpoint()
-        version = self.saver.get_next_version(self.last, None)
-        self.last = version
         checkpoint["channel_values"] = {"messages": self.messages}
-        checkpoint["channel_versions"] = {"messages": version}
-        metadata: Any = {"source": "loop", "step": self.version, "parents": {}}
+        checkpoint["channel_versions"] = {"messages": self.version}
+        metadata: Any = {"source": "loop", "step": n, "parents": {}}
         self.config = await self._call(
-            "put", self.config, checkpoint, metadata, {"messages": version}
+            "put", self.config, checkpoint, metadata, {"messages": self.version}
         )
 
     async def _call(self, name: str, *args: Any) -> Any:
@@ -66,57 +73,101 @@ class Side:
         return getattr(self.saver, name)(*args)
 
 
-async def measure(history: int, folder: Path, durability: str) -> dict[str, Any]:
+def _size(db: Path) -> int:
+    """The database with its journal files."""
+    return sum(p.stat().st_size for p in db.parent.glob(db.name + "*"))
+
+
+def _payload(messages: list[BaseMessage]) -> int:
+    return sum(len(SERDE.dumps_typed([m])[1]) for m in messages)
+
+
+async def speed(history: int, folder: Path, durability: str) -> dict[str, Any]:
+    """Per-step time, interleaved, and SqliteSaver's bytes per step against the payload."""
     ours_db = folder / f"sk-{history}-{durability}.db"
     raw_db = folder / f"lg-{history}-{durability}.db"
-    serde = JsonPlusSerializer()
     async with open_store(f"sqlite:///{ours_db}?durability={durability}") as store:
         with SqliteSaver.from_conn_string(str(raw_db)) as raw_saver:
-            ours = Side(StatekeeperSaver(store), history, True)
-            raw = Side(raw_saver, history, False)
-            await ours.step(-1)  # the history, stored once
+            ours = Thread(StatekeeperSaver(store), history, True)
+            raw = Thread(raw_saver, history, False)
+            await ours.step(-1)
             await raw.step(-1)
-            sizes = {"ours": _size(ours_db), "raw": _size(raw_db)}
+            before = _size(raw_db)
             ratios = await interleave(ours.step, raw.step, BATCHES, BATCH)
-            steps = (BATCHES + 1) * BATCH
-            added = sum(len(serde.dumps_typed([m])[1]) for m in ours.messages[-steps:])
-            grown = {
-                "ours": (_size(ours_db) - sizes["ours"]) / added,
-                "raw": (_size(raw_db) - sizes["raw"]) / added,
+            added = _payload(raw.messages[history:])
+            raw_growth = (_size(raw_db) - before) / added
+            started = time.perf_counter()
+            raw_saver.get_tuple(raw.config)
+            raw_read = time.perf_counter() - started
+    return {"ratios": ratios, "raw_growth": raw_growth, "raw_read_ms": raw_read * 1000}
+
+
+async def built(folder: Path, page_size: int) -> dict[str, float]:
+    """Our thread built step by step to `BUILT` messages: disk / payload, read time."""
+    db = folder / f"built-{page_size}.db"
+    url = f"sqlite:///{db}?durability=process&page_size={page_size}"
+    async with open_store(url) as store:
+        thread = Thread(StatekeeperSaver(store), 0, True)
+        await thread.step(-1)
+        started = time.perf_counter()
+        for n in range(BUILT):
+            await thread.step(n)
+        build_ms = (time.perf_counter() - started) * 1000 / BUILT
+        reads = []
+        for _ in range(3):
+            started = time.perf_counter()
+            found = await StatekeeperSaver(store).aget_tuple(thread.config)
+            reads.append(time.perf_counter() - started)
+        assert found is not None
+        assert len(found.checkpoint["channel_values"]["messages"]) == BUILT
+    return {
+        "disk": _size(db) / _payload(thread.messages),
+        "step_ms": build_ms,
+        "read_ms": statistics.median(reads) * 1000,
+    }
+
+
+async def run() -> dict[str, Any]:
+    """Every measurement, in one process."""
+    with tempfile.TemporaryDirectory(prefix="statekeeper-bench-lg-") as name:
+        folder = Path(name)
+        results: dict[str, Any] = {
+            "speed": {
+                (d, h): await speed(h, folder, d)
+                for d in ("power", "process")
+                for h in HISTORIES
             }
-    return {"ratios": ratios, "grown": grown}
-
-
-def _size(db: Path) -> int:
-    return sum(os.path.getsize(p) for p in db.parent.glob(db.name + "*"))
-
-
-async def run() -> dict[tuple[str, int], dict[str, Any]]:
-    """Ours fsyncs every commit by default (``power``); ``process`` is SqliteSaver's level."""
-    with tempfile.TemporaryDirectory(prefix="statekeeper-bench-lg-") as folder:
-        return {
-            (d, h): await measure(h, Path(folder), d)
-            for d in ("power", "process")
-            for h in HISTORIES
         }
+        results["built"] = {size: await built(folder, size) for size in (4096, 16384)}
+    return results
 
 
-def report(results: dict[tuple[str, int], dict[str, Any]]) -> list[str]:
-    print(
-        f"{'ours durability':>15} {'messages':>8} {'ours ms':>8} {'sqlite ms':>9} {'speedup':>8} {'ours disk/payload':>18} {'sqlite disk/payload':>20}"
-    )
-    for (durability, history), row in results.items():
+def report(results: dict[str, Any]) -> list[str]:
+    """Print the tables and the verdicts; return the missed targets."""
+    print(f"{'ours':>8} {'messages':>8} {'ours ms':>8} {'sqlite ms':>9} {'speedup':>16}")
+    for (durability, history), row in results["speed"].items():
         r = row["ratios"]
+        speedups = sorted(1 / x for x in r)
         print(
-            f"{durability:>15} {history:>8} {r.ours_us / 1000:>8.2f} {r.raw_us / 1000:>9.2f} "
-            f"{r.raw_us / r.ours_us:>8.1f} {row['grown']['ours']:>18.2f} {row['grown']['raw']:>20.2f}"
+            f"{durability:>8} {history:>8} {r.ours_us / 1000:>8.2f} {r.raw_us / 1000:>9.2f} "
+            f"{statistics.median(speedups):>6.1f} [{speedups[0]:.1f}-{speedups[-1]:.1f}]"
         )
+    print(f"\nour thread built step by step to {BUILT:,} messages (durability=process):")
+    for size, row in results["built"].items():
+        print(
+            f"  page_size={size:<6} disk/payload {row['disk']:.2f}  mean step "
+            f"{row['step_ms']:.2f} ms  read of the latest checkpoint {row['read_ms']:.0f} ms"
+        )
+    big = results["speed"][("power", HISTORIES[-1])]
+    print(
+        f"SqliteSaver at {HISTORIES[-1]:,}: disk growth per step / the step's payload "
+        f"{big['raw_growth']:.0f}; read of the latest checkpoint {big['raw_read_ms']:.0f} ms"
+    )
     verdicts = Verdicts()
     for durability in ("power", "process"):
-        big = results[(durability, HISTORIES[-1])]
-        speedups = [1 / x for x in big["ratios"]]
+        ratios = results["speed"][(durability, HISTORIES[-1])]["ratios"]
+        speedups = [1 / x for x in ratios]
         verdicts.at_least(f"speedup per step at 10,000 ({durability})", speedups, 100)
-        verdicts.at_most(
-            f"disk growth / payload at 10,000 ({durability})", big["grown"]["ours"], 2.0
-        )
+    for size, row in results["built"].items():
+        verdicts.at_most(f"disk / payload at {BUILT:,} (page_size={size})", row["disk"], 2.0)
     return verdicts.missed

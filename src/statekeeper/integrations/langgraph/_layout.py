@@ -162,6 +162,7 @@ class Reader:
     entries: dict[str, Entry] = field(default_factory=dict)
     by_seq: dict[int, Entry] = field(default_factory=dict)
     values: dict[str, Any] = field(default_factory=dict)
+    added: dict[str, list[Any]] = field(default_factory=dict)
 
     def add(self, entries: Iterable[Entry]) -> None:
         for entry in entries:
@@ -174,19 +175,40 @@ class Reader:
         return int(root) if isinstance(root, int) else None
 
     def value(self, blob_id: str) -> Any:
-        """The value of a blob (a delta chain is followed back to its first whole value)."""
+        """The value of a blob: a delta chain is followed back to a whole (or already
+        built) value, then extended in place, each delta's items decoded once."""
         if blob_id in self.values:
             return self.values[blob_id]
         entry = self._entry(self.entries.get(blob_id), blob_id)
-        chain = [entry]
-        while "base" in entry.payload:
-            entry = self._entry(self.by_seq.get(entry.payload["base"]), entry.payload["base"])
-            if entry.id in self.values:
-                break
+        chain: list[Entry] = []
+        while "base" in entry.payload and entry.id not in self.values:
             chain.append(entry)
+            entry = self._entry(self.by_seq.get(entry.payload["base"]), entry.payload["base"])
+        if entry.id not in self.values:
+            self.values[entry.id] = self.codec.decode(entry.payload.get("value"))
+        if not chain:
+            return self.values[entry.id]
+        items = self.values[entry.id]
+        if not isinstance(items, list):
+            raise StoreCorruptError(f"LangGraph delta {chain[-1].id!r} extends no list")
+        items = list(items)
         for link in reversed(chain):
-            self.values[link.id] = self._apply(link)
-        return self.values[blob_id]
+            if len(items) != link.payload.get("n"):
+                raise StoreCorruptError(f"LangGraph delta {link.id!r} does not fit its base")
+            items.extend(self._added(link))
+        self.values[blob_id] = items
+        return items
+
+    def _added(self, entry: Entry) -> list[Any]:
+        """The items a delta adds (decoded once per entry)."""
+        if entry.id not in self.added:
+            payload = entry.payload
+            if "from" in payload:
+                write = self._entry(self.by_seq.get(payload["from"]), payload["from"])
+                self.added[entry.id] = self.codec.decode(write.payload["value"])
+            else:
+                self.added[entry.id] = self.codec.decode(payload["add"])
+        return self.added[entry.id]
 
     @staticmethod
     def _entry(entry: Entry | None, name: object) -> Entry:
@@ -196,20 +218,6 @@ class Reader:
                 "by another process?)"
             )
         return entry
-
-    def _apply(self, entry: Entry) -> Any:
-        payload = entry.payload
-        if "base" not in payload:
-            return self.codec.decode(payload.get("value"))
-        base = self.values[self.by_seq[payload["base"]].id]
-        if not isinstance(base, list) or len(base) != payload.get("n"):
-            raise StoreCorruptError(f"LangGraph delta {entry.id!r} does not fit its base")
-        if "from" in payload:
-            write = self._entry(self.by_seq.get(payload["from"]), payload["from"])
-            added = self.codec.decode(write.payload["value"])
-        else:
-            added = self.codec.decode(payload["add"])
-        return [*base, *added]
 
     def to_tuple(
         self, thread_id: str, ns: str, entry: Entry, writes: Sequence[Entry]
