@@ -71,6 +71,11 @@ async def test_a_conversation_stores_each_message_once(store: Store) -> None:
     ]
     # One value per step, each holding only what the step added: 6 messages, 6 items.
     assert await stored_message_items(store, "t1") == [1, 1, 1, 1, 1, 1]
+    # Each message is stored once: after the first, a delta names the pending write
+    # that holds its message instead of storing it again.
+    entries = await store.read_entries("default", session_id("t1", ""))
+    deltas = [e.payload for e in entries if e.kind == BLOB and e.payload["ch"] == "messages"]
+    assert ["from" in d for d in deltas] == [False, True, True, True, True, True]
 
 
 async def test_a_resumed_saver_keeps_writing_deltas(store: Store) -> None:

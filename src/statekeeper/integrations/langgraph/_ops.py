@@ -66,6 +66,7 @@ class CheckpointLog:
         # The newest checkpoint's writes per session: (checkpoint id, channel -> [(entry
         # seq, stored value)]), so the next delta can name a write instead of copying it.
         self._written: dict[str, tuple[str, dict[str, list[tuple[int, Any]]]]] = {}
+        self._writing: dict[tuple[str, str], set[asyncio.Future[None]]] = {}
 
     # -- writing -------------------------------------------------------------------------
 
@@ -118,6 +119,9 @@ class CheckpointLog:
             await self.index_run(str(run_id), sid, thread_id, ns)
         cid = checkpoint["id"]
         versions = checkpoint["channel_versions"]
+        if parent_id is not None and (sid, parent_id) in self._writing:
+            # The parent's writes are being stored: wait, so a delta can name them.
+            await asyncio.wait(list(self._writing[(sid, parent_id)]))
         drafts, values = await self._blobs(sid, checkpoint, parent_id, new_versions)
         rest = {k: v for k, v in checkpoint.items() if k not in ("channel_values", "id")}
         doc = {
@@ -219,6 +223,26 @@ class CheckpointLog:
     ) -> None:
         thread_id, ns = thread_of(config)
         cid = config["configurable"]["checkpoint_id"]
+        done = asyncio.get_running_loop().create_future()
+        writing = self._writing.setdefault((session_id(thread_id, ns), cid), set())
+        writing.add(done)
+        try:
+            await self._put_writes(thread_id, ns, cid, writes, task_id, task_path)
+        finally:
+            writing.discard(done)
+            if not writing:
+                self._writing.pop((session_id(thread_id, ns), cid), None)
+            done.set_result(None)
+
+    async def _put_writes(
+        self,
+        thread_id: str,
+        ns: str,
+        cid: str,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str,
+    ) -> None:
         sid = await self.ensure(thread_id, ns)
         await self._stored(sid, cid)
         drafts = []
