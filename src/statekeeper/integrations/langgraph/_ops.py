@@ -368,16 +368,25 @@ class CheckpointLog:
         return found
 
     async def _load_values(self, reader: Reader, sid: str, entry: Entry) -> None:
-        """Read the checkpoint's blobs, and each delta chain in one range read."""
+        """Read the checkpoint's blobs, and each delta chain in one range read. A list this
+        saver wrote or read last (a tip) is not read again: blobs never change."""
+        tips = self._tips.get(sid, {})
         blobs = []
-        for blob_id in entry.payload["values"].values():
-            if blob_id not in reader.entries:
+        for channel, blob_id in entry.payload["values"].items():
+            tip = tips.get(channel)
+            if tip is not None and tip.blob_id == blob_id:
+                reader.values[blob_id] = list(tip.items)
+            elif blob_id not in reader.entries:
                 try:
                     blobs.append(await self.store.get_entry(self.tenant, sid, blob_id))
                 except NotFoundError:
                     continue  # reported by Reader.value, naming the missing value
         reader.add(blobs)
-        chained = [b for b in reader_blobs(reader, entry) if reader.chain_start(b) is not None]
+        chained = [
+            b
+            for b in reader_blobs(reader, entry)
+            if reader.chain_start(b) is not None and b.id not in reader.values
+        ]
         if chained:
             low = min(int(b.payload["root"]) for b in chained)
             high = max(b.seq for b in chained)
