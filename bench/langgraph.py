@@ -24,12 +24,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.graph import START, MessagesState, StateGraph
 
-from bench.common import Verdicts, interleave, message_dict
+from bench.common import Ratios, Verdicts, interleave, message_dict
 from statekeeper import open_store
 from statekeeper.integrations.langgraph.checkpoint import StatekeeperSaver
 
@@ -102,6 +103,38 @@ async def speed(history: int, folder: Path, durability: str) -> dict[str, Any]:
     return {"ratios": ratios, "raw_growth": raw_growth, "raw_read_ms": raw_read * 1000}
 
 
+def _chat(checkpointer: Any) -> Any:
+    """A MessagesState graph whose scripted model answers every message."""
+
+    def model(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [message(2_000_000 + len(state["messages"]))]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("model", model)
+    builder.add_edge(START, "model")
+    return builder.compile(checkpointer=checkpointer)
+
+
+async def turns(history: int, folder: Path) -> Ratios:
+    """A whole turn through LangGraph (``ainvoke`` / ``invoke`` of one user message): the
+    read of the thread, then three checkpoints (input, start, model) and their writes."""
+    async with open_store(f"sqlite:///{folder / f'turn-sk-{history}.db'}") as store:
+        with SqliteSaver.from_conn_string(str(folder / f"turn-lg-{history}.db")) as raw_saver:
+            ours, raw = _chat(StatekeeperSaver(store)), _chat(raw_saver)
+            config: Any = {"configurable": {"thread_id": "bench"}}
+            seed = {"messages": [message(n) for n in range(history)]}
+            await ours.aupdate_state(config, seed)
+            raw.update_state(config, seed)
+
+            async def ours_turn(n: int) -> None:
+                await ours.ainvoke({"messages": [HumanMessage(f"q{n}", id=f"q{n}")]}, config)
+
+            async def raw_turn(n: int) -> None:
+                raw.invoke({"messages": [HumanMessage(f"q{n}", id=f"q{n}")]}, config)
+
+            return await interleave(ours_turn, raw_turn, BATCHES, 2)
+
+
 async def built(folder: Path, page_size: int) -> dict[str, float]:
     """Our thread built step by step to `BUILT` messages: disk / payload, read time."""
     db = folder / f"built-{page_size}.db"
@@ -133,11 +166,10 @@ async def run() -> dict[str, Any]:
         folder = Path(name)
         results: dict[str, Any] = {
             "speed": {
-                (d, h): await speed(h, folder, d)
-                for d in ("power", "process")
-                for h in HISTORIES
+                (d, h): await speed(h, folder, d) for d in ("power", "process") for h in HISTORIES
             }
         }
+        results["turns"] = {h: await turns(h, folder) for h in HISTORIES}
         results["built"] = {size: await built(folder, size) for size in (4096, 16384)}
     return results
 
@@ -151,6 +183,13 @@ def report(results: dict[str, Any]) -> list[str]:
         print(
             f"{durability:>8} {history:>8} {r.ours_us / 1000:>8.2f} {r.raw_us / 1000:>9.2f} "
             f"{statistics.median(speedups):>6.1f} [{speedups[0]:.1f}-{speedups[-1]:.1f}]"
+        )
+    for history, ratios in results["turns"].items():
+        speedups = sorted(1 / x for x in ratios)
+        print(
+            f"a turn through LangGraph at {history:,}: ours {ratios.ours_us / 1000:.1f} ms, "
+            f"SqliteSaver {ratios.raw_us / 1000:.1f} ms, speedup "
+            f"{statistics.median(speedups):.1f} [{speedups[0]:.1f}-{speedups[-1]:.1f}]"
         )
     print(f"\nour thread built step by step to {BUILT:,} messages (durability=process):")
     for size, row in results["built"].items():
