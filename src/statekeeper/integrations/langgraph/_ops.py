@@ -14,7 +14,6 @@ from langgraph.checkpoint.base import (
     ChannelVersions,
     Checkpoint,
     CheckpointMetadata,
-    CheckpointTuple,
     get_serializable_checkpoint_metadata,
 )
 from pydantic import JsonValue
@@ -28,18 +27,14 @@ from statekeeper.integrations.langgraph._layout import (
     RUNS_NAMESPACE,
     THREAD_KEY,
     WRITE,
-    Reader,
     Tip,
     blob_entry_id,
     blob_payload,
     checkpoint_entry_id,
-    key,
-    matches,
     run_key,
     session_id,
     thread_of,
     write_entry_id,
-    writes_by_checkpoint,
 )
 from statekeeper.integrations.langgraph._values import ValueCodec
 from statekeeper.stores.base import Store
@@ -47,6 +42,7 @@ from statekeeper.stores.types import Entry, EntryDraft, SessionPatch, SessionQue
 
 _WAIT_FOR_PUT = 30.0  # seconds writes wait for their checkpoint's put before going first
 _TIP_SESSIONS = 256  # threads whose list tips stay in memory (the bases of deltas)
+_INDEXED_RUNS = 4096  # (run, thread) pairs remembered as already in the run index
 
 
 class CheckpointLog:
@@ -54,7 +50,7 @@ class CheckpointLog:
 
     def __init__(self, store: Store, tenant: str, codec: ValueCodec) -> None:
         self.store, self.tenant, self.codec = store, tenant, codec
-        self._tips: OrderedDict[str, dict[str, Tip]] = OrderedDict()
+        self.tips: OrderedDict[str, dict[str, Tip]] = OrderedDict()
         self._parents: dict[str, tuple[str, dict[str, Any], dict[str, str]]] = {}
         self._known: set[str] = set()
         self._indexed: set[str] = set()
@@ -62,7 +58,7 @@ class CheckpointLog:
         # checkpoint; they wait for it, so a checkpoint's writes always follow it in the log
         # and a read finds them after it. ``_newest``: the newest checkpoint id put or read.
         self._storing: dict[tuple[str, str], asyncio.Future[None]] = {}
-        self._newest: dict[str, str] = {}
+        self.newest: dict[str, str] = {}
         # The newest checkpoint's writes per session: (checkpoint id, channel -> [(entry
         # seq, stored value)]), so the next delta can name a write instead of copying it.
         self._written: dict[str, tuple[str, dict[str, list[tuple[int, Any]]]]] = {}
@@ -84,7 +80,7 @@ class CheckpointLog:
             return await self._put(config, checkpoint, metadata, new_versions)
         except BaseException:
             # The run stops: writes waiting for later checkpoints of it go ahead.
-            self._newest.pop(session_id(thread_id, ns), None)
+            self.newest.pop(session_id(thread_id, ns), None)
             for (waiting_sid, _), waiting in list(self._storing.items()):
                 if waiting_sid == session_id(thread_id, ns) and not waiting.done():
                     waiting.set_result(None)
@@ -99,8 +95,8 @@ class CheckpointLog:
         done = self._storing.get((sid, cid))
         if done is None:
             done = self._storing[(sid, cid)] = asyncio.get_running_loop().create_future()
-        if cid > self._newest.get(sid, ""):
-            self._newest[sid] = cid
+        if cid > self.newest.get(sid, ""):
+            self.newest[sid] = cid
         return done
 
     async def _put(
@@ -150,7 +146,7 @@ class CheckpointLog:
     ) -> tuple[list[EntryDraft], dict[str, str]]:
         """Drafts for the values that changed; the blob id of every value."""
         parent_versions, parent_values = await self._parent(sid, parent_id)
-        tips = self._tips.get(sid, {})
+        tips = self.tips.get(sid, {})
         cached = self._written.get(sid)
         written = cached[1] if cached is not None and cached[0] == parent_id else {}
         channel_values = checkpoint["channel_values"]
@@ -195,7 +191,7 @@ class CheckpointLog:
 
     def _remember_put(self, sid: str, stored: list[Entry], checkpoint: Checkpoint) -> None:
         """Make the list values just written the bases of the next deltas."""
-        tips = self._tips_of(sid)
+        tips = self.tips_of(sid)
         for entry in stored:
             if entry.kind != BLOB:
                 continue
@@ -207,11 +203,13 @@ class CheckpointLog:
             else:
                 tips.pop(channel, None)
 
-    def _tips_of(self, sid: str) -> dict[str, Tip]:
-        tips = self._tips.setdefault(sid, {})
-        self._tips.move_to_end(sid)
-        while len(self._tips) > _TIP_SESSIONS:
-            self._tips.popitem(last=False)
+    def tips_of(self, sid: str) -> dict[str, Tip]:
+        tips = self.tips.setdefault(sid, {})
+        self.tips.move_to_end(sid)
+        while len(self.tips) > _TIP_SESSIONS:
+            # The least recently used thread's caches go together (memory stays bounded).
+            evicted, _ = self.tips.popitem(last=False)
+            self._drop_caches(evicted)
         return tips
 
     async def put_writes(
@@ -284,7 +282,7 @@ class CheckpointLog:
         will (newer than any it put or read); a checkpoint never stored here was stored
         before its writes were made."""
         done = self._storing.get((sid, cid))
-        if done is None and sid in self._newest and cid > self._newest[sid]:
+        if done is None and sid in self.newest and cid > self.newest[sid]:
             done = self._storing[(sid, cid)] = asyncio.get_running_loop().create_future()
         if done is None:
             return
@@ -332,118 +330,21 @@ class CheckpointLog:
             return
         value: dict[str, JsonValue] = {"thread": thread_id, "ns": ns}
         await self.store.put_record(self.tenant, RUNS_NAMESPACE, marker, value)
+        if len(self._indexed) >= _INDEXED_RUNS:
+            self._indexed.clear()  # a cache: writing a marker again is harmless
         self._indexed.add(marker)
 
     def forget(self, sid: str) -> None:
-        self._known.discard(sid)
-        self._tips.pop(sid, None)
-        self._parents.pop(sid, None)
-        self._newest.pop(sid, None)
-        self._written.pop(sid, None)
+        """Drop what this saver remembers of a session (deleted, pruned or copied onto)."""
+        self.tips.pop(sid, None)
+        self._drop_caches(sid)
         self._indexed = {m for m in self._indexed if not m.endswith("." + sid)}
 
-    # -- reading -------------------------------------------------------------------------
-
-    async def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        thread_id, ns = thread_of(config)
-        sid = session_id(thread_id, ns)
-        cid = (config.get("configurable") or {}).get("checkpoint_id")
-        try:
-            if cid is None:
-                record = await self.store.get_session(self.tenant, sid)
-                cid = record.state.get("latest")
-                if not isinstance(cid, str):
-                    return None
-            entry = await self.store.get_entry(self.tenant, sid, checkpoint_entry_id(cid))
-            after = await self.store.read_entries(self.tenant, sid, after_seq=entry.seq)
-        except NotFoundError:
-            return None
-        reader = Reader(self.codec)
-        reader.add([entry, *after])
-        await self._load_values(reader, sid, entry)
-        found = reader.to_tuple(thread_id, ns, entry, writes_by_checkpoint(after).get(key(cid), []))
-        if cid > self._newest.get(sid, ""):
-            self._newest[sid] = cid
-        self._remember_read(sid, entry, reader)
-        return found
-
-    async def _load_values(self, reader: Reader, sid: str, entry: Entry) -> None:
-        """Read the checkpoint's blobs, and each delta chain in one range read. A list this
-        saver wrote or read last (a tip) is not read again: blobs never change."""
-        tips = self._tips.get(sid, {})
-        blobs = []
-        for channel, blob_id in entry.payload["values"].items():
-            tip = tips.get(channel)
-            if tip is not None and tip.blob_id == blob_id:
-                reader.values[blob_id] = list(tip.items)
-            elif blob_id not in reader.entries:
-                try:
-                    blobs.append(await self.store.get_entry(self.tenant, sid, blob_id))
-                except NotFoundError:
-                    continue  # reported by Reader.value, naming the missing value
-        reader.add(blobs)
-        chained = [
-            b
-            for b in reader_blobs(reader, entry)
-            if reader.chain_start(b) is not None and b.id not in reader.values
-        ]
-        if chained:
-            low = min(int(b.payload["root"]) for b in chained)
-            high = max(b.seq for b in chained)
-            reader.add(
-                await self.store.read_entries(self.tenant, sid, after_seq=low - 1, until_seq=high)
-            )
-
-    def _remember_read(self, sid: str, entry: Entry, reader: Reader) -> None:
-        """A value read can be the base of the next delta (a resume in a new process)."""
-        tips = self._tips_of(sid)
-        for channel, blob_id in entry.payload["values"].items():
-            value = reader.values.get(blob_id)
-            if type(value) is list and channel not in tips:
-                blob = reader.entries[blob_id]
-                root = blob.payload.get("root", blob.seq)
-                tips[channel] = Tip(blob_id, blob.seq, root, list(value), blob.payload)
-
-    async def list_checkpoints(
-        self,
-        config: RunnableConfig | None,
-        filter: dict[str, Any] | None,
-        before: RunnableConfig | None,
-        limit: int | None,
-    ) -> list[CheckpointTuple]:
-        configurable = (config or {}).get("configurable") or {}
-        wanted_id = configurable.get("checkpoint_id")
-        before_id = ((before or {}).get("configurable") or {}).get("checkpoint_id")
-        found: list[tuple[str, str, str, Entry, Reader, list[Entry]]] = []
-        for thread_id, ns, sid in await self._threads(config):
-            try:
-                entries = await self.store.read_entries(self.tenant, sid)
-            except NotFoundError:
-                continue
-            reader = Reader(self.codec)
-            reader.add(entries)
-            writes = writes_by_checkpoint(entries)
-            for entry in entries:
-                cid = entry.payload.get("id") if entry.kind == CHECKPOINT else None
-                if cid is None or (wanted_id is not None and cid != wanted_id):
-                    continue
-                if before_id is not None and cid >= before_id:
-                    continue
-                if matches(self.codec.decode(entry.payload["metadata"]), filter):
-                    found.append((cid, thread_id, ns, entry, reader, writes.get(key(cid), [])))
-        found.sort(key=lambda f: f[0], reverse=True)
-        if limit is not None:
-            found = found[:limit]
-        return [r.to_tuple(t, ns, e, w) for _, t, ns, e, r, w in found]
-
-    async def _threads(self, config: RunnableConfig | None) -> list[tuple[str, str, str]]:
-        """(thread, namespace, session) of every session a config names."""
-        if config is not None:
-            thread_id, ns = thread_of(config)
-            if config["configurable"].get("checkpoint_ns") is not None:
-                return [(thread_id, ns, session_id(thread_id, ns))]
-            return await self.sessions(thread_id)
-        return await self.sessions(None)
+    def _drop_caches(self, sid: str) -> None:
+        self._known.discard(sid)
+        self._parents.pop(sid, None)
+        self.newest.pop(sid, None)
+        self._written.pop(sid, None)
 
     async def sessions(self, thread_id: str | None) -> list[tuple[str, str, str]]:
         metadata = {} if thread_id is None else {THREAD_KEY: thread_id}
@@ -458,11 +359,6 @@ class CheckpointLog:
             if page.next_cursor is None:
                 return found
             cursor = page.next_cursor
-
-
-def reader_blobs(reader: Reader, entry: Entry) -> list[Entry]:
-    """The blob entries a checkpoint entry names that the reader holds."""
-    return [reader.entries[b] for b in entry.payload["values"].values() if b in reader.entries]
 
 
 def _side(entry_id: str, kind: str, payload: dict[str, Any]) -> EntryDraft:

@@ -31,7 +31,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from statekeeper.errors import InvalidInputError, StatekeeperError
 from statekeeper.ids import validate_id
-from statekeeper.integrations.langgraph import _prune
+from statekeeper.integrations.langgraph import _prune, _reads
 from statekeeper.integrations.langgraph._ops import CheckpointLog
 from statekeeper.integrations.langgraph._values import PickleRefusedError, ValueCodec
 from statekeeper.stores import Store, open_store
@@ -134,7 +134,7 @@ class StatekeeperSaver(BaseCheckpointSaver[str]):
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """The checkpoint a config names (its latest if it names none), or None."""
-        return await self._on_loop(self._log.get_tuple(config))
+        return await self._on_loop(_reads.get_tuple(self._log, config))
 
     async def alist(
         self,
@@ -145,7 +145,9 @@ class StatekeeperSaver(BaseCheckpointSaver[str]):
         limit: int | None = None,
     ) -> AsyncIterator[CheckpointTuple]:
         """Checkpoints newest first, filtered by metadata equality, before a checkpoint."""
-        found = await self._on_loop(self._log.list_checkpoints(config, filter, before, limit))
+        found = await self._on_loop(
+            _reads.list_checkpoints(self._log, config, filter, before, limit)
+        )
         for item in found:
             yield item
 
@@ -194,7 +196,7 @@ class StatekeeperSaver(BaseCheckpointSaver[str]):
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """Sync `aget_tuple`."""
-        return self._block(self._log.get_tuple(config))
+        return self._block(_reads.get_tuple(self._log, config))
 
     def list(
         self,
@@ -205,7 +207,7 @@ class StatekeeperSaver(BaseCheckpointSaver[str]):
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
         """Sync `alist`."""
-        return iter(self._block(self._log.list_checkpoints(config, filter, before, limit)))
+        return iter(self._block(_reads.list_checkpoints(self._log, config, filter, before, limit)))
 
     def put(
         self,
