@@ -5,6 +5,7 @@ delta layout; pickle refused. Every test that takes ``store`` runs on each backe
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -19,8 +20,13 @@ from langgraph.types import Command
 
 import statekeeper
 from statekeeper import open_store
-from statekeeper.errors import StatekeeperError
-from statekeeper.integrations.langgraph._layout import BLOB, WRITE, session_id
+from statekeeper.errors import StatekeeperError, StoreCorruptError
+from statekeeper.integrations.langgraph._layout import (
+    BLOB,
+    WRITE,
+    checkpoint_entry_id,
+    session_id,
+)
 from statekeeper.integrations.langgraph._values import ValueCodec
 from statekeeper.integrations.langgraph.checkpoint import PickleRefusedError, StatekeeperSaver
 from statekeeper.stores import Store
@@ -312,3 +318,27 @@ def test_the_sync_api_runs_a_graph_and_lists_its_history(tmp_path: Path) -> None
         ]
         saver.delete_thread("sy")
         assert saver.get_tuple(config("sy")) is None
+
+
+async def test_a_damaged_checkpoint_row_is_reported_and_the_rest_still_listed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    db = tmp_path / "damaged.db"
+    async with open_store(f"sqlite:///{db}") as store:
+        graph = chat(StatekeeperSaver(store))
+        await graph.ainvoke({"messages": [HumanMessage("hi", id="h1")]}, config("bad"))
+        history = [s async for s in graph.aget_state_history(config("bad"))]
+    damaged = history[-1].config["configurable"]["checkpoint_id"]
+    with sqlite3.connect(db) as conn:
+        changed = conn.execute(
+            "UPDATE entries SET payload = '{broken' WHERE id = ?", (checkpoint_entry_id(damaged),)
+        )
+        assert changed.rowcount == 1
+    async with open_store(f"sqlite:///{db}") as store:
+        saver = StatekeeperSaver(store)
+        listed = [t.checkpoint["id"] async for t in saver.alist(config("bad"))]
+        assert damaged not in listed
+        assert len(listed) == len(history) - 1
+        assert "cannot be read" in caplog.text
+        with pytest.raises(StoreCorruptError, match="cannot be read"):
+            await saver.aget_tuple({"configurable": {"thread_id": "bad", "checkpoint_id": damaged}})

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple
 
-from statekeeper.errors import NotFoundError
+from statekeeper.errors import NotFoundError, StoreCorruptError
 from statekeeper.integrations.langgraph._layout import (
     CHECKPOINT,
     Reader,
@@ -19,13 +20,16 @@ from statekeeper.integrations.langgraph._layout import (
     thread_of,
     writes_by_checkpoint,
 )
-from statekeeper.stores.types import Entry
+from statekeeper.stores.types import Entry, EntryKind
 
 if TYPE_CHECKING:
     from statekeeper.integrations.langgraph._ops import CheckpointLog
 
+_log = logging.getLogger(__name__)
+
 
 async def get_tuple(log: CheckpointLog, config: RunnableConfig) -> CheckpointTuple | None:
+    """The checkpoint a config names (its namespace's latest if none), or None."""
     thread_id, ns = thread_of(config)
     sid = session_id(thread_id, ns)
     cid = (config.get("configurable") or {}).get("checkpoint_id")
@@ -39,6 +43,11 @@ async def get_tuple(log: CheckpointLog, config: RunnableConfig) -> CheckpointTup
         after = await log.store.read_entries(log.tenant, sid, after_seq=entry.seq)
     except NotFoundError:
         return None
+    if entry.kind != CHECKPOINT:
+        raise StoreCorruptError(
+            f"checkpoint {cid!r} of thread {thread_id!r} cannot be read: "
+            f"{entry.payload.get('error', entry.kind)}"
+        )
     reader = Reader(log.codec)
     reader.add([entry, *after])
     await _load_values(log, reader, sid, entry)
@@ -93,6 +102,7 @@ async def list_checkpoints(
     before: RunnableConfig | None,
     limit: int | None,
 ) -> list[CheckpointTuple]:
+    """Checkpoints newest first (one read per session); an unreadable row is logged."""
     configurable = (config or {}).get("configurable") or {}
     wanted_id = configurable.get("checkpoint_id")
     before_id = ((before or {}).get("configurable") or {}).get("checkpoint_id")
@@ -106,6 +116,16 @@ async def list_checkpoints(
         reader.add(entries)
         writes = writes_by_checkpoint(entries)
         for entry in entries:
+            if entry.kind == EntryKind.CORRUPT:
+                # Reported, and the valid rest still listed (the row is left for repair).
+                _log.warning(
+                    "LangGraph thread %r: entry %s (seq %d) cannot be read: %s",
+                    thread_id,
+                    entry.id,
+                    entry.seq,
+                    entry.payload.get("error"),
+                )
+                continue
             cid = entry.payload.get("id") if entry.kind == CHECKPOINT else None
             if cid is None or (wanted_id is not None and cid != wanted_id):
                 continue
