@@ -163,6 +163,7 @@ class Reader:
     by_seq: dict[int, Entry] = field(default_factory=dict)
     values: dict[str, Any] = field(default_factory=dict)
     added: dict[str, list[Any]] = field(default_factory=dict)
+    prefixes: dict[str, tuple[list[Any], int]] = field(default_factory=dict)
 
     def add(self, entries: Iterable[Entry]) -> None:
         for entry in entries:
@@ -175,29 +176,36 @@ class Reader:
         return int(root) if isinstance(root, int) else None
 
     def value(self, blob_id: str) -> Any:
-        """The value of a blob: a delta chain is followed back to a whole (or already
-        built) value, then extended in place, each delta's items decoded once."""
+        """The value of a blob. A delta chain is followed back to a whole (or already
+        built) value, then extended in place, each delta decoded once; every delta on the
+        way is a prefix of the result, so a listing builds each chain once."""
         if blob_id in self.values:
             return self.values[blob_id]
+        if blob_id in self.prefixes:
+            built, end = self.prefixes[blob_id]
+            return built[:end]
         entry = self._entry(self.entries.get(blob_id), blob_id)
         chain: list[Entry] = []
-        while "base" in entry.payload and entry.id not in self.values:
+        while "base" in entry.payload and not self._known(entry.id):
             chain.append(entry)
             entry = self._entry(self.by_seq.get(entry.payload["base"]), entry.payload["base"])
-        if entry.id not in self.values:
+        if not self._known(entry.id):
             self.values[entry.id] = self.codec.decode(entry.payload.get("value"))
         if not chain:
             return self.values[entry.id]
-        items = self.values[entry.id]
-        if not isinstance(items, list):
+        start = self.value(entry.id)
+        if not isinstance(start, list):
             raise StoreCorruptError(f"LangGraph delta {chain[-1].id!r} extends no list")
-        items = list(items)
+        items = list(start)
         for link in reversed(chain):
             if len(items) != link.payload.get("n"):
                 raise StoreCorruptError(f"LangGraph delta {link.id!r} does not fit its base")
             items.extend(self._added(link))
-        self.values[blob_id] = items
-        return items
+            self.prefixes[link.id] = (items, len(items))
+        return items[:]  # the built list stays private: callers may change theirs
+
+    def _known(self, blob_id: str) -> bool:
+        return blob_id in self.values or blob_id in self.prefixes
 
     def _added(self, entry: Entry) -> list[Any]:
         """The items a delta adds (decoded once per entry)."""

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from langchain_core.runnables import RunnableConfig
@@ -88,11 +90,13 @@ def _remember_read(log: CheckpointLog, sid: str, entry: Entry, reader: Reader) -
     """A value read can be the base of the next delta (a resume in a new process)."""
     tips = log.tips_of(sid)
     for channel, blob_id in entry.payload["values"].items():
-        value = reader.values.get(blob_id)
-        if type(value) is list and channel not in tips:
+        if channel in tips or blob_id not in reader.entries:
+            continue
+        value = reader.value(blob_id)  # built already: a copy of the prefix
+        if type(value) is list:
             blob = reader.entries[blob_id]
             root = blob.payload.get("root", blob.seq)
-            tips[channel] = Tip(blob_id, blob.seq, root, list(value), blob.payload)
+            tips[channel] = Tip(blob_id, blob.seq, root, value, blob.payload)
 
 
 async def list_checkpoints(
@@ -101,8 +105,9 @@ async def list_checkpoints(
     filter: dict[str, Any] | None,
     before: RunnableConfig | None,
     limit: int | None,
-) -> list[CheckpointTuple]:
-    """Checkpoints newest first (one read per session); an unreadable row is logged."""
+) -> list[Callable[[], CheckpointTuple]]:
+    """Checkpoints newest first (one read per session; each built when called); an
+    unreadable row is logged."""
     configurable = (config or {}).get("configurable") or {}
     wanted_id = configurable.get("checkpoint_id")
     before_id = ((before or {}).get("configurable") or {}).get("checkpoint_id")
@@ -136,7 +141,8 @@ async def list_checkpoints(
     found.sort(key=lambda f: f[0], reverse=True)
     if limit is not None:
         found = found[:limit]
-    return [r.to_tuple(t, ns, e, w) for _, t, ns, e, r, w in found]
+    # Built one by one as the caller iterates: a long history is never all in memory.
+    return [partial(r.to_tuple, t, ns, e, w) for _, t, ns, e, r, w in found]
 
 
 async def _threads(log: CheckpointLog, config: RunnableConfig | None) -> list[tuple[str, str, str]]:

@@ -148,8 +148,8 @@ class StatekeeperSaver(BaseCheckpointSaver[str]):
         found = await self._on_loop(
             _reads.list_checkpoints(self._log, config, filter, before, limit)
         )
-        for item in found:
-            yield item
+        for build in found:
+            yield build()
 
     async def aput(
         self,
@@ -207,7 +207,8 @@ class StatekeeperSaver(BaseCheckpointSaver[str]):
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
         """Sync `alist`."""
-        return iter(self._block(_reads.list_checkpoints(self._log, config, filter, before, limit)))
+        found = self._block(_reads.list_checkpoints(self._log, config, filter, before, limit))
+        return (build() for build in found)
 
     def put(
         self,
