@@ -342,3 +342,20 @@ async def test_a_damaged_checkpoint_row_is_reported_and_the_rest_still_listed(
         assert "cannot be read" in caplog.text
         with pytest.raises(StoreCorruptError, match="cannot be read"):
             await saver.aget_tuple({"configurable": {"thread_id": "bad", "checkpoint_id": damaged}})
+
+
+async def test_threads_whose_ids_differ_after_a_nul_stay_apart(store: Store) -> None:
+    saver = StatekeeperSaver(store)
+    graph = chat(saver)
+    for thread_id in ("a", "a\x00b"):
+        await graph.ainvoke({"messages": [HumanMessage(thread_id, id="h")]}, config(thread_id))
+
+    await saver.adelete_thread("a")
+
+    assert await saver.aget_tuple(config("a")) is None
+    kept = await saver.aget_tuple(config("a\x00b"))
+    assert kept is not None
+    assert kept.checkpoint["channel_values"]["messages"][0].content == "a\x00b"
+    assert [t.config["configurable"]["thread_id"] async for t in saver.alist(None, limit=1)] == [
+        "a\x00b"
+    ]

@@ -347,6 +347,10 @@ class CheckpointLog:
         self._written.pop(sid, None)
 
     async def sessions(self, thread_id: str | None) -> list[tuple[str, str, str]]:
+        """(thread, namespace, session) of a thread's namespaces (of every thread if None).
+
+        The store's filter narrows the listing; each session is then checked exactly (a
+        backend may compare strings loosely, e.g. SQLite's json_extract at a NUL)."""
         metadata = {} if thread_id is None else {THREAD_KEY: thread_id}
         found: list[tuple[str, str, str]] = []
         cursor = None
@@ -354,8 +358,12 @@ class CheckpointLog:
             query = SessionQuery(agent_id=AGENT_ID, metadata=metadata, limit=1000, cursor=cursor)
             page = await self.store.list_sessions(self.tenant, query)
             for record in page.items:
-                meta = record.metadata
-                found.append((str(meta[THREAD_KEY]), str(meta[NS_KEY]), record.id))
+                thread, ns = record.metadata.get(THREAD_KEY), record.metadata.get(NS_KEY)
+                if not isinstance(thread, str) or not isinstance(ns, str):
+                    continue  # not a session this saver made
+                if thread_id not in (None, thread) or record.id != session_id(thread, ns):
+                    continue
+                found.append((thread, ns, record.id))
             if page.next_cursor is None:
                 return found
             cursor = page.next_cursor
