@@ -17,6 +17,7 @@ from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.types import Command
+from lg_graphs import chat, with_approval
 
 import statekeeper
 from statekeeper import open_store
@@ -30,8 +31,6 @@ from statekeeper.integrations.langgraph._layout import (
 from statekeeper.integrations.langgraph._values import ValueCodec
 from statekeeper.integrations.langgraph.checkpoint import PickleRefusedError, StatekeeperSaver
 from statekeeper.stores import Store
-
-from .lg_graphs import chat, with_approval
 
 HERE = Path(__file__).parent
 
