@@ -18,6 +18,7 @@ from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.types import Command
 from lg_graphs import chat, with_approval
+from pydantic import BaseModel
 
 import statekeeper
 from statekeeper import open_store
@@ -358,3 +359,25 @@ async def test_threads_whose_ids_differ_after_a_nul_stay_apart(store: Store) -> 
     assert [t.config["configurable"]["thread_id"] async for t in saver.alist(None, limit=1)] == [
         "a\x00b"
     ]
+
+
+class Note(BaseModel):
+    text: str
+
+
+async def test_a_strict_msgpack_clone_revives_the_types_it_allows(store: Store) -> None:
+    strict = StatekeeperSaver(store, serde=JsonPlusSerializer(allowed_msgpack_modules=None))
+    allowing = strict.with_allowlist({(Note.__module__, "Note")})
+    assert allowing is not strict
+
+    checkpoint = empty_checkpoint()
+    checkpoint["channel_values"] = {"note": Note(text="kept")}
+    checkpoint["channel_versions"] = {"note": strict.get_next_version(None, None)}
+    stored = await allowing.aput(config("al"), checkpoint, {}, checkpoint["channel_versions"])
+
+    found = await allowing.aget_tuple(stored)
+    assert found is not None
+    assert found.checkpoint["channel_values"]["note"] == Note(text="kept")
+    refused = await strict.aget_tuple(stored)
+    assert refused is not None
+    assert not isinstance(refused.checkpoint["channel_values"]["note"], Note)

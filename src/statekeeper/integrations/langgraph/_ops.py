@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -63,6 +64,12 @@ class CheckpointLog:
         # seq, stored value)]), so the next delta can name a write instead of copying it.
         self._written: dict[str, tuple[str, dict[str, list[tuple[int, Any]]]]] = {}
         self._writing: dict[tuple[str, str], set[asyncio.Future[None]]] = {}
+
+    def with_codec(self, codec: ValueCodec) -> CheckpointLog:
+        """The same log (store, tenant, caches) read and written with another codec."""
+        clone = copy.copy(self)
+        clone.codec = codec
+        return clone
 
     # -- writing -------------------------------------------------------------------------
 

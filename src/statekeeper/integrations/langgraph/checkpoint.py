@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
-from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Collection, Coroutine, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeVar
 
@@ -249,6 +249,15 @@ class StatekeeperSaver(BaseCheckpointSaver[str]):
                 f"unknown prune strategy {strategy!r}; use keep_latest or delete"
             )
         self._block(_prune.prune(self._log, thread_ids, strategy))
+
+    def with_allowlist(self, extra_allowlist: Collection[tuple[str, ...]]) -> StatekeeperSaver:
+        """A clone whose serializer allows more msgpack types (LangGraph's strict mode);
+        it shares this saver's store and caches."""
+        clone = super().with_allowlist(extra_allowlist)
+        if clone is self or not isinstance(clone, StatekeeperSaver):
+            return self
+        clone._log = self._log.with_codec(ValueCodec(clone.serde))
+        return clone
 
     def get_next_version(self, current: str | None, channel: None) -> str:
         """A zero-padded counter plus a random fraction, so forked branches never collide."""
