@@ -6,8 +6,9 @@
 
 or, from synchronous code, ``with StatekeeperSaver.from_url("sqlite:///state.db") as saver``.
 Lists that grow by appending (``MessagesState``'s messages) are stored as deltas: a
-step writes only the messages it added. Values are JSON, or LangGraph's msgpack bytes in
-base64; pickle is refused. See docs/integrations/langgraph-checkpointer.md.
+step writes only the messages it added, once. Values are JSON (LangChain messages as their
+fields), or LangGraph's msgpack bytes in base64; pickle is refused. See
+docs/integrations/langgraph-checkpointer.md.
 """
 
 from __future__ import annotations
