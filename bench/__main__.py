@@ -23,6 +23,7 @@ SUITES = {
     "openai_agents": "OpenAI Agents SDK session vs the SDK's SQLiteSession",
     "adk": "Google ADK session service vs ADK's own SQLite services",
     "server": "the HTTP server vs the library calls, and SSE fan-out latency",
+    "langgraph": "LangGraph checkpointer vs SqliteSaver (MessagesState)",
 }
 
 

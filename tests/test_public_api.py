@@ -34,6 +34,7 @@ PACKAGES = [
     "statekeeper.tracing",
     "statekeeper.integrations.openai_agents",
     "statekeeper.integrations.adk",
+    "statekeeper.integrations.langgraph",
 ]
 
 KNOWN_UNRESOLVED: dict[str, set[str]] = {}
