@@ -236,3 +236,10 @@ def test_packed_vectors_are_unit_length_and_self_similar(vector: list[float]) ->
         rules.unit(vector), rules.unpack_vector(rules.pack_vector([-x for x in vector]))
     ) == pytest.approx(-1.0, abs=1e-5)
     assert rules.cosine([1.0], packed) is None or len(vector) == 1
+
+
+def test_a_dict_inside_a_list_matches_the_fields_it_names() -> None:
+    assert rules.matches({"a": [{}]}, {"a": [{"": None}]})  # a missing field is None
+    assert rules.matches({"a": [{"x": 1, "y": 2}]}, {"a": [{"x": 1}]})
+    assert not rules.matches({"a": [{"x": 1}]}, {"a": [{"x": 2}]})
+    assert not rules.matches({"a": [{"x": 1}, {}]}, {"a": [{"x": 1}]})

@@ -249,7 +249,8 @@ def _compare(have: object, op: str, want: Any) -> bool:
 def matches(value: object, filter: Mapping[str, Any]) -> bool:
     """Whether a stored value satisfies a (checked) filter: every field must match.
 
-    A field's condition is a value (JSON equality; a dict matches the fields it names),
+    A field's condition is a value (JSON equality; a dict matches the fields it names,
+    a list matches a list of as many items that each match),
     or a dict of operators that must all hold. A missing field is ``None`` to ``$eq`` /
     ``$ne`` / ``$in`` / ``$nin`` and never satisfies a comparison.
     """
@@ -263,6 +264,12 @@ def _field_matches(have: object, want: Any) -> bool:
         return all(_compare(have, op, operand) for op, operand in want.items())
     if isinstance(want, dict):
         return matches(have, want)
+    if isinstance(want, list):  # item by item, so a dict in a list matches the fields it names
+        return (
+            isinstance(have, list)
+            and len(have) == len(want)
+            and all(_field_matches(h, w) for h, w in zip(have, want, strict=True))
+        )
     return json_equal(have, want)
 
 
