@@ -1,0 +1,142 @@
+// The runs board: every run of the tenant, pending approvals first, updated live from the
+// tenant's event stream (each event refreshes the run it names).
+
+import { api, follow, query } from "./api.js";
+import { announce, clear, h, money, problem, setLive, shortId, statusBadge, when } from "./dom.js";
+
+const STATUSES = [
+  "", "waiting_for_approval", "running", "waiting_for_input", "paused",
+  "initializing", "completed", "error", "cancelled",
+];
+const ACTIVE = new Set(["waiting_for_approval", "running", "waiting_for_input", "paused", "initializing"]);
+
+/** Pending approvals first, then runs still going, then the most recently changed. */
+export function boardOrder(a, b) {
+  const pa = (a.pending_approvals || 0) > 0 ? 0 : 1;
+  const pb = (b.pending_approvals || 0) > 0 ? 0 : 1;
+  if (pa !== pb) return pa - pb;
+  const aa = ACTIVE.has(a.status) ? 0 : 1;
+  const ab = ACTIVE.has(b.status) ? 0 : 1;
+  if (aa !== ab) return aa - ab;
+  return String(b.updated_at || "").localeCompare(String(a.updated_at || ""));
+}
+
+function costCell(run) {
+  const cost = Number(run.cost_usd || 0);
+  if (run.budget_usd === null || run.budget_usd === undefined) {
+    return h("td", { class: "num" }, money(cost), h("span", { class: "muted" }, " no budget"));
+  }
+  const budget = Number(run.budget_usd);
+  const share = budget > 0 ? Math.min(cost / budget, 1) : 1;
+  const level = share >= 0.9 ? "high" : share >= 0.6 ? "mid" : "low";
+  return h("td", { class: "num" },
+    h("span", {}, `${money(cost)} / ${money(budget)}`),
+    h("span", {
+      class: `bar bar-${level}`, role: "meter", "aria-valuemin": "0", "aria-valuemax": String(budget),
+      "aria-valuenow": String(cost), "aria-label": `cost ${money(cost)} of budget ${money(budget)}`,
+    }, h("span", { style: { width: `${Math.round(share * 100)}%` } })),
+  );
+}
+
+function row(run) {
+  const pending = run.pending_approvals || 0;
+  const link = `#/runs/${encodeURIComponent(run.run_id)}`;
+  return h("tr", { "data-run": run.run_id, class: pending ? "needs-you" : "" },
+    h("td", {}, statusBadge(run.status)),
+    h("td", {}, h("a", { href: link, title: run.run_id }, shortId(run.run_id))),
+    h("td", {}, run.agent || "–"),
+    h("td", { class: "num" }, String(run.step ?? 0)),
+    costCell(run),
+    h("td", {}, pending
+      ? h("a", { class: "badge pending", href: link, "aria-label": `${pending} pending approval(s): review` },
+        `${pending} to review`)
+      : h("span", { class: "muted" }, "–")),
+    h("td", {}, run.session_id
+      ? h("a", { href: `#/sessions/${encodeURIComponent(run.session_id)}`, title: run.session_id }, shortId(run.session_id))
+      : "–"),
+    h("td", { class: "muted" }, h("time", { datetime: run.updated_at || "" }, when(run.updated_at))),
+  );
+}
+
+export function renderBoard(main) {
+  const runs = new Map();
+  const timers = new Map();
+  let filter = "";
+  const select = h("select", { id: "status-filter" },
+    STATUSES.map((s) => h("option", { value: s }, s ? s.replaceAll("_", " ") : "all statuses")));
+  const body = h("tbody", {});
+  const counts = h("p", { class: "muted", id: "board-counts" });
+  const table = h("table", { class: "runs", "aria-describedby": "board-counts" },
+    h("caption", { class: "visually-hidden" }, "Runs, pending approvals first"),
+    h("thead", {}, h("tr", {},
+      ["Status", "Run", "Agent", "Step", "Cost / budget", "Approvals", "Session", "Updated"]
+        .map((t) => h("th", { scope: "col" }, t)))),
+    body);
+  main.append(
+    h("div", { class: "page-head" },
+      h("h1", {}, "Runs"),
+      h("label", { for: "status-filter" }, "Show ", select)),
+    counts,
+    h("div", { class: "card table-wrap" }, table),
+  );
+
+  function draw() {
+    const shown = [...runs.values()].filter((r) => !filter || r.status === filter).sort(boardOrder);
+    clear(body).append(...shown.map(row));
+    if (!shown.length) {
+      body.append(h("tr", {}, h("td", { colspan: "8", class: "muted empty" },
+        filter ? "No run has this status." : "No runs yet. Start one with the library, the CLI or the API.")));
+    }
+    const waiting = [...runs.values()].filter((r) => (r.pending_approvals || 0) > 0).length;
+    counts.textContent = `${runs.size} run(s); ${waiting} waiting for approval.`;
+  }
+
+  async function load() {
+    try {
+      const page = await api("/runs" + query({ limit: 200 }));
+      runs.clear();
+      for (const run of page.items || []) runs.set(run.run_id, run);
+      draw();
+    } catch (err) {
+      problem(main, err);
+    }
+  }
+
+  async function refresh(runId) {
+    try {
+      const run = await api(`/runs/${encodeURIComponent(runId)}`);
+      const before = runs.get(runId);
+      runs.set(runId, run);
+      draw();
+      const tr = body.querySelector(`tr[data-run="${CSS.escape(runId)}"]`);
+      if (tr) tr.classList.add("flash");
+      if (!before) announce(`New run ${shortId(runId)}: ${run.status}`);
+      else if (before.status !== run.status) announce(`Run ${shortId(runId)} is now ${run.status}`);
+    } catch (err) {
+      if (err.status === 404) {
+        runs.delete(runId);
+        draw();
+      }
+    }
+  }
+
+  select.addEventListener("change", () => {
+    filter = select.value;
+    draw();
+  });
+  load();
+  // A run's events come in bursts (a step writes several): refresh it once per burst.
+  const stop = follow({}, (event) => {
+    const runId = event.data && event.data.run_id;
+    if (!runId) return;
+    clearTimeout(timers.get(runId));
+    timers.set(runId, setTimeout(() => refresh(runId), 120));
+  }, (state) => {
+    setLive(state);
+    if (state === "live" && runs.size) load(); // after a reconnect, catch up in one read
+  });
+  return () => {
+    stop();
+    for (const t of timers.values()) clearTimeout(t);
+  };
+}

@@ -1,0 +1,271 @@
+// A run: its pending tool calls (Approve / Reject), timeline of events, checkpoints with
+// "fork from here", limits and metrics, error, and delegated children as a tree. It
+// follows the run's own event stream and re-reads the run when events arrive.
+
+import { ApiError, api, follow, query } from "./api.js";
+import {
+  announce, clear, h, money, pretty, problem, setLive, shortId, statusBadge, when,
+} from "./dom.js";
+
+const TERMINAL = new Set(["completed", "error", "cancelled"]);
+const runPath = (id) => `/runs/${encodeURIComponent(id)}`;
+
+/** One line saying what an event is about. */
+export function eventSummary(event) {
+  const data = event.data && typeof event.data === "object" ? event.data : {};
+  const d = data.data && typeof data.data === "object" ? data.data : data.payload || data;
+  const parts = [];
+  if (d.status) parts.push(String(d.status).replaceAll("_", " "));
+  if (d.tool) parts.push(String(d.tool));
+  if (d.call_id) parts.push(`call ${d.call_id}`);
+  if (d.text) parts.push(String(d.text).slice(0, 160));
+  if (d.message) parts.push(String(d.message).slice(0, 160));
+  if (d.reason) parts.push(`reason: ${d.reason}`);
+  return parts.join(" · ");
+}
+
+function eventType(event) {
+  const data = event.data && typeof event.data === "object" ? event.data : {};
+  return String(data.type || event.type || "event");
+}
+
+function pendingCard(run, call, act) {
+  const id = `call-${call.call_id}`;
+  const always = h("input", { type: "checkbox", id: `${id}-always` });
+  const reason = h("input", { type: "text", id: `${id}-reason`, placeholder: "optional", autocomplete: "off" });
+  const approve = h("button", { type: "button", class: "primary", "aria-label": `Approve ${call.tool} (${call.call_id})` }, "Approve");
+  const reject = h("button", { type: "button", class: "danger", "aria-label": `Reject ${call.tool} (${call.call_id})` }, "Reject");
+  approve.addEventListener("click", () => act("approve", { call_id: call.call_id, always: always.checked, reason: reason.value || undefined }, [approve, reject]));
+  reject.addEventListener("click", () => act("reject", { call_id: call.call_id, always: always.checked, reason: reason.value || undefined }, [approve, reject]));
+  return h("article", { class: "pending-call", "aria-labelledby": `${id}-title`, "data-call": call.call_id },
+    h("h3", { id: `${id}-title` }, h("code", {}, call.tool), h("span", { class: "muted" }, ` · ${call.call_id}`)),
+    call.prompt ? h("p", { class: "prompt" }, call.prompt) : null,
+    h("pre", { class: "args", "aria-label": "arguments" }, pretty(call.arguments ?? {})),
+    h("p", { class: "muted" }, `requested ${when(call.requested_at)}`),
+    h("div", { class: "decide" },
+      h("label", { for: `${id}-reason` }, "Reason "), reason,
+      h("label", { class: "check", for: `${id}-always` }, always, ` always for ${call.tool}`),
+      approve, reject),
+  );
+}
+
+function limitsTable(run, act) {
+  const limits = run.limits || [];
+  if (!limits.length) return h("p", { class: "muted" }, "No limits set.");
+  return h("table", { class: "compact" },
+    h("thead", {}, h("tr", {}, ["Limit", "Used", "Max", "Raise to"].map((t) => h("th", { scope: "col" }, t)))),
+    h("tbody", {}, limits.map((lim) => {
+      const input = h("input", {
+        type: "number", min: "0", step: "any", class: "narrow", "aria-label": `new maximum for ${lim.name}`,
+      });
+      const raise = h("button", { type: "button", "aria-label": `Raise ${lim.name}` }, "Raise");
+      raise.addEventListener("click", () => {
+        if (input.value) act("limits", { name: lim.name, limit: Number(input.value) }, [raise]);
+      });
+      const over = lim.limit !== null && lim.limit !== undefined && Number(lim.current) >= Number(lim.limit);
+      return h("tr", { class: over ? "over" : "" },
+        h("th", { scope: "row" }, lim.name),
+        h("td", { class: "num" }, fmt(lim.current)),
+        h("td", { class: "num" }, lim.limit === null || lim.limit === undefined ? "∞" : fmt(lim.limit)),
+        h("td", {}, input, " ", raise));
+    })));
+}
+
+function fmt(value) {
+  const n = Number(value);
+  return Number.isInteger(n) ? String(n) : Number.isFinite(n) ? n.toFixed(4) : String(value);
+}
+
+function metricsList(metrics) {
+  const rows = Object.entries(metrics || {}).filter(([, v]) => v !== null && typeof v !== "object");
+  const nested = Object.entries(metrics || {}).filter(([, v]) => v !== null && typeof v === "object");
+  if (!rows.length && !nested.length) return h("p", { class: "muted" }, "No metrics yet.");
+  return h("div", {},
+    h("dl", { class: "pairs" }, rows.flatMap(([k, v]) => [h("dt", {}, k.replaceAll("_", " ")), h("dd", {}, fmt(v))])),
+    nested.length ? h("details", {}, h("summary", {}, "Per model and usage"), h("pre", {}, pretty(Object.fromEntries(nested)))) : null);
+}
+
+function childTree(children) {
+  if (!children || !children.length) return null;
+  return h("ul", { class: "tree" }, children.map((c) => h("li", {},
+    h("a", { href: `#${runPath(c.run_id)}`, title: c.run_id }, shortId(c.run_id)), " ",
+    statusBadge(c.status), " ", h("span", { class: "muted" }, `${c.agent || ""} · step ${c.step ?? 0} · ${money(c.cost_usd)}`),
+    childTree(c.children))));
+}
+
+function decisionsList(decisions) {
+  if (!decisions || !decisions.length) return h("p", { class: "muted" }, "No decisions yet.");
+  return h("ul", { class: "plain" }, decisions.map((d) => h("li", {},
+    h("span", { class: `badge ${d.approved ? "ok" : "no"}` }, d.approved ? "approved" : "rejected"), " ",
+    h("code", {}, d.tool || d.call_id), d.always ? " (always)" : "",
+    h("span", { class: "muted" }, ` by ${d.decided_by || "?"} ${when(d.decided_at)}`),
+    d.reason ? h("div", { class: "muted" }, `reason: ${d.reason}`) : null)));
+}
+
+function checkpointsTable(items, act) {
+  if (!items.length) return h("p", { class: "muted" }, "No checkpoints yet.");
+  return h("div", { class: "scroll short" }, h("table", { class: "compact" },
+    h("thead", {}, h("tr", {}, ["Step", "Turn", "Status", "Written", ""].map((t) => h("th", { scope: "col" }, t)))),
+    h("tbody", {}, items.map((cp) => {
+      const ref = cp.step ?? cp.seq;
+      const fork = h("button", { type: "button", class: "small", "aria-label": `Fork a new run from step ${ref}` }, "Fork from here");
+      fork.addEventListener("click", () => act("fork", { at: ref }, [fork]));
+      return h("tr", {},
+        h("td", { class: "num" }, String(cp.step ?? "")),
+        h("td", { class: "num" }, String(cp.turn ?? "")),
+        h("td", {}, statusBadge(cp.status)),
+        h("td", { class: "muted" }, when(cp.at || cp.created_at)),
+        h("td", {}, fork));
+    }))));
+}
+
+function header(run, act) {
+  const resume = h("button", { type: "button" }, "Resume");
+  const cancel = h("button", { type: "button", class: "danger" }, "Cancel run");
+  resume.addEventListener("click", () => act("resume", {}, [resume]));
+  cancel.addEventListener("click", () => act("cancel", {}, [cancel]));
+  const done = TERMINAL.has(run.status);
+  resume.disabled = done || run.status === "running";
+  cancel.disabled = done;
+  return h("div", { class: "page-head" },
+    h("div", {},
+      h("p", { class: "crumbs" }, h("a", { href: "#/" }, "Runs"), " / ", run.run_id),
+      h("h1", {}, `Run of ${run.agent || "agent"} `, statusBadge(run.status)),
+      h("p", { class: "muted" },
+        `step ${run.step ?? 0} · ${money(run.cost_usd)}`,
+        run.budget_usd !== null && run.budget_usd !== undefined ? ` of ${money(run.budget_usd)}` : "",
+        " · session ",
+        h("a", { href: `#/sessions/${encodeURIComponent(run.session_id)}` }, shortId(run.session_id)),
+        run.parent_run_id ? [" · child of ", h("a", { href: `#${runPath(run.parent_run_id)}` }, shortId(run.parent_run_id))] : "",
+        ` · updated ${when(run.updated_at)}`)),
+    h("div", { class: "actions" }, resume, cancel));
+}
+
+export function renderRun(main, runId) {
+  const seen = new Set();
+  const timeline = h("ol", { class: "timeline", "aria-label": "events, oldest first" });
+  const timelineBox = h("div", { class: "scroll tall", tabindex: "0", "aria-label": "timeline" }, timeline);
+  const top = h("div", {});
+  const side = h("div", { class: "side" });
+  const pendingBox = h("section", { "aria-labelledby": "pending-title" });
+  main.append(top, h("div", { class: "run-grid" },
+    h("div", {}, pendingBox,
+      h("section", { class: "card", "aria-labelledby": "timeline-title" },
+        h("h2", { id: "timeline-title" }, "Timeline"), timelineBox)),
+    side));
+  let run = null;
+  let notice = "";
+  let timer = null;
+  let closed = false;
+  let stop = () => {};
+
+  function addEvents(events) {
+    const atBottom = timelineBox.scrollTop + timelineBox.clientHeight >= timelineBox.scrollHeight - 8;
+    for (const ev of events) {
+      const key = ev.id ?? `${eventType(ev)}:${ev.data && ev.data.seq}`;
+      if (seen.has(String(key))) continue;
+      seen.add(String(key));
+      const data = ev.data || {};
+      const type = eventType(ev);
+      timeline.append(h("li", { class: `ev ev-${type.split(/[/.:]/)[0]}` },
+        h("span", { class: "seq" }, `#${data.seq ?? ev.id ?? ""}`),
+        h("span", { class: "etype" }, type),
+        h("span", { class: "what" }, eventSummary(ev)),
+        h("time", { class: "muted", datetime: data.at || "" }, when(data.at))));
+    }
+    if (atBottom) timelineBox.scrollTop = timelineBox.scrollHeight;
+  }
+
+  // A decision asks the server to resume the run once nothing is pending. A server started
+  // without --app cannot run agents: then the decision is recorded alone, and the run
+  // waits for a worker that resumes it (the page says so).
+  async function post(action, body) {
+    const path = `${runPath(runId)}/${action}`;
+    if (action !== "approve" && action !== "reject") return api(path, { method: "POST", body });
+    try {
+      return await api(path, { method: "POST", body: { ...body, resume: true } });
+    } catch (err) {
+      if (!(err instanceof ApiError) || err.status !== 422 || !/--app/.test(err.message)) throw err;
+      const result = await api(path, { method: "POST", body: { ...body, resume: false } });
+      notice = "Decision recorded. This server has no --app to run the agent: resume the run from a worker.";
+      return result;
+    }
+  }
+
+  async function act(action, body, buttons) {
+    for (const b of buttons) b.disabled = true;
+    try {
+      const result = await post(action, body);
+      announce(`${action} done for run ${shortId(runId)}`);
+      if (action === "fork" && result && result.run_id && result.run_id !== runId) {
+        window.location.hash = `#${runPath(result.run_id)}`;
+        return;
+      }
+      await refresh();
+    } catch (err) {
+      problem(top, err).scrollIntoView({ block: "nearest" });
+      for (const b of buttons) b.disabled = false;
+    }
+  }
+
+  function draw() {
+    clear(top).append(header(run, act));
+    if (notice) top.append(h("p", { class: "notice", role: "status" }, notice));
+    if (run.output !== null && run.output !== undefined) {
+      top.append(h("details", { class: "card" }, h("summary", {}, "Output"), h("pre", {}, pretty(run.output))));
+    }
+    if (run.error) top.append(h("div", { class: "error card", role: "alert" }, h("h2", {}, "Error"), h("pre", {}, String(run.error))));
+    const pending = run.pending || [];
+    clear(pendingBox).append(pending.length
+      ? h("div", { class: "card attention" },
+        h("h2", { id: "pending-title" }, `Waiting for approval (${pending.length})`),
+        pending.map((call) => pendingCard(run, call, act)))
+      : h("h2", { id: "pending-title", class: "visually-hidden" }, "No pending approvals"));
+  }
+
+  async function drawSide() {
+    const [checkpoints] = await Promise.all([
+      api(`${runPath(runId)}/checkpoints`).catch(() => ({ items: [] })),
+    ]);
+    clear(side).append(
+      h("section", { class: "card", "aria-labelledby": "limits-title" },
+        h("h2", { id: "limits-title" }, "Limits"), limitsTable(run, act),
+        h("h2", {}, "Metrics"), metricsList(run.metrics)),
+      h("section", { class: "card", "aria-labelledby": "decisions-title" },
+        h("h2", { id: "decisions-title" }, "Decisions"), decisionsList(run.decisions)),
+      h("section", { class: "card", "aria-labelledby": "children-title" },
+        h("h2", { id: "children-title" }, "Delegated runs"),
+        childTree(run.children) || h("p", { class: "muted" }, "No child runs.")),
+      h("section", { class: "card", "aria-labelledby": "cp-title" },
+        h("h2", { id: "cp-title" }, "Checkpoints"), checkpointsTable(checkpoints.items || [], act)));
+  }
+
+  async function refresh() {
+    run = await api(runPath(runId));
+    draw();
+    await drawSide();
+  }
+
+  (async () => {
+    try {
+      await refresh();
+      const page = await api(`${runPath(runId)}/events` + query({ limit: 1000 }));
+      const items = page.items || [];
+      addEvents(items.map((e) => ({ id: e.id === undefined ? null : String(e.id), type: e.type, data: e })));
+      const last = items.length ? items[items.length - 1].id : null;
+      if (closed) return;
+      stop = follow({ run_id: runId, last_event_id: last ?? undefined }, (ev) => {
+        addEvents([ev]);
+        clearTimeout(timer);
+        timer = setTimeout(() => refresh().catch(() => {}), 120);
+      }, setLive);
+    } catch (err) {
+      problem(main, err);
+    }
+  })();
+  return () => {
+    closed = true;
+    stop();
+    clearTimeout(timer);
+  };
+}
