@@ -33,6 +33,11 @@ export function s(tag, attrs, ...children) {
   return fill(document.createElementNS(SVG_NS, tag), attrs, children);
 }
 
+/** Append children to el, skipping null / false (native append would print "null"). */
+export function put(el, ...children) {
+  return fill(el, {}, children);
+}
+
 export function clear(el) {
   while (el.firstChild) el.firstChild.remove();
   return el;
@@ -50,7 +55,7 @@ export function when(iso) {
 export function money(value) {
   if (value === null || value === undefined) return "–";
   const n = Number(value);
-  return n < 0.01 && n > 0 ? `$${n.toFixed(6)}` : `$${n.toFixed(2)}`;
+  return n < 0.01 && n > 0 ? `$${n.toPrecision(2)}` : `$${n.toFixed(2)}`;
 }
 
 export function shortId(id) {

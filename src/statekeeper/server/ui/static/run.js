@@ -4,7 +4,7 @@
 
 import { ApiError, api, follow, query } from "./api.js";
 import {
-  announce, clear, h, money, pretty, problem, setLive, shortId, statusBadge, when,
+  announce, clear, h, money, pretty, problem, put, setLive, shortId, statusBadge, when,
 } from "./dom.js";
 
 const TERMINAL = new Set(["completed", "error", "cancelled"]);
@@ -227,7 +227,7 @@ export function renderRun(main, runId) {
     const [checkpoints] = await Promise.all([
       api(`${runPath(runId)}/checkpoints`).catch(() => ({ items: [] })),
     ]);
-    clear(side).append(
+    put(clear(side), 
       h("section", { class: "card", "aria-labelledby": "limits-title" },
         h("h2", { id: "limits-title" }, "Limits"), limitsTable(run, act),
         h("h2", {}, "Metrics"), metricsList(run.metrics)),

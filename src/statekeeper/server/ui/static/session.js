@@ -4,7 +4,7 @@
 
 import { api, query } from "./api.js";
 import { layout, messageText } from "./dag.js";
-import { announce, clear, h, pretty, problem, s, shortId, statusBadge, when } from "./dom.js";
+import { announce, clear, h, pretty, problem, put, s, shortId, statusBadge, when } from "./dom.js";
 
 const ROW = 60;
 const LANE = 22;
@@ -97,6 +97,16 @@ function entryText(entry) {
   return "";
 }
 
+/** [[first, last], ...] runs of consecutive numbers in rows. */
+function spans(rows) {
+  const out = [];
+  for (const r of [...rows].sort((p, q) => p - q)) {
+    if (out.length && out[out.length - 1][1] === r - 1) out[out.length - 1][1] = r;
+    else out.push([r, r]);
+  }
+  return out;
+}
+
 function graph(plan, width, extraTop) {
   const x = (seq) => 14 + plan.laneOf.get(seq) * LANE;
   const y = (seq) => extraTop + plan.rowOf.get(seq) * ROW + ROW / 2;
@@ -124,11 +134,16 @@ function graph(plan, width, extraTop) {
     if (e.kind !== "compaction" || !covered.length) continue;
     const bx = 14 + plan.lanes * LANE + 6 + k * 8;
     k += 1;
-    const top = Math.min(...covered.map(y)) - 10;
-    const bottom = Math.max(...covered.map(y)) + 10;
-    svg.append(
-      s("path", { class: "bracket", d: `M${bx - 5} ${top} L${bx} ${top} L${bx} ${bottom} L${bx - 5} ${bottom}` }),
-      s("path", { class: "bracket link", d: `M${bx} ${(top + bottom) / 2} C${bx + 12} ${(top + bottom) / 2} ${bx + 12} ${y(e.seq)} ${x(e.seq) + 7} ${y(e.seq)}` }));
+    // One bracket per run of adjacent rows, so entries of other branches in between
+    // are not drawn as covered.
+    for (const [first, last] of spans(covered.map((seq) => plan.rowOf.get(seq)))) {
+      const top = extraTop + first * ROW + 8;
+      const bottom = extraTop + last * ROW + ROW - 8;
+      const mid = (top + bottom) / 2;
+      svg.append(
+        s("path", { class: "bracket", d: `M${bx - 5} ${top} L${bx} ${top} L${bx} ${bottom} L${bx - 5} ${bottom}` }),
+        s("path", { class: "bracket link", d: `M${bx} ${mid} C${bx + 12} ${mid} ${bx + 12} ${y(e.seq)} ${x(e.seq) + 7} ${y(e.seq)}` }));
+    }
   }
   for (const e of plan.rows) {
     const shape = e.kind === "compaction"
@@ -155,7 +170,7 @@ function details(panel, entry, session, plan) {
   });
   const m = entry.message || {};
   const calls = Array.isArray(m.content) ? m.content.filter((b) => b && b.type === "tool_call") : [];
-  clear(panel).append(
+  put(clear(panel), 
     h("h2", { id: "detail-title" }, `#${entry.seq} · ${label(entry)}`),
     h("p", { class: "muted" }, `${entry.kind} · ${category(entry).replace("_", " ")} · ${when(entry.created_at)}`,
       entry.on_branch ? " · on the active branch" : " · on another branch"),
@@ -187,7 +202,7 @@ function rowCard(e, plan, forks, select) {
   if (e.kind === "compaction") chips.push(h("span", { class: "chip summary" }, `stands for ${(e.covers || []).length}`));
   const forkLinks = forks.filter((f) => f.forked_from.seq === e.seq).map((f) =>
     h("a", { class: "chip fork", href: `#/sessions/${encodeURIComponent(f.session_id)}`, title: f.session_id },
-      `⑂ fork ${f.title ? `“${f.title}”` : shortId(f.session_id)}`));
+      `↳ fork ${f.title ? `“${f.title}”` : shortId(f.session_id)}`));
   const text = entryText(e);
   const classes = ["node", `cat-${category(e)}`, e.on_branch ? "on" : "off", `kind-${e.kind}`];
   if (plan.coveredBy.has(e.seq)) classes.push("covered");
@@ -237,7 +252,7 @@ function drawSession(main, session, entries, forks) {
   }, graph(plan, plan.graphWidth, plan.extraTop));
   if (session.forked_from) {
     canvas.append(h("div", { class: "node origin", style: { top: "0px", left: `${plan.graphWidth}px` } },
-      h("span", { class: "text" }, "⑂ history inherited from ",
+      h("span", { class: "text" }, "↱ history inherited from ",
         sessionLink(session.forked_from.session_id), ` up to entry #${session.forked_from.seq}`)));
   }
   for (const e of plan.rows) {
@@ -248,7 +263,7 @@ function drawSession(main, session, entries, forks) {
   const links = [];
   if (session.continued_from) links.push(h("p", { class: "link-card" }, "← continues ", sessionLink(session.continued_from)));
   const tail = session.continued_to ? h("p", { class: "link-card" }, "continued in ", sessionLink(session.continued_to), " →") : null;
-  main.append(
+  put(main,
     h("div", { class: "page-head" },
       h("div", {},
         h("p", { class: "crumbs" }, h("a", { href: "#/sessions" }, "Sessions"), " / ", session.session_id),
