@@ -1,0 +1,168 @@
+"""The control UI in a real browser (Debian's chromium) against a real server.
+
+The server runs as ``statekeeper serve`` in its own process over a SQLite file; the test
+process writes to the same file through the library (a `Runner` with the demo's
+scripted agent), so what the pages show travels the whole way: store, server, stream,
+browser.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from playwright.async_api import expect
+
+from statekeeper.core.messages import Message
+from statekeeper.demo_app import make_runner
+from statekeeper.runs.inspect import RunInspector
+from statekeeper.sessions import SessionManager
+from statekeeper.stores import open_store
+
+from .conftest import VIEWPORT, UIServer
+
+WAIT = 20_000  # ms: how long a live update may take on a loaded 2-core machine
+
+
+async def signed_in_page(browser: Any, server: UIServer, path: str = "#/") -> Any:
+    """A new tab on the UI, signed in through the login form."""
+    page = await browser.new_page(viewport=VIEWPORT)
+    await page.goto(f"{server.base}/ui/{path}")
+    await page.get_by_label("API key").fill(server.key)
+    await page.get_by_role("button", name="Sign in").click()
+    return page
+
+
+async def shot(page: Any, shots: Path | None, name: str) -> None:
+    if shots is not None:
+        await page.screenshot(path=str(shots / f"{name}.png"))
+
+
+async def test_board_updates_live_and_a_call_is_approved_from_the_browser(
+    browser: Any, ui_server: UIServer, shots: Path | None
+) -> None:
+    page = await signed_in_page(browser, ui_server)
+    requests: list[str] = []
+    page.on("request", lambda request: requests.append(request.url))
+    await expect(page.get_by_role("heading", name="Runs")).to_be_visible()
+    await expect(page.locator("#live")).to_have_text(re.compile("live"), timeout=WAIT)
+    await page.evaluate("window.__notReloaded = true")
+
+    # A run starts after the page loaded: it appears on the board without a reload.
+    store = await open_store(ui_server.store_url)
+    try:
+        runner = make_runner(store, ui_server.tenant)
+        first = await runner.start("support", "Order 1042 never arrived.", headless=False)
+        assert first.status == "waiting_for_approval"
+        row = page.locator(f'tr[data-run="{first.run_id}"]')
+        await expect(row.locator(".badge").first).to_have_text("waiting for approval", timeout=WAIT)
+        await expect(row.get_by_role("link", name=re.compile("pending approval"))).to_be_visible()
+        assert await page.evaluate("window.__notReloaded") is True
+        await shot(page, shots, "board")
+
+        # A second tab keeps the board open while the first approves on the run page.
+        board = await signed_in_page(browser, ui_server)
+        board_row = board.locator(f'tr[data-run="{first.run_id}"]')
+        await expect(board_row.locator(".badge").first).to_have_text("waiting for approval")
+
+        await row.get_by_role("link", name=re.compile("^run_")).click()
+        call = page.locator('article[data-call="c-refund"]')
+        await expect(call).to_contain_text("issue_refund")
+        await expect(call.locator("pre.args")).to_contain_text('"amount": 42.5')
+        await expect(call).to_contain_text("Refund 42.50 for order 1042?")
+        await shot(page, shots, "run")
+
+        # Keyboard only: focus Approve and press Enter. The server resumes the run.
+        approve = page.get_by_role("button", name="Approve issue_refund (c-refund)")
+        await approve.focus()
+        await page.keyboard.press("Enter")
+        heading = page.get_by_role("heading", level=1)
+        await expect(heading.locator(".badge")).to_have_text("completed", timeout=WAIT)
+        decisions = page.locator("#decisions-title + ul")
+        await expect(decisions).to_contain_text(re.compile("approved.*by key:"))
+        await expect(page.locator(".timeline")).to_contain_text("lifecycle/end", timeout=WAIT)
+        assert await page.evaluate("window.__notReloaded") is True
+
+        # The other tab saw the same run finish, live.
+        await expect(board_row.locator(".badge").first).to_have_text("completed", timeout=WAIT)
+        await expect(board_row).not_to_contain_text("to review")
+
+        state = await RunInspector(runner.runs, first.run_id).state()
+        assert state.status == "completed"
+        assert state.output == {"refunded": True}
+    finally:
+        await store.close()
+    # Offline by construction: the page asked nothing of any other origin.
+    assert requests
+    assert all(url.startswith(ui_server.base) for url in requests), requests
+
+
+async def test_session_page_draws_branches_forks_and_a_compaction(
+    browser: Any, ui_server: UIServer, shots: Path | None
+) -> None:
+    store = await open_store(ui_server.store_url)
+    try:
+        manager = SessionManager(store, ui_server.tenant, agent_id="support-bot")
+        session = await manager.create(
+            title="Order 1042",
+            messages=[
+                Message.system("You are a courteous support agent."),
+                Message.context("Policy: replacements ship after the carrier confirms loss."),
+            ],
+        )
+        for ask, answer in [
+            ("My order 1042 has not arrived.", "Let me look it up."),
+            ("It was due on Monday.", "The carrier shows it left on Tuesday."),
+            ("Can you send it again?", "Once the carrier confirms, yes."),
+        ]:
+            await session.append(Message.user(ask), Message.assistant(answer))
+        branch = await session.branch()
+        fork_at = branch[3].seq
+        fork = await session.fork(at=fork_at, title="What if a refund?")
+        await fork.append(Message.user("I would rather have a refund."))
+        # A branch inside the session: go back two entries and answer differently.
+        await session.checkout(branch[-3].seq)
+        await session.append(Message.user("Actually, cancel the order."))
+
+        async def summarize(messages: list[Message]) -> str:
+            return f"Summary of {len(messages)} earlier messages."
+
+        compacted = await session.compact(summarize, keep_last=1)
+        replaced = compacted.replaced
+    finally:
+        await store.close()
+
+    page = await signed_in_page(browser, ui_server, f"#/sessions/{session.id}")
+    summary = page.locator(".node.kind-compaction")
+    await expect(summary).to_have_count(1)
+    await expect(summary).to_contain_text(f"stands for {replaced}")
+    await expect(page.locator(".node.covered")).to_have_count(replaced)
+    await expect(page.locator(".node.off")).to_have_count(2)  # the answer left behind
+    await expect(page.locator("path.bracket").first).to_be_attached()
+    fork_chip = page.locator(f'.node[data-seq="{fork_at}"] a.chip.fork')
+    await expect(fork_chip).to_contain_text("What if a refund?")
+    await summary.get_by_role("button").click()
+    await expect(page.locator("aside.detail")).to_contain_text(f"Stands for {replaced} entries")
+    await shot(page, shots, "session")
+
+    await fork_chip.click()
+    await expect(page.get_by_role("heading", level=1)).to_have_text("What if a refund?")
+    await expect(page.locator(".node.origin")).to_contain_text(f"up to entry #{fork_at}")
+
+
+async def test_the_ui_asks_for_a_key_and_refuses_a_wrong_one(
+    browser: Any, ui_server: UIServer
+) -> None:
+    page = await browser.new_page(viewport=VIEWPORT)
+    await page.goto(f"{ui_server.base}/ui/")
+    await expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
+    await page.get_by_label("API key").fill("sk_nothere_notasecret")
+    await page.get_by_role("button", name="Sign in").click()
+    await expect(page.get_by_role("alert")).to_contain_text("refused")
+    await page.get_by_label("API key").fill(ui_server.key)
+    await page.get_by_role("button", name="Sign in").click()
+    await expect(page.get_by_role("heading", name="Runs")).to_be_visible()
+    # The key lives in this tab's sessionStorage only.
+    assert await page.evaluate("sessionStorage.getItem('statekeeper.apiKey')") == ui_server.key
+    assert await page.evaluate("localStorage.length") == 0
