@@ -34,9 +34,11 @@ async def signed_in_page(browser: Any, server: UIServer, path: str = "#/") -> An
     return page
 
 
-async def shot(page: Any, shots: Path | None, name: str) -> None:
+async def shot(page: Any, shots: Path | None, name: str, *, full: bool = False) -> None:
+    """Save a screenshot of the page's top (or all of it) when screenshots are asked for."""
     if shots is not None:
-        await page.screenshot(path=str(shots / f"{name}.png"))
+        await page.evaluate("window.scrollTo(0, 0)")
+        await page.screenshot(path=str(shots / f"{name}.png"), full_page=full)
 
 
 async def test_board_updates_live_and_a_call_is_approved_from_the_browser(
@@ -79,8 +81,6 @@ async def test_board_updates_live_and_a_call_is_approved_from_the_browser(
         await page.keyboard.press("Enter")
         heading = page.get_by_role("heading", level=1)
         await expect(heading.locator(".badge")).to_have_text("completed", timeout=WAIT)
-        decisions = page.locator("#decisions-title + ul")
-        await expect(decisions).to_contain_text(re.compile("approved.*by key:"))
         await expect(page.locator(".timeline")).to_contain_text("lifecycle/end", timeout=WAIT)
         assert await page.evaluate("window.__notReloaded") is True
 
@@ -144,7 +144,7 @@ async def test_session_page_draws_branches_forks_and_a_compaction(
     await expect(fork_chip).to_contain_text("What if a refund?")
     await summary.get_by_role("button").click()
     await expect(page.locator("aside.detail")).to_contain_text(f"Stands for {replaced} entries")
-    await shot(page, shots, "session")
+    await shot(page, shots, "session", full=True)
 
     await fork_chip.click()
     await expect(page.get_by_role("heading", level=1)).to_have_text("What if a refund?")

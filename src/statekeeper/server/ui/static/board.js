@@ -133,7 +133,9 @@ export function renderBoard(main) {
     timers.set(runId, setTimeout(() => refresh(runId), 120));
   }, (state) => {
     setLive(state);
-    if (state === "live" && runs.size) load(); // after a reconnect, catch up in one read
+    // The tenant stream carries what happens from now on: read the list again each time
+    // it (re)connects, so a change between the first read and the stream is not missed.
+    if (state === "live") load();
   });
   return () => {
     stop();

@@ -101,6 +101,7 @@ export function setLive(state) {
 export function problem(container, err) {
   const text = err && err.type && err.message ? `${err.type}: ${err.message}` : String(err && err.message ? err.message : err);
   const el = h("p", { class: "error", role: "alert" }, text);
+  if (err && err.status === 401) return el; // the login form replaces the page and says why
   container.prepend(el);
   return el;
 }

@@ -77,8 +77,15 @@ async function forksOf(id) {
   return found;
 }
 
-function category(entry) {
-  const c = String(entry.category || (entry.message && entry.message.category) || "").toLowerCase();
+const BY_NUMBER = { 1: "system", 2: "context", 3: "dialog", 4: "system_output" };
+const BY_ROLE = { system: "system", tool: "system_output", user: "dialog", assistant: "dialog" };
+
+/** An entry's message category: as the server names it (a name or the enum's number),
+ * else the role's default, as the library derives it. */
+export function category(entry) {
+  const m = entry.message || {};
+  const raw = entry.category ?? m.category;
+  const c = raw === null || raw === undefined ? BY_ROLE[m.role] || "" : BY_NUMBER[raw] || String(raw).toLowerCase();
   return CATEGORIES.includes(c) ? c : "other";
 }
 
