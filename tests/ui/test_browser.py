@@ -14,6 +14,7 @@ from typing import Any
 
 from playwright.async_api import expect
 
+from statekeeper.core.limits import BudgetFlag, IterationFlag, Limits
 from statekeeper.core.messages import Message
 from statekeeper.demo_app import make_runner
 from statekeeper.runs.inspect import RunInspector
@@ -22,6 +23,7 @@ from statekeeper.stores import open_store
 
 from .conftest import VIEWPORT, UIServer
 
+BUDGET = Limits(iterations=IterationFlag(maximum=10), budget=BudgetFlag(maximum=0.02))
 WAIT = 20_000  # ms: how long a live update may take on a loaded 2-core machine
 
 
@@ -38,13 +40,27 @@ async def shot(page: Any, shots: Path | None, name: str, *, full: bool = False) 
     """Save a screenshot of the page's top (or all of it) when screenshots are asked for."""
     if shots is not None:
         await page.evaluate("window.scrollTo(0, 0)")
-        await page.screenshot(path=str(shots / f"{name}.png"), full_page=full)
+        await page.screenshot(
+            path=str(shots / f"{name}.png"), full_page=full, animations="disabled"
+        )
+
+
+async def finished_run(server: UIServer) -> str:
+    """A run of the demo agent approved and finished through the library."""
+    async with await open_store(server.store_url) as store:
+        runner = make_runner(store, server.tenant)
+        started = await runner.start("support", "Parcel 7 is late.", headless=False, limits=BUDGET)
+        await runner.approve(started.run_id, "c-refund", by="ops")
+        assert (await runner.resume(started.run_id)).status == "completed"
+        return started.run_id
 
 
 async def test_board_updates_live_and_a_call_is_approved_from_the_browser(
     browser: Any, ui_server: UIServer, shots: Path | None
 ) -> None:
+    done = await finished_run(ui_server)
     page = await signed_in_page(browser, ui_server)
+    await expect(page.locator(f'tr[data-run="{done}"] .badge').first).to_have_text("completed")
     requests: list[str] = []
     page.on("request", lambda request: requests.append(request.url))
     await expect(page.get_by_role("heading", name="Runs")).to_be_visible()
@@ -55,11 +71,20 @@ async def test_board_updates_live_and_a_call_is_approved_from_the_browser(
     store = await open_store(ui_server.store_url)
     try:
         runner = make_runner(store, ui_server.tenant)
-        first = await runner.start("support", "Order 1042 never arrived.", headless=False)
+        first = await runner.start(
+            "support", "Order 1042 never arrived.", headless=False, limits=BUDGET
+        )
         assert first.status == "waiting_for_approval"
         row = page.locator(f'tr[data-run="{first.run_id}"]')
         await expect(row.locator(".badge").first).to_have_text("waiting for approval", timeout=WAIT)
         await expect(row.get_by_role("link", name=re.compile("pending approval"))).to_be_visible()
+        await expect(row.get_by_role("meter")).to_have_attribute("aria-valuemax", "0.02")
+        # A person's turn comes first, even above a run that finished since.
+        later = await finished_run(ui_server)
+        await expect(page.locator(f'tr[data-run="{later}"] .badge').first).to_have_text(
+            "completed", timeout=WAIT
+        )
+        await expect(page.locator("tbody tr").first).to_have_attribute("data-run", first.run_id)
         assert await page.evaluate("window.__notReloaded") is True
         await shot(page, shots, "board")
 
@@ -82,6 +107,11 @@ async def test_board_updates_live_and_a_call_is_approved_from_the_browser(
         heading = page.get_by_role("heading", level=1)
         await expect(heading.locator(".badge")).to_have_text("completed", timeout=WAIT)
         await expect(page.locator(".timeline")).to_contain_text("lifecycle/end", timeout=WAIT)
+        # Who decided stays on record after the run settled the decision.
+        approval = page.locator(".timeline li", has_text="approval/approved")
+        await expect(approval).to_contain_text(re.compile(r"call c-refund · by key:k\w+"))
+        decisions = page.locator("#decisions-title + ul")
+        await expect(decisions).to_contain_text(re.compile("approved.*c-refund.*by key:"))
         assert await page.evaluate("window.__notReloaded") is True
 
         # The other tab saw the same run finish, live.

@@ -91,7 +91,8 @@ export function announce(text) {
 export function setLive(state) {
   const el = document.getElementById("live");
   if (!el) return;
-  const labels = { live: "● live", reconnecting: "◌ reconnecting", stopped: "○ offline", off: "○ offline" };
+  // "off": the page follows no stream, so the indicator says nothing.
+  const labels = { live: "● live", reconnecting: "◌ reconnecting", stopped: "○ offline", off: "" };
   el.textContent = labels[state] || labels.off;
   el.className = `live live-${state}`;
   el.setAttribute("aria-label", `Live updates: ${state}`);

@@ -20,7 +20,9 @@ export function eventSummary(event) {
   if (d.call_id) parts.push(`call ${d.call_id}`);
   if (d.text) parts.push(String(d.text).slice(0, 160));
   if (d.message) parts.push(String(d.message).slice(0, 160));
+  if (d.always) parts.push("always");
   if (d.reason) parts.push(`reason: ${d.reason}`);
+  if (d.decided_by) parts.push(`by ${d.decided_by}`);
   return parts.join(" · ");
 }
 
@@ -93,12 +95,15 @@ function childTree(children) {
     childTree(c.children))));
 }
 
-function decisionsList(decisions) {
-  if (!decisions || !decisions.length) return h("p", { class: "muted" }, "No decisions yet.");
+/** Decisions from the run's approval events (kept for good), else from its state (kept
+ * only until the run settles them). */
+function decisionsList(logged, pending) {
+  const decisions = logged.length ? logged : pending || [];
+  if (!decisions.length) return h("p", { class: "muted" }, "No decisions yet.");
   return h("ul", { class: "plain" }, decisions.map((d) => h("li", {},
     h("span", { class: `badge ${d.approved ? "ok" : "no"}` }, d.approved ? "approved" : "rejected"), " ",
     h("code", {}, d.tool || d.call_id), d.always ? " (always)" : "",
-    h("span", { class: "muted" }, ` by ${d.decided_by || "?"} ${when(d.decided_at)}`),
+    h("span", { class: "muted" }, ` by ${d.decided_by || "?"} ${when(d.decided_at || d.at)}`),
     d.reason ? h("div", { class: "muted" }, `reason: ${d.reason}`) : null)));
 }
 
@@ -143,6 +148,7 @@ function header(run, act) {
 
 export function renderRun(main, runId) {
   const seen = new Set();
+  const decided = []; // approval events: who decided which call
   const timeline = h("ol", { class: "timeline", "aria-label": "events, oldest first" });
   const timelineBox = h("div", { class: "scroll tall", tabindex: "0", "aria-label": "timeline" }, timeline);
   const top = h("div", {});
@@ -167,6 +173,7 @@ export function renderRun(main, runId) {
       seen.add(String(key));
       const data = ev.data || {};
       const type = eventType(ev);
+      if (type.startsWith("approval/") && data.data) decided.push({ ...data.data, at: data.at });
       timeline.append(h("li", { class: `ev ev-${type.split(/[/.:]/)[0]}` },
         h("span", { class: "seq" }, `#${data.seq ?? ev.id ?? ""}`),
         h("span", { class: "etype" }, type),
@@ -231,13 +238,13 @@ export function renderRun(main, runId) {
       h("section", { class: "card", "aria-labelledby": "limits-title" },
         h("h2", { id: "limits-title" }, "Limits"), limitsTable(run, act),
         h("h2", {}, "Metrics"), metricsList(run.metrics)),
-      h("section", { class: "card", "aria-labelledby": "decisions-title" },
-        h("h2", { id: "decisions-title" }, "Decisions"), decisionsList(run.decisions)),
+      h("section", { class: "card", "aria-labelledby": "cp-title" },
+        h("h2", { id: "cp-title" }, "Checkpoints"), checkpointsTable(checkpoints.items || [], act)),
       h("section", { class: "card", "aria-labelledby": "children-title" },
         h("h2", { id: "children-title" }, "Delegated runs"),
         childTree(run.children) || h("p", { class: "muted" }, "No child runs.")),
-      h("section", { class: "card", "aria-labelledby": "cp-title" },
-        h("h2", { id: "cp-title" }, "Checkpoints"), checkpointsTable(checkpoints.items || [], act)));
+      h("section", { class: "card", "aria-labelledby": "decisions-title" },
+        h("h2", { id: "decisions-title" }, "Decisions"), decisionsList(decided, run.decisions)));
   }
 
   async function refresh() {
@@ -248,10 +255,10 @@ export function renderRun(main, runId) {
 
   (async () => {
     try {
-      await refresh();
       const page = await api(`${runPath(runId)}/events` + query({ limit: 1000 }));
       const items = page.items || [];
       addEvents(items.map((e) => ({ id: e.id === undefined ? null : String(e.id), type: e.type, data: e })));
+      await refresh();
       const last = items.length ? items[items.length - 1].id : null;
       if (closed) return;
       stop = follow({ run_id: runId, last_event_id: last ?? undefined }, (ev) => {

@@ -93,7 +93,7 @@ function label(entry) {
   if (entry.kind === "compaction") return "summary";
   if (entry.kind === "message" && entry.message) {
     const marker = entry.message.metadata && entry.message.metadata["statekeeper.marker"];
-    return marker ? `${marker} marker` : entry.message.role;
+    return marker ? String(marker) : entry.message.role;
   }
   return entry.kind;
 }
@@ -152,6 +152,7 @@ function graph(plan, width, extraTop) {
         s("path", { class: "bracket link", d: `M${bx} ${mid} C${bx + 12} ${mid} ${bx + 12} ${y(e.seq)} ${x(e.seq) + 7} ${y(e.seq)}` }));
     }
   }
+  if (extraTop) svg.append(s("circle", { class: "dot origin", cx: 14, cy: extraTop / 2, r: 5.5 }));
   for (const e of plan.rows) {
     const shape = e.kind === "compaction"
       ? s("rect", { x: x(e.seq) - 6, y: y(e.seq) - 6, width: 12, height: 12, transform: `rotate(45 ${x(e.seq)} ${y(e.seq)})` })
