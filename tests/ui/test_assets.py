@@ -95,3 +95,19 @@ def test_scripts_never_write_html_from_strings() -> None:
         text = path.read_text(encoding="utf-8")
         unsafe = r"\.(innerHTML|outerHTML)\s*=|insertAdjacentHTML|document\.write"
         assert not re.search(unsafe, text), path
+
+
+def test_without_chromium_the_browser_tests_skip_locally_and_fail_under_ci(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tests.ui.conftest import chromium_path
+
+    monkeypatch.setattr("os.access", lambda path, mode: False)
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.delenv("STATEKEEPER_REQUIRE_SERVICES", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="make browser"):
+        chromium_path()
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="required because CI=true"):
+        chromium_path()

@@ -196,3 +196,25 @@ async def test_the_ui_asks_for_a_key_and_refuses_a_wrong_one(
     # The key lives in this tab's sessionStorage only.
     assert await page.evaluate("sessionStorage.getItem('statekeeper.apiKey')") == ui_server.key
     assert await page.evaluate("localStorage.length") == 0
+
+
+async def test_a_call_rejected_always_with_a_reason_from_the_browser(
+    browser: Any, ui_server: UIServer
+) -> None:
+    async with await open_store(ui_server.store_url) as store:
+        runner = make_runner(store, ui_server.tenant)
+        started = await runner.start("support", "Refund order 9.", headless=False)
+        page = await signed_in_page(browser, ui_server, f"#/runs/{started.run_id}")
+        call = page.locator('article[data-call="c-refund"]')
+        await call.get_by_label("Reason").fill("no refunds on Sundays")
+        await call.get_by_label(re.compile("always for issue_refund")).check()
+        await call.get_by_role("button", name="Reject issue_refund (c-refund)").click()
+        heading = page.get_by_role("heading", level=1)
+        await expect(heading.locator(".badge")).to_have_text("completed", timeout=WAIT)
+        rejected = page.locator(".timeline li", has_text="approval/rejected")
+        await expect(rejected).to_contain_text("always · reason: no refunds on Sundays")
+        await expect(page.locator('article[data-call="c-refund"]')).to_have_count(0)
+        # The agent saw the rejection, with the reason, as the call's result.
+        items = await RunInspector(runner.runs, started.run_id).items()
+        results = [m.text for m in items.messages if m.role == "tool"]
+        assert any("rejected: no refunds on Sundays" in text for text in results), results
