@@ -218,3 +218,12 @@ async def test_a_call_rejected_always_with_a_reason_from_the_browser(
         items = await RunInspector(runner.runs, started.run_id).items()
         results = [m.text for m in items.messages if m.role == "tool"]
         assert any("rejected: no refunds on Sundays" in text for text in results), results
+
+        # Time travel: fork a new run from the first checkpoint; the page moves to it.
+        await page.get_by_role("button", name="Fork a new run from step 1").click()
+        await expect(page).not_to_have_url(re.compile(f"{started.run_id}$"))
+        await expect(page.locator(".page-head")).to_contain_text(
+            re.compile(r"forked from run_\S+ at step 1")
+        )
+        await page.locator("a.forked-from").click()
+        await expect(page).to_have_url(re.compile(f"{started.run_id}$"))

@@ -73,6 +73,11 @@ function limitsTable(run, act) {
     })));
 }
 
+function clock(iso) {
+  const d = new Date(iso);
+  return Number.isNaN(d.getTime()) ? String(iso || "") : d.toLocaleTimeString();
+}
+
 function fmt(value) {
   const n = Number(value);
   return Number.isInteger(n) ? String(n) : Number.isFinite(n) ? n.toFixed(4) : String(value);
@@ -109,17 +114,17 @@ function decisionsList(logged, pending) {
 
 function checkpointsTable(items, act) {
   if (!items.length) return h("p", { class: "muted" }, "No checkpoints yet.");
-  return h("div", { class: "scroll short" }, h("table", { class: "compact" },
-    h("thead", {}, h("tr", {}, ["Step", "Turn", "Status", "Written", ""].map((t) => h("th", { scope: "col" }, t)))),
+  return h("div", { class: "scroll short" }, h("table", { class: "compact cps" },
+    h("thead", {}, h("tr", {}, ["Step", "Status", "At", ""].map((t) => h("th", { scope: "col" }, t)))),
     h("tbody", {}, items.map((cp) => {
       const ref = cp.step ?? cp.seq;
-      const fork = h("button", { type: "button", class: "small", "aria-label": `Fork a new run from step ${ref}` }, "Fork from here");
+      const fork = h("button", { type: "button", class: "small", "aria-label": `Fork a new run from step ${ref}` }, "Fork here");
+      fork.title = "Start a new run from this checkpoint";
       fork.addEventListener("click", () => act("fork", { at: ref }, [fork]));
       return h("tr", {},
-        h("td", { class: "num" }, String(cp.step ?? "")),
-        h("td", { class: "num" }, String(cp.turn ?? "")),
+        h("td", { class: "num", title: `turn ${cp.turn ?? "?"}` }, String(cp.step ?? "")),
         h("td", {}, statusBadge(cp.status)),
-        h("td", { class: "muted" }, when(cp.at || cp.created_at)),
+        h("td", { class: "muted" }, h("time", { datetime: cp.at || "" }, clock(cp.at || cp.created_at))),
         h("td", {}, fork));
     }))));
 }
@@ -142,6 +147,8 @@ function header(run, act) {
         " · session ",
         h("a", { href: `#/sessions/${encodeURIComponent(run.session_id)}` }, shortId(run.session_id)),
         run.parent_run_id ? [" · child of ", h("a", { href: `#${runPath(run.parent_run_id)}` }, shortId(run.parent_run_id))] : "",
+        run.forked_from ? [" · forked from ", h("a", { href: `#${runPath(run.forked_from.run_id)}`, class: "forked-from" },
+          shortId(run.forked_from.run_id)), ` at step ${run.forked_from.step}`] : "",
         ` · updated ${when(run.updated_at)}`)),
     h("div", { class: "actions" }, resume, cancel));
 }
