@@ -181,6 +181,32 @@ async def test_session_page_draws_branches_forks_and_a_compaction(
     await expect(page.locator(".node.origin")).to_contain_text(f"up to entry #{fork_at}")
 
 
+async def test_session_page_links_a_continuation_both_ways(
+    browser: Any, ui_server: UIServer
+) -> None:
+    async with await open_store(ui_server.store_url) as store:
+        manager = SessionManager(store, ui_server.tenant, max_messages=4)
+        session = await manager.create(title="Long chat", messages=[Message.system("Be brief.")])
+        first = session.id
+        for n in range(4):
+            await session.append(Message.user(f"question {n}"), Message.assistant(f"answer {n}"))
+        assert session.id != first  # the boundary moved the conversation on
+        later, previous = session.id, session.record.continued_from
+        assert previous is not None
+
+    page = await signed_in_page(browser, ui_server, f"#/sessions/{later}")
+    back = page.locator(".link-card", has_text="continues")
+    await expect(back).to_be_visible()
+    await back.get_by_role("link").click()
+    await expect(page).to_have_url(re.compile(f"{previous}$"))
+    forward = page.locator(".link-card", has_text="continued in")
+    await expect(forward).to_be_visible()
+    await forward.get_by_role("link").click()
+    await expect(page).to_have_url(re.compile(f"{later}$"))
+    # The carried-over marker is drawn as what it is.
+    await expect(page.locator(".node .role", has_text="continuation")).to_have_count(1)
+
+
 async def test_the_ui_asks_for_a_key_and_refuses_a_wrong_one(
     browser: Any, ui_server: UIServer
 ) -> None:
