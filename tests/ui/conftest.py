@@ -161,16 +161,40 @@ def chromium() -> str:
     return chromium_path()
 
 
+class WatchedBrowser:
+    """Chromium whose pages report script errors and refused loads (a CSP violation, a
+    missing file) into ``problems``; the fixture fails the test if any were seen. A 401
+    is expected (the pages ask before the key is given) and not a problem."""
+
+    def __init__(self, browser: Any) -> None:
+        self.browser = browser
+        self.problems: list[str] = []
+
+    async def new_page(self, **options: Any) -> Any:
+        page = await self.browser.new_page(**options)
+        page.on("pageerror", lambda error: self.problems.append(f"script error: {error}"))
+        page.on("console", self._console)
+        return page
+
+    def _console(self, message: Any) -> None:
+        if message.type == "error" and "status of 401" not in message.text:
+            self.problems.append(f"console error: {message.text}")
+
+
 @pytest.fixture
-async def browser(chromium: str) -> AsyncIterator[Any]:
+async def browser(chromium: str, ui_server: UIServer) -> AsyncIterator[WatchedBrowser]:
+    """Chromium on the UI server's pages. It closes before the server stops, so no page
+    sees its live stream cut at the end of a test."""
     from playwright.async_api import async_playwright
 
     async with async_playwright() as pw:
         launched = await pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        watched = WatchedBrowser(launched)
         try:
-            yield launched
+            yield watched
         finally:
             await launched.close()
+        assert watched.problems == [], "the pages reported errors"
 
 
 @pytest.fixture

@@ -253,3 +253,33 @@ async def test_a_call_rejected_always_with_a_reason_from_the_browser(
         )
         await page.locator("a.forked-from").click()
         await expect(page).to_have_url(re.compile(f"{started.run_id}$"))
+
+
+async def test_keyboard_alone_reaches_a_pending_call_with_a_visible_focus(
+    browser: Any, ui_server: UIServer
+) -> None:
+    async with await open_store(ui_server.store_url) as store:
+        started = await make_runner(store, ui_server.tenant).start(
+            "support", "Where is order 5?", headless=False
+        )
+    page = await signed_in_page(browser, ui_server)
+    review = page.get_by_role("link", name=re.compile("pending approval"))
+    await expect(review).to_be_visible()
+    for _ in range(30):
+        await page.keyboard.press("Tab")
+        if await review.evaluate("link => link === document.activeElement"):
+            break
+    else:
+        raise AssertionError("Tab never reached the review link")
+    outline = await review.evaluate("link => getComputedStyle(link).outlineStyle")
+    assert outline != "none"  # the focus ring shows where the keyboard is
+    await page.keyboard.press("Enter")
+    await expect(page).to_have_url(re.compile(f"#/runs/{started.run_id}$"))
+    approve = page.get_by_role("button", name="Approve issue_refund (c-refund)")
+    await expect(approve).to_be_visible()
+    # Every control the page offers has a name a screen reader can say.
+    names = await page.locator("button, a, input, select").evaluate_all(
+        "els => els.filter(e => !(e.getAttribute('aria-label') || e.textContent.trim()"
+        " || (e.labels && e.labels.length))).map(e => e.outerHTML)"
+    )
+    assert names == []
