@@ -283,3 +283,26 @@ async def test_keyboard_alone_reaches_a_pending_call_with_a_visible_focus(
         " || (e.labels && e.labels.length))).map(e => e.outerHTML)"
     )
     assert names == []
+
+
+async def test_a_run_paused_at_its_limit_is_raised_and_resumed_from_the_browser(
+    browser: Any, ui_server: UIServer
+) -> None:
+    async with await open_store(ui_server.store_url) as store:
+        limits = Limits(iterations=IterationFlag(maximum=1))
+        started = await make_runner(store, ui_server.tenant).start(
+            "support", "Order 3 is late.", headless=False, limits=limits
+        )
+    assert started.status == "paused"
+    page = await signed_in_page(browser, ui_server, f"#/runs/{started.run_id}")
+    heading = page.get_by_role("heading", level=1)
+    await expect(heading.locator(".badge")).to_have_text("paused")
+    iterations = page.locator("tr", has=page.get_by_role("rowheader", name="iterations"))
+    await expect(iterations).to_have_class(re.compile("over"))
+    await page.get_by_label("new maximum for iterations").fill("5")
+    await page.get_by_role("button", name="Raise iterations").click()
+    await expect(iterations.locator("td").nth(1)).to_have_text("5")
+    await page.get_by_role("button", name="Resume").click()
+    # On to the next stop: the refund waits for a person.
+    await expect(heading.locator(".badge")).to_have_text("waiting for approval", timeout=WAIT)
+    await expect(page.locator('article[data-call="c-refund"]')).to_be_visible()

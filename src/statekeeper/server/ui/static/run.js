@@ -206,6 +206,19 @@ export function renderRun(main, runId) {
     }
   }
 
+  // The run's log so far, page by page (up to 5,000 events; the stream goes on from there).
+  async function allEvents() {
+    const items = [];
+    let after;
+    for (let n = 0; n < 5; n += 1) {
+      const page = await api(`${runPath(runId)}/events` + query({ after, limit: 1000 }));
+      items.push(...(page.items || []));
+      if (page.next_after === null || page.next_after === undefined) break;
+      after = page.next_after;
+    }
+    return items;
+  }
+
   async function act(action, body, buttons) {
     for (const b of buttons) b.disabled = true;
     try {
@@ -262,8 +275,7 @@ export function renderRun(main, runId) {
 
   (async () => {
     try {
-      const page = await api(`${runPath(runId)}/events` + query({ limit: 1000 }));
-      const items = page.items || [];
+      const items = await allEvents();
       addEvents(items.map((e) => ({ id: e.id === undefined ? null : String(e.id), type: e.type, data: e })));
       await refresh();
       const last = items.length ? items[items.length - 1].id : null;
