@@ -162,19 +162,27 @@ def chromium() -> str:
 
 
 class WatchedBrowser:
-    """Chromium whose pages report script errors and refused loads (a CSP violation, a
-    missing file) into ``problems``; the fixture fails the test if any were seen. A 401
-    is expected (the pages ask before the key is given) and not a problem."""
+    """Chromium whose pages report script errors, refused loads (a CSP violation, a
+    missing file) and requests to any other origin into ``problems``; the fixture fails
+    the test if any were seen. A 401 is expected (the pages ask before the key is
+    given) and not a problem."""
 
-    def __init__(self, browser: Any) -> None:
+    def __init__(self, browser: Any, origin: str) -> None:
         self.browser = browser
+        self.origin = origin
         self.problems: list[str] = []
 
     async def new_page(self, **options: Any) -> Any:
         page = await self.browser.new_page(**options)
         page.on("pageerror", lambda error: self.problems.append(f"script error: {error}"))
         page.on("console", self._console)
+        page.on("request", self._request)
         return page
+
+    def _request(self, request: Any) -> None:
+        # Offline by construction: nothing is fetched from anywhere but the server.
+        if not request.url.startswith(self.origin + "/"):
+            self.problems.append(f"request to another origin: {request.url}")
 
     def _console(self, message: Any) -> None:
         if message.type == "error" and "status of 401" not in message.text:
@@ -189,7 +197,7 @@ async def browser(chromium: str, ui_server: UIServer) -> AsyncIterator[WatchedBr
 
     async with async_playwright() as pw:
         launched = await pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
-        watched = WatchedBrowser(launched)
+        watched = WatchedBrowser(launched, ui_server.base)
         try:
             yield watched
         finally:
