@@ -258,7 +258,9 @@ async def test_keyboard_alone_reaches_a_pending_call_with_a_visible_focus(
             "support", "Where is order 5?", headless=False
         )
     page = await signed_in_page(browser, ui_server)
-    review = page.get_by_role("link", name=re.compile("pending approval"))
+    review = page.locator(f'tr[data-run="{started.run_id}"]').get_by_role(
+        "link", name=re.compile("pending approval")
+    )
     await expect(review).to_be_visible()
     for _ in range(30):
         await page.keyboard.press("Tab")
@@ -268,6 +270,12 @@ async def test_keyboard_alone_reaches_a_pending_call_with_a_visible_focus(
         raise AssertionError("Tab never reached the review link")
     outline = await review.evaluate("link => getComputedStyle(link).outlineStyle")
     assert outline != "none"  # the focus ring shows where the keyboard is
+    # A live update redraws the board: the keyboard stays where it was.
+    async with await open_store(ui_server.store_url) as store:
+        other = await make_runner(store, ui_server.tenant).start("support", "And order 6?")
+    await expect(page.locator(f'tr[data-run="{other.run_id}"]')).to_be_visible(timeout=WAIT)
+    focused = await page.evaluate("document.activeElement.closest('tr')?.dataset.run")
+    assert focused == started.run_id
     await page.keyboard.press("Enter")
     await expect(page).to_have_url(re.compile(f"#/runs/{started.run_id}$"))
     approve = page.get_by_role("button", name="Approve issue_refund (c-refund)")

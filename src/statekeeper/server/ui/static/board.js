@@ -2,7 +2,7 @@
 // tenant's event stream (each event refreshes the run it names).
 
 import { api, follow, query } from "./api.js";
-import { announce, clear, h, money, problem, setLive, shortId, statusBadge, when } from "./dom.js";
+import { announce, clear, h, keepFocus, money, problem, setLive, shortId, statusBadge, when } from "./dom.js";
 
 const STATUSES = [
   "", "waiting_for_approval", "running", "waiting_for_input", "paused",
@@ -82,11 +82,13 @@ export function renderBoard(main) {
 
   function draw() {
     const shown = [...runs.values()].filter((r) => !filter || r.status === filter).sort(boardOrder);
-    clear(body).append(...shown.map(row));
-    if (!shown.length) {
-      body.append(h("tr", {}, h("td", { colspan: "8", class: "muted empty" },
-        filter ? "No run has this status." : "No runs yet. Start one with the library, the CLI or the API.")));
-    }
+    keepFocus(body, () => {
+      clear(body).append(...shown.map(row));
+      if (!shown.length) {
+        body.append(h("tr", {}, h("td", { colspan: "8", class: "muted empty" },
+          filter ? "No run has this status." : "No runs yet. Start one with the library, the CLI or the API.")));
+      }
+    });
     const waiting = [...runs.values()].filter((r) => (r.pending_approvals || 0) > 0).length;
     counts.textContent = `${runs.size} run(s); ${waiting} waiting for approval.`;
   }

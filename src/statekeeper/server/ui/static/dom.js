@@ -106,3 +106,30 @@ export function problem(container, err) {
   container.prepend(el);
   return el;
 }
+
+/** Redraw `container` with `draw()` without losing the keyboard's place: the element
+ * that had focus inside it is found again (by id, label or text) and focused. */
+export function keepFocus(container, draw) {
+  const active = document.activeElement;
+  const inside = active && active !== document.body && container.contains(active);
+  const mark = inside
+    ? { tag: active.tagName, id: active.id, label: active.getAttribute("aria-label"), text: active.textContent }
+    : null;
+  // Rows and cards carry data-run / data-call / data-seq: look again inside the same one.
+  const holder = inside ? active.closest("[data-run],[data-call],[data-seq]") : null;
+  const attr = holder ? ["data-run", "data-call", "data-seq"].find((a) => holder.hasAttribute(a)) : null;
+  const where = attr ? `[${attr}="${CSS.escape(holder.getAttribute(attr))}"]` : null;
+  draw();
+  if (!mark) return;
+  const scope = (where && container.querySelector(where)) || container;
+  const same = [...scope.querySelectorAll(mark.tag)].find((el) =>
+    (mark.id && el.id === mark.id) || (mark.label && el.getAttribute("aria-label") === mark.label)
+    || (!mark.id && !mark.label && el.textContent === mark.text));
+  if (same && !same.disabled) same.focus({ preventScroll: true });
+}
+
+/** Whether the user is typing in a field inside `container` (a redraw would lose it). */
+export function typingIn(container) {
+  const active = document.activeElement;
+  return Boolean(active && container.contains(active) && /^(INPUT|TEXTAREA|SELECT)$/.test(active.tagName));
+}

@@ -4,7 +4,8 @@
 
 import { ApiError, api, follow, query } from "./api.js";
 import {
-  announce, clear, h, money, pretty, problem, put, setLive, shortId, statusBadge, when,
+  announce, clear, h, keepFocus, money, pretty, problem, put, setLive, shortId, statusBadge,
+  typingIn, when,
 } from "./dom.js";
 
 const TERMINAL = new Set(["completed", "error", "cancelled"]);
@@ -168,6 +169,7 @@ export function renderRun(main, runId) {
     side));
   let run = null;
   let notice = "";
+  let pendingKey = null;
   let timer = null;
   let closed = false;
   let stop = () => {};
@@ -236,25 +238,33 @@ export function renderRun(main, runId) {
   }
 
   function draw() {
+    keepFocus(top, () => drawTop());
+    // The pending cards are redrawn only when the calls change, so a reason being typed
+    // survives the live updates of a run that goes on.
+    const pending = run.pending || [];
+    const key = pending.map((call) => call.call_id).join("\n");
+    if (key === pendingKey && pendingBox.firstChild) return;
+    pendingKey = key;
+    keepFocus(pendingBox, () => clear(pendingBox).append(pending.length
+      ? h("div", { class: "card attention" },
+        h("h2", { id: "pending-title" }, `Waiting for approval (${pending.length})`),
+        pending.map((call) => pendingCard(run, call, act)))
+      : h("h2", { id: "pending-title", class: "visually-hidden" }, "No pending approvals")));
+  }
+
+  function drawTop() {
     clear(top).append(header(run, act));
     if (notice) top.append(h("p", { class: "notice", role: "status" }, notice));
     if (run.output !== null && run.output !== undefined) {
       top.append(h("details", { class: "card" }, h("summary", {}, "Output"), h("pre", {}, pretty(run.output))));
     }
     if (run.error) top.append(h("div", { class: "error card", role: "alert" }, h("h2", {}, "Error"), h("pre", {}, String(run.error))));
-    const pending = run.pending || [];
-    clear(pendingBox).append(pending.length
-      ? h("div", { class: "card attention" },
-        h("h2", { id: "pending-title" }, `Waiting for approval (${pending.length})`),
-        pending.map((call) => pendingCard(run, call, act)))
-      : h("h2", { id: "pending-title", class: "visually-hidden" }, "No pending approvals"));
   }
 
   async function drawSide() {
-    const [checkpoints] = await Promise.all([
-      api(`${runPath(runId)}/checkpoints`).catch(() => ({ items: [] })),
-    ]);
-    put(clear(side), 
+    const checkpoints = await api(`${runPath(runId)}/checkpoints`).catch(() => ({ items: [] }));
+    if (typingIn(side)) return; // a new limit being typed: the next update redraws
+    keepFocus(side, () => put(clear(side),
       h("section", { class: "card", "aria-labelledby": "limits-title" },
         h("h2", { id: "limits-title" }, "Limits"), limitsTable(run, act),
         h("h2", {}, "Metrics"), metricsList(run.metrics)),
@@ -264,7 +274,7 @@ export function renderRun(main, runId) {
         h("h2", { id: "children-title" }, "Delegated runs"),
         childTree(run.children) || h("p", { class: "muted" }, "No child runs.")),
       h("section", { class: "card", "aria-labelledby": "decisions-title" },
-        h("h2", { id: "decisions-title" }, "Decisions"), decisionsList(decided, run.decisions)));
+        h("h2", { id: "decisions-title" }, "Decisions"), decisionsList(decided, run.decisions))));
   }
 
   async function refresh() {
