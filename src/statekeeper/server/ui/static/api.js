@@ -141,7 +141,8 @@ export function follow(params, onEvent, onState = () => {}) {
       await new Promise((r) => setTimeout(r, delay));
       delay = Math.min(delay * 2, 8000);
     }
-    onState("stopped");
+    // Stopped by its page (which moved on): the next page sets the indicator itself.
+    if (!controller.signal.aborted) onState("stopped");
   })();
   return () => controller.abort();
 }

@@ -202,9 +202,12 @@ function legend() {
 
 function rowCard(e, plan, forks, select) {
   const chips = [];
-  for (const side of plan.attached.get(e.seq) || []) {
-    const step = side.payload && (side.payload.step ?? side.payload.turn);
-    chips.push(h("span", { class: "chip" }, `◆ ${side.kind}${step !== undefined && step !== null ? ` ${step}` : ""}`));
+  // Side entries (a run's checkpoints) as one chip per kind: "◆ checkpoint ×3".
+  const sides = new Map();
+  for (const side of plan.attached.get(e.seq) || []) sides.set(side.kind, (sides.get(side.kind) || 0) + 1);
+  for (const [kind, count] of sides) {
+    chips.push(h("span", { class: "chip", title: `${count} ${kind} entr${count > 1 ? "ies" : "y"} written after #${e.seq}` },
+      `◆ ${kind}${count > 1 ? ` ×${count}` : ""}`));
   }
   if (plan.coveredBy.has(e.seq)) chips.push(h("span", { class: "chip" }, `in summary #${plan.coveredBy.get(e.seq)}`));
   if (e.kind === "compaction") chips.push(h("span", { class: "chip summary" }, `stands for ${(e.covers || []).length}`));
