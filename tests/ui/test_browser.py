@@ -309,3 +309,30 @@ async def test_a_run_paused_at_its_limit_is_raised_and_resumed_from_the_browser(
     # On to the next stop: the refund waits for a person.
     await expect(heading.locator(".badge")).to_have_text("waiting for approval", timeout=WAIT)
     await expect(page.locator('article[data-call="c-refund"]')).to_be_visible()
+
+
+async def test_the_dag_layout_keeps_the_active_branch_in_the_first_lane(
+    browser: Any, ui_server: UIServer
+) -> None:
+    page = await browser.new_page(viewport=VIEWPORT)
+    await page.goto(f"{ui_server.base}/ui/")  # the login page: the modules' origin
+    # 1-2-3-4 active; 5 branches off 2 and 6 continues it; 7 is a side entry (checkpoint)
+    # on 4; 8 is a root of its own (a clear marker) on no branch.
+    plan = await page.evaluate(
+        """async () => {
+            const { layout } = await import("/ui/dag.js");
+            const e = (seq, parent_seq, on_branch, kind = "message") =>
+                ({ seq, parent_seq, on_branch, kind, covers: [] });
+            const p = layout([e(6, 5, false), e(1, null, true), e(2, 1, true), e(3, 2, true),
+                              e(4, 3, true), e(5, 2, false), e(7, 4, false, "checkpoint"),
+                              e(8, null, false, "marker")]);
+            return { lanes: p.lanes, lane: Object.fromEntries(p.laneOf),
+                     rows: p.rows.map((r) => r.seq), attached: [...p.attached.keys()],
+                     roots: p.edges.filter((x) => x.from === null).map((x) => x.to) };
+        }"""
+    )
+    assert plan["rows"] == [1, 2, 3, 4, 5, 6, 8]
+    assert plan["attached"] == [4]
+    assert plan["lane"] == {"1": 0, "2": 0, "3": 0, "4": 0, "5": 1, "6": 1, "8": 2}
+    assert plan["lanes"] == 3
+    assert plan["roots"] == [1, 8]
