@@ -164,6 +164,9 @@ async def test_session_page_draws_branches_forks_and_a_compaction(
     await expect(summary).to_contain_text(f"stands for {replaced}")
     await expect(page.locator(".node.covered")).to_have_count(replaced)
     await expect(page.locator(".node.off")).to_have_count(2)  # the answer left behind
+    await expect(page.locator(".node", has_text="Actually, cancel")).to_have_class(
+        re.compile(r"\bon\b")
+    )
     await expect(page.locator("path.bracket").first).to_be_attached()
     fork_chip = page.locator(f'.node[data-seq="{fork_at}"] a.chip.fork')
     await expect(fork_chip).to_contain_text("What if a refund?")
