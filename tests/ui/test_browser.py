@@ -178,6 +178,14 @@ async def test_session_page_draws_branches_forks_and_a_compaction(
     await expect(page.get_by_role("heading", level=1)).to_have_text("What if a refund?")
     await expect(page.locator(".node.origin")).to_contain_text(f"up to entry #{fork_at}")
 
+    # Fork from the browser: choose an entry, then "Fork a new session here".
+    await page.locator(".node.origin a").click()
+    await expect(page).to_have_url(re.compile(f"{session.id}$"))
+    await page.locator('.node[data-seq="2"] .node-main').click()
+    await page.get_by_role("button", name="Fork a new session here").click()
+    await expect(page).not_to_have_url(re.compile(f"{session.id}$"))
+    await expect(page.locator(".node.origin")).to_contain_text("up to entry #2")
+
 
 async def test_session_page_links_a_continuation_both_ways(
     browser: Any, ui_server: UIServer

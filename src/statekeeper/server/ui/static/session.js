@@ -285,7 +285,7 @@ function drawSession(main, session, entries, forks) {
       legend()),
     runsLine(session),
     h("div", { class: "session-grid" },
-      h("section", { class: "card", "aria-label": "transcript graph" }, links, entries.length ? canvas : h("p", { class: "muted" }, "No entries yet."), tail),
+      h("section", { class: "card", "aria-label": "transcript graph" }, links, entries.length || session.forked_from ? canvas : h("p", { class: "muted" }, "No entries yet."), tail),
       panel));
 }
 
