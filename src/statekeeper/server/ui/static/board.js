@@ -8,6 +8,7 @@ const STATUSES = [
   "", "waiting_for_approval", "running", "waiting_for_input", "paused",
   "initializing", "completed", "error", "cancelled",
 ];
+const MAX_PAGES = 20; // of 500 runs
 const ACTIVE = new Set(["waiting_for_approval", "running", "waiting_for_input", "paused", "initializing"]);
 
 /** Pending approvals first, then runs still going, then the most recently changed. */
@@ -62,6 +63,7 @@ export function renderBoard(main) {
   const runs = new Map();
   const timers = new Map();
   let filter = "";
+  let truncated = false;
   const select = h("select", { id: "status-filter" },
     STATUSES.map((s) => h("option", { value: s }, s ? s.replaceAll("_", " ") : "all statuses")));
   const body = h("tbody", {});
@@ -90,14 +92,30 @@ export function renderBoard(main) {
       }
     });
     const waiting = [...runs.values()].filter((r) => (r.pending_approvals || 0) > 0).length;
-    counts.textContent = `${runs.size} run(s); ${waiting} waiting for approval.`;
+    counts.textContent = `${runs.size} run(s); ${waiting} waiting for approval.`
+      + (truncated ? ` Only the oldest ${MAX_PAGES * 500} runs and every run waiting for approval are read.` : "");
+  }
+
+  // The API lists runs oldest first: read every page (up to MAX_PAGES), and the runs
+  // waiting for approval on their own, so those are on the board however many runs exist.
+  async function pages(status) {
+    const found = [];
+    let cursor;
+    for (let n = 0; n < MAX_PAGES; n += 1) {
+      const page = await api("/runs" + query({ status, cursor, limit: 500 }));
+      found.push(...(page.items || []));
+      cursor = page.next_cursor;
+      if (!cursor) return { found, complete: true };
+    }
+    return { found, complete: false };
   }
 
   async function load() {
     try {
-      const page = await api("/runs" + query({ limit: 200 }));
+      const [all, waiting] = await Promise.all([pages(), pages("waiting_for_approval")]);
       runs.clear();
-      for (const run of page.items || []) runs.set(run.run_id, run);
+      for (const run of [...all.found, ...waiting.found]) runs.set(run.run_id, run);
+      truncated = !all.complete;
       draw();
     } catch (err) {
       problem(main, err);
