@@ -347,3 +347,25 @@ async def test_the_dag_layout_keeps_the_active_branch_in_the_first_lane(
     assert plan["lane"] == {"1": 0, "2": 0, "3": 0, "4": 0, "5": 1, "6": 1, "8": 2}
     assert plan["lanes"] == 3
     assert plan["roots"] == [1, 8]
+
+
+async def test_delegated_runs_show_as_a_tree_and_link_back(
+    browser: Any, ui_server: UIServer
+) -> None:
+    async with await open_store(ui_server.store_url) as store:
+        runner = make_runner(store, ui_server.tenant)
+        parent = await runner.start("support", "Order 11 is lost.", headless=False)
+        child = await runner.delegate(parent.state, "support", "Check order 11.")
+        grandchild = await runner.delegate(child.state, "support", "Ask the carrier.")
+    page = await signed_in_page(browser, ui_server, f"#/runs/{parent.run_id}")
+    tree = page.locator("#children-title + ul.tree")
+    child_link = tree.get_by_role("link", name=re.compile(child.run_id[-8:]))
+    await expect(child_link).to_be_visible()
+    # The grandchild hangs under the child, one level deeper.
+    await expect(tree.locator("li ul.tree a", has_text=grandchild.run_id[-8:])).to_be_visible()
+    await child_link.click()
+    await expect(page.locator(".page-head")).to_contain_text("child of")
+    await (
+        page.locator(".page-head").get_by_role("link", name=re.compile(parent.run_id[-8:])).click()
+    )
+    await expect(page).to_have_url(re.compile(f"{parent.run_id}$"))
