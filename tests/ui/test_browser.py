@@ -40,6 +40,7 @@ async def shot(page: Any, shots: Path | None, name: str, *, full: bool = False) 
     """Save a screenshot of the page's top (or all of it) when screenshots are asked for."""
     if shots is not None:
         await page.evaluate("window.scrollTo(0, 0)")
+        await page.mouse.move(0, 0)  # no hover highlight where the last click was
         await page.screenshot(
             path=str(shots / f"{name}.png"), full_page=full, animations="disabled"
         )

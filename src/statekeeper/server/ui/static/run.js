@@ -16,6 +16,7 @@ export function eventSummary(event) {
   const data = event.data && typeof event.data === "object" ? event.data : {};
   const d = data.data && typeof data.data === "object" ? data.data : data.payload || data;
   const parts = [];
+  if (d.agent && !d.text) parts.push(`agent ${d.agent}`); // who starts or takes over
   if (d.status) parts.push(String(d.status).replaceAll("_", " "));
   if (d.tool) parts.push(String(d.tool));
   if (d.call_id) parts.push(`call ${d.call_id}`);
