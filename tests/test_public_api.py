@@ -26,6 +26,7 @@ PACKAGES = [
     "statekeeper.core",
     "statekeeper.longterm",
     "statekeeper.stores",
+    "statekeeper.stores.sealed",
     "statekeeper.sessions",
     "statekeeper.runs",
     "statekeeper.runtime",

@@ -38,6 +38,7 @@ from statekeeper.sessions import (
 )
 from statekeeper.stores import Durability, Store, open_store
 from statekeeper.stores.base import DeliveryContext, Entry, SessionRecord
+from statekeeper.stores.sealed import Keyring
 
 __version__ = "0.1.0"
 
@@ -54,6 +55,7 @@ __all__ = [
     "InvalidInputError",
     "InvalidPayloadError",
     "InvalidTransitionError",
+    "Keyring",
     "LimitReachedError",
     "LongTermStore",
     "MemoryItem",

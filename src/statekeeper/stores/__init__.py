@@ -10,6 +10,11 @@
 SQLite options go in the query string: ``durability=power|process``,
 ``busy_timeout=<seconds>``, ``mode=ro`` (read-only), ``max_payload_bytes=<n>``,
 ``inline_writes=true|false``, ``page_size=<bytes>`` (new files only).
+
+Every backend takes the encryption options of `statekeeper.stores.sealed`: ``keyring=``
+(a `Keyring`, or in a URL only where it lives: ``env:VARIABLE`` or ``file:PATH``, never a
+key), ``clear_metadata=`` (metadata keys listings may filter on; a URL takes them comma
+separated) and ``allow_plain=`` (see ``docs/encryption.md``).
 Backends load lazily, so an optional backend's driver is imported only when used.
 Every name here is described in ``docs/stores.md``.
 """
@@ -127,6 +132,58 @@ async def _open(url: str, options: dict[str, Any]) -> Store:
     module_name, _, function = target.partition(":")
     opener: Opener = getattr(importlib.import_module(module_name), function)
     query = dict(parse_qsl(parts.query))
+    sealing = _sealing(query, options)
     query.update({k: str(v) for k, v in options.items()})
     location = unquote(parts.netloc + parts.path)
-    return await opener(location, StoreOptions(parts.scheme, query))
+    store = await opener(location, StoreOptions(parts.scheme, query))
+    if sealing is None:
+        return store
+    from statekeeper.stores.sealed import SealedStore
+
+    keyring, clear, allow_plain = sealing
+    return SealedStore(store, keyring, clear_metadata=clear, allow_plain=allow_plain)
+
+
+_SEALING = ("keyring", "clear_metadata", "allow_plain")
+_SECRET_NAMES = ("key", "keys", "codec", "secret", "password")
+
+
+def _sealing(query: dict[str, str], options: dict[str, Any]) -> tuple[Any, list[str], bool] | None:
+    """Take the encryption options out of the URL query and keyword options (or None)."""
+    for name in _SECRET_NAMES:
+        if name in query:
+            # Never echo the value: it may be a key, and messages end up in logs.
+            raise InvalidInputError(
+                f"store URL option {name!r} is refused: a key must never be written in a URL "
+                "(it ends up in logs); pass keyring=Keyring(...) to open_store, or name where "
+                "the keyring lives with ?keyring=env:VARIABLE or ?keyring=file:PATH"
+            )
+    if "codec" in options:
+        raise InvalidInputError(
+            "open_store takes keyring=Keyring(...) for encryption at rest, not codec= "
+            "(a StateCodec seals run states and exports; see docs/encryption.md)"
+        )
+    taken = {n: options.pop(n) for n in _SEALING if n in options}
+    for name in _SEALING:
+        if name in query and name not in taken:
+            taken[name] = query[name]
+        query.pop(name, None)
+    if not taken:
+        return None
+    from statekeeper.stores.sealed import Keyring
+
+    keyring = taken.get("keyring")
+    if isinstance(keyring, str):
+        keyring = Keyring.from_source(keyring)
+    if keyring is None:
+        raise InvalidInputError(
+            "clear_metadata and allow_plain are options of encryption at rest: pass "
+            "keyring= as well"
+        )
+    clear = taken.get("clear_metadata", ())
+    if isinstance(clear, str):
+        clear = [k for k in clear.split(",") if k]
+    allow = taken.get("allow_plain", False)
+    if isinstance(allow, str):
+        allow = StoreOptions("store", {"allow_plain": allow}).take("allow_plain", bool, False)
+    return keyring, list(clear), bool(allow)

@@ -8,6 +8,10 @@ How each scheme gives every test a fresh store of its own, from a base URL:
 - ``postgresql://`` (or ``postgres://``): a schema per store (``schema=``), dropped after;
 - ``redis://``: a key prefix per store (``prefix=``), whose keys are deleted after.
 
+Each backend also runs sealed (``<name>-sealed``): the same URL with
+``keyring=env:STATEKEEPER_TEST_KEYRING``, a keyring of one random key made for the test
+run (and inherited by the writer processes the suite starts).
+
 The server backends skip (or fail under CI, see `require_service`) when their server
 does not answer. Their servers are ``STATEKEEPER_TEST_POSTGRES_URL`` (default
 ``postgresql://postgres@127.0.0.1:5432/test``) and ``STATEKEEPER_TEST_REDIS_URL``
@@ -16,6 +20,8 @@ does not answer. Their servers are ``STATEKEEPER_TEST_POSTGRES_URL`` (default
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 from pathlib import PurePosixPath
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
@@ -33,6 +39,7 @@ from statekeeper.testing.services import require_service, tcp_reachable
 __all__ = [
     "POSTGRES_URL",
     "REDIS_URL",
+    "TEST_KEYRING_VAR",
     "delete_prefix",
     "drop_schema",
     "postgres_reachable",
@@ -170,3 +177,20 @@ url_backend("sqlite-process", "sqlite:///state.db?durability=process")  # synchr
 url_backend("files", "files:///root")
 url_backend("postgres", POSTGRES_URL)
 url_backend("redis", REDIS_URL)
+
+# The same matrix with encryption at rest. The keyring is named in the URL, never written
+# in it: other processes the suite starts inherit the variable.
+TEST_KEYRING_VAR = "STATEKEEPER_TEST_KEYRING"
+"""The environment variable holding the keyring the ``-sealed`` backends use."""
+os.environ.setdefault(
+    TEST_KEYRING_VAR,
+    json.dumps(
+        {"current": "test-1", "keys": {"test-1": base64.b64encode(os.urandom(32)).decode()}}
+    ),
+)
+_SEALED = f"keyring=env:{TEST_KEYRING_VAR}"
+url_backend("memory-sealed", f"memory://?{_SEALED}")
+url_backend("sqlite-sealed", f"sqlite:///state.db?{_SEALED}")
+url_backend("files-sealed", f"files:///root?{_SEALED}")
+url_backend("postgres-sealed", f"{POSTGRES_URL}{'&' if '?' in POSTGRES_URL else '?'}{_SEALED}")
+url_backend("redis-sealed", f"{REDIS_URL}{'&' if '?' in REDIS_URL else '?'}{_SEALED}")

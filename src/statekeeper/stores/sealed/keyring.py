@@ -1,0 +1,278 @@
+"""Keys and the envelope of sealed values: AES-SIV (RFC 5297) from ``cryptography``.
+
+A `Keyring` holds named 32-byte keys, one of them *current*: new values are sealed with
+the current key, and a value sealed with any key of the ring opens. Each key is stretched
+with HKDF-SHA256 (info ``statekeeper sealed store v1``) into the 64-byte AES-256-SIV key,
+so a key also used with `statekeeper.codec.StateCodec` (AES-GCM) never serves two ciphers.
+
+A sealed value is the standard base64 of::
+
+    offset  size  field
+    0       1     envelope version (1)
+    1       1     mode: 0 deterministic, 1 randomized
+    2       1     key id length n (1..128)
+    3       n     key id (ASCII, an id as `statekeeper.ids.validate_id` allows)
+    -- mode 1 only:
+    3+n     16    nonce (random for every value)
+    --
+    ...           AES-SIV output: the 16-byte synthetic IV, then the ciphertext
+
+The associated data is the vector ``[header, *binding]`` (``header`` is the bytes up to
+the key id; the nonce, in mode 1, is the last component, as RFC 5297 section 3 puts it).
+``binding`` names where the value lives (tenant, owner, field), so a value copied
+anywhere else fails authentication. Deterministic mode gives the same output for the same
+key, binding and plaintext: transcript entries use it so that a retried append is
+recognised as identical by the store (idempotent replay compares stored payloads).
+
+Errors (from `statekeeper.codec`): `StateTamperedError` when a value fails
+authentication or is malformed, `WrongKeyError` when its key id is not in the ring.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+from statekeeper.codec import KEY_SIZE, StateTamperedError, WrongKeyError
+from statekeeper.errors import InvalidInputError, MissingExtraError, SchemaVersionError
+from statekeeper.ids import validate_id
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.ciphers.aead import AESSIV
+
+__all__ = ["SEALED_VERSION", "Keyring", "bindings", "seal_with_nonce"]
+
+SEALED_VERSION: Final = 1
+"""The envelope version this module writes (and the newest it reads)."""
+_DETERMINISTIC: Final = 0
+_RANDOMIZED: Final = 1
+_NONCE_SIZE: Final = 16
+_SIV_SIZE: Final = 16
+_HKDF_INFO: Final = b"statekeeper sealed store v1"
+
+
+def _siv(key: bytes) -> AESSIV:
+    try:
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.ciphers.aead import AESSIV
+        from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+    except ImportError:
+        raise MissingExtraError("encryption at rest", "crypto") from None
+    derived = HKDF(algorithm=hashes.SHA256(), length=64, salt=None, info=_HKDF_INFO).derive(key)
+    return AESSIV(derived)
+
+
+def _check_key(key: object, key_id: str) -> bytes:
+    # Never show the key itself: only its type and length.
+    if not isinstance(key, bytes | bytearray) or len(key) != KEY_SIZE:
+        size = f"{len(key)} bytes" if isinstance(key, bytes | bytearray) else type(key).__name__
+        raise InvalidInputError(
+            f"key {key_id!r} must be {KEY_SIZE} random bytes, got {size}; "
+            "make one with Keyring.new_key()"
+        )
+    return bytes(key)
+
+
+class Keyring:
+    """Named keys for sealing a store; ``current`` seals, all of them open.
+
+    Args:
+        keys: ``key id -> 32 random bytes`` (ids: letters, digits and ``. _ : @ -``).
+        current: the key id new values are sealed with (default: the first of ``keys``).
+
+    Raises:
+        InvalidInputError: no keys, a bad key id, a key that is not 32 bytes, or a
+            ``current`` that is not among ``keys``.
+        MissingExtraError: the ``crypto`` extra is not installed.
+    """
+
+    __slots__ = ("_ciphers", "_current", "_keys")
+
+    def __init__(self, keys: Mapping[str, bytes], current: str | None = None) -> None:
+        if not isinstance(keys, Mapping) or not keys:
+            raise InvalidInputError(
+                "a keyring needs at least one key: Keyring({'k1': Keyring.new_key()})"
+            )
+        self._keys = {validate_id(k, "key id"): _check_key(v, k) for k, v in keys.items()}
+        for key_id in self._keys:
+            if len(key_id.encode("ascii")) > 128:
+                raise InvalidInputError(f"key id {key_id[:40]!r}... is longer than 128 characters")
+        self._current = next(iter(self._keys)) if current is None else current
+        if self._current not in self._keys:
+            raise InvalidInputError(
+                f"current key id {self._current!r} is not in the keyring "
+                f"(it has {', '.join(map(repr, self._keys))})"
+            )
+        self._ciphers = {k: _siv(v) for k, v in self._keys.items()}
+
+    @staticmethod
+    def new_key() -> bytes:
+        """A new random 32-byte key."""
+        return os.urandom(KEY_SIZE)
+
+    @property
+    def current(self) -> str:
+        """The key id new values are sealed with."""
+        return self._current
+
+    @property
+    def key_ids(self) -> tuple[str, ...]:
+        """Every key id of the ring, current first."""
+        return (self._current, *(k for k in self._keys if k != self._current))
+
+    def __repr__(self) -> str:  # never the keys
+        return f"Keyring(current={self._current!r}, key_ids={self.key_ids!r})"
+
+    def rotated(self, key_id: str, key: bytes | None = None) -> Keyring:
+        """This ring with ``key`` (a new random one if None) added as the current key."""
+        if key_id in self._keys:
+            raise InvalidInputError(f"key id {key_id!r} is already in the keyring")
+        added = _check_key(Keyring.new_key() if key is None else key, key_id)
+        return Keyring({key_id: added, **self._keys}, current=key_id)
+
+    def without(self, *key_ids: str) -> Keyring:
+        """This ring without the given (old) keys, once no value is sealed with them."""
+        if self._current in key_ids:
+            raise InvalidInputError(f"cannot drop the current key {self._current!r}")
+        kept = {k: v for k, v in self._keys.items() if k not in key_ids}
+        return Keyring(kept, current=self._current)
+
+    # -- text form ---------------------------------------------------------------------
+
+    def to_json(self) -> str:
+        """The ring as JSON text, ``{"current": id, "keys": {id: base64}}``. It holds the
+        keys: keep it where secrets go (a secret manager, a 0600 file), never in a URL."""
+        keys = {k: base64.b64encode(v).decode() for k, v in self._keys.items()}
+        return json.dumps({"current": self._current, "keys": keys})
+
+    @classmethod
+    def from_json(cls, text: str, *, source: str = "keyring text") -> Keyring:
+        """The ring `to_json` wrote. Errors name ``source``, never a key."""
+        try:
+            data = json.loads(text)
+            keys = {str(k): base64.b64decode(v, validate=True) for k, v in data["keys"].items()}
+            current = data.get("current")
+        except (ValueError, TypeError, KeyError, AttributeError, binascii.Error):
+            raise InvalidInputError(
+                f"{source} is not a keyring: expected JSON like "
+                '{"current": "k1", "keys": {"k1": "<base64 of 32 bytes>"}}'
+            ) from None
+        return cls(keys, current if isinstance(current, str) else None)
+
+    @classmethod
+    def from_source(cls, source: str) -> Keyring:
+        """The ring named by ``env:VARIABLE`` or ``file:PATH`` (never the keys themselves)."""
+        kind, _, name = source.partition(":")
+        if kind == "env" and name:
+            text = os.environ.get(name)
+            if not text:
+                raise InvalidInputError(f"environment variable {name} holds no keyring")
+            return cls.from_json(text, source=f"environment variable {name}")
+        if kind == "file" and name:
+            try:
+                text = Path(name).read_text(encoding="utf-8")
+            except OSError as exc:
+                raise InvalidInputError(
+                    f"cannot read keyring file {name}: {exc.strerror}"
+                ) from None
+            return cls.from_json(text, source=f"keyring file {name}")
+        raise InvalidInputError(
+            f"keyring source {source[:20]!r}... must be env:VARIABLE or file:PATH "
+            "(a key is never written in a URL or on a command line)"
+        )
+
+    # -- sealing -------------------------------------------------------------------------
+
+    def seal(self, plaintext: bytes, binding: Sequence[bytes], *, deterministic: bool) -> str:
+        """``plaintext`` sealed with the current key, bound to ``binding``."""
+        nonce = b"" if deterministic else os.urandom(_NONCE_SIZE)
+        return seal_with_nonce(self, plaintext, binding, nonce)
+
+    def key_id_of(self, sealed: str) -> str:
+        """The key id a sealed value names (`StateTamperedError` if it is malformed)."""
+        return _parse(sealed)[1]
+
+    def open(self, sealed: str, binding: Sequence[bytes]) -> bytes:
+        """The plaintext of ``sealed``, if it is authentic and bound to ``binding``.
+
+        Raises:
+            WrongKeyError: its key id is not in this ring (the message names it).
+            StateTamperedError: it was changed, truncated, or moved from elsewhere.
+        """
+        header, key_id, nonce, body = _parse(sealed)
+        cipher = self._ciphers.get(key_id)
+        if cipher is None:
+            raise WrongKeyError(
+                f"a stored value is sealed with key id {key_id!r}, which this keyring does "
+                f"not have (it has {', '.join(map(repr, self.key_ids))}); add that key to the "
+                "keyring. If the key is lost, the values sealed with it cannot be recovered"
+            )
+        from cryptography.exceptions import InvalidTag
+
+        vector = [header, *binding, nonce] if nonce else [header, *binding]
+        try:
+            return cipher.decrypt(body, vector)
+        except InvalidTag:
+            raise StateTamperedError(
+                f"a stored value sealed with key id {key_id!r} failed authentication: it was "
+                "changed, or moved from another tenant, session, entry or record; nothing "
+                "of it was used - restore it from a backup"
+            ) from None
+
+
+def seal_with_nonce(
+    keyring: Keyring, plaintext: bytes, binding: Sequence[bytes], nonce: bytes
+) -> str:
+    """`Keyring.seal` with a given nonce (``b""``: deterministic). For known-answer tests;
+    use `Keyring.seal`, which draws a random nonce."""
+    key_id = keyring.current.encode("ascii")
+    mode = _RANDOMIZED if nonce else _DETERMINISTIC
+    if nonce and len(nonce) != _NONCE_SIZE:
+        raise InvalidInputError(f"a nonce is {_NONCE_SIZE} bytes")
+    header = bytes((SEALED_VERSION, mode, len(key_id))) + key_id
+    vector = [header, *binding, nonce] if nonce else [header, *binding]
+    body = keyring._ciphers[keyring.current].encrypt(plaintext, vector)
+    return base64.b64encode(header + nonce + body).decode("ascii")
+
+
+def _parse(sealed: str) -> tuple[bytes, str, bytes, bytes]:
+    """(header, key id, nonce, SIV output) of a sealed value."""
+    try:
+        data = base64.b64decode(sealed, validate=True)
+    except (binascii.Error, ValueError, TypeError):
+        raise _damaged("it is not base64") from None
+    if len(data) < 4:
+        raise _damaged("it is truncated")
+    version, mode, size = data[0], data[1], data[2]
+    if version > SEALED_VERSION:
+        raise SchemaVersionError(
+            f"a stored value is sealed with envelope version {version}, newer than this "
+            f"statekeeper (reads up to {SEALED_VERSION}); upgrade statekeeper"
+        )
+    if version < 1 or mode not in (_DETERMINISTIC, _RANDOMIZED) or size == 0:
+        raise _damaged("its header is invalid")
+    end = 3 + size
+    nonce_end = end + (_NONCE_SIZE if mode == _RANDOMIZED else 0)
+    if len(data) < nonce_end + _SIV_SIZE:
+        raise _damaged("it is truncated")
+    try:
+        key_id = validate_id(data[3:end].decode("ascii"), "key id")
+    except (UnicodeDecodeError, InvalidInputError):
+        raise _damaged("its key id is unreadable") from None
+    return data[:end], key_id, data[end:nonce_end], data[nonce_end:]
+
+
+def _damaged(problem: str) -> StateTamperedError:
+    return StateTamperedError(
+        f"a stored sealed value is damaged ({problem}); restore it from a backup"
+    )
+
+
+def bindings(*parts: str | int) -> list[bytes]:
+    """The binding vector of a value: each part its own component (no ambiguity)."""
+    return [str(p).encode() for p in parts]

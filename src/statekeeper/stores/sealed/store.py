@@ -1,0 +1,422 @@
+"""`SealedStore`: any store, with what a tenant stores sealed on the way in and opened on
+the way out (AES-SIV, bound to tenant and owner; see `statekeeper.stores.sealed`).
+
+It implements the whole `Store` protocol by delegating to the wrapped store, as
+`statekeeper.tracing.TracedStore` does; anything else (``url`` aside, a backend's own
+methods) passes through unchanged. What each row keeps clear, and why, is in
+``docs/encryption.md``.
+
+A transcript entry that fails to open is reported like a row the backend cannot decode
+(a ``corrupt`` stand-in carrying the error, so one bad row never hides the rest), and so is
+an event; a session head or a record that fails to open raises `StateTamperedError`. A
+value sealed with a key the keyring lacks always raises `WrongKeyError` naming the key id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from types import TracebackType
+from typing import Any, Self
+
+from pydantic import JsonValue
+
+from statekeeper.codec import StateTamperedError
+from statekeeper.errors import InvalidInputError
+from statekeeper.ids import validate_id
+from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES, encode_json, loads
+from statekeeper.stores.base import (
+    AppendResult,
+    Entry,
+    EntryDraft,
+    EntryKind,
+    Event,
+    EventDraft,
+    Page,
+    SessionPatch,
+    SessionQuery,
+    SessionRecord,
+    Store,
+    VersionedRecord,
+)
+from statekeeper.stores.rules import (
+    check_record_ids,
+    check_tenant_and_id,
+    corrupt_entry,
+    encode_cursor,
+    matches_query,
+    to_micros,
+)
+from statekeeper.stores.sealed.fields import SEALED_KEY, FieldSealer, sealed_text
+from statekeeper.stores.sealed.keyring import Keyring, bindings
+
+__all__ = ["SealedStore", "sealed"]
+
+_SCAN_PAGE = 500
+"""Sessions read per round trip when a listing filters on a sealed metadata key."""
+
+
+class SealedStore:
+    """A store whose tenants' data is sealed at rest with a `Keyring`.
+
+    Args:
+        store: the store to wrap (any backend, or another wrapper).
+        keyring: the keys; new rows are sealed with its current key.
+        clear_metadata: session metadata keys stored in clear, so listings can filter on
+            them (every other metadata key is sealed).
+        allow_plain: accept rows stored unsealed (data from before encryption was turned
+            on) until `statekeeper reseal` has sealed them; off by default, because a
+            reader that accepts plain rows lets anyone who can write the store slip in
+            rows of their own.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        keyring: Keyring,
+        *,
+        clear_metadata: Iterable[str] = (),
+        allow_plain: bool = False,
+    ) -> None:
+        if not isinstance(keyring, Keyring):
+            raise InvalidInputError(
+                f"keyring must be a statekeeper.Keyring, got {type(keyring).__name__}"
+            )
+        if isinstance(clear_metadata, str):
+            raise InvalidInputError("clear_metadata is a list of keys, like ('customer',)")
+        clear = frozenset(validate_id(k, "clear_metadata key") for k in clear_metadata)
+        self.wrapped = store
+        self.url = store.url
+        self.keyring = keyring
+        self.clear_metadata = clear
+        self.allow_plain = bool(allow_plain)
+        limit = getattr(store, "max_payload_bytes", DEFAULT_MAX_PAYLOAD_BYTES)
+        self._fields = FieldSealer(keyring, clear, self.allow_plain, limit)
+        self._limit = limit
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.wrapped, name)
+
+    def __repr__(self) -> str:
+        return f"SealedStore({self.wrapped!r}, {self.keyring!r})"
+
+    async def close(self) -> None:
+        """Close the wrapped store."""
+        await self.wrapped.close()
+
+    async def __aenter__(self) -> Self:
+        await self.wrapped.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.wrapped.__aexit__(kind, exc, tb)
+
+    # -- sessions ------------------------------------------------------------------------
+
+    async def create_session(self, record: SessionRecord) -> SessionRecord:
+        """See `statekeeper.stores.base.SessionStore.create_session`."""
+        check_tenant_and_id(record.tenant, record.id)
+        fields = {name: getattr(record, name) for name in ("title", "metadata", "delivery")}
+        fields["state"] = record.state
+        sealed = record.model_copy(
+            update=self._fields.seal_session(record.tenant, record.id, fields)
+        )
+        return self._fields.open_session(await self.wrapped.create_session(sealed))
+
+    async def get_session(self, tenant: str, session_id: str) -> SessionRecord:
+        """See `statekeeper.stores.base.SessionStore.get_session`."""
+        return self._fields.open_session(await self.wrapped.get_session(tenant, session_id))
+
+    async def update_session(
+        self,
+        tenant: str,
+        session_id: str,
+        patch: SessionPatch,
+        *,
+        expected_version: int | None = None,
+    ) -> SessionRecord:
+        """See `statekeeper.stores.base.SessionStore.update_session`."""
+        check_tenant_and_id(tenant, session_id)
+        updated = await self.wrapped.update_session(
+            tenant, session_id, self._seal_patch(tenant, session_id, patch),
+            expected_version=expected_version,
+        )  # fmt: skip
+        return self._fields.open_session(updated)
+
+    async def list_sessions(self, tenant: str, query: SessionQuery) -> Page:
+        """See `statekeeper.stores.base.SessionStore.list_sessions`.
+
+        A filter on a sealed metadata key cannot run in the backend: it is answered by
+        opening the tenant's sessions that pass the other filters, page by page (declare
+        keys that listings filter on often with ``clear_metadata``).
+        """
+        hidden = {k: v for k, v in query.metadata.items() if k not in self.clear_metadata}
+        if not hidden:
+            page = await self.wrapped.list_sessions(tenant, query)
+            items = [self._fields.open_session(r) for r in page.items]
+            return Page.model_construct(items=items, next_cursor=page.next_cursor)
+        shown = {k: v for k, v in query.metadata.items() if k in self.clear_metadata}
+        wanted = SessionQuery.model_construct(metadata=hidden)
+        inner = query.model_copy(update={"metadata": shown, "offset": 0, "limit": _SCAN_PAGE})
+        found: list[SessionRecord] = []
+        skip = query.offset
+        while len(found) <= query.limit:
+            page = await self.wrapped.list_sessions(tenant, inner)
+            for record in page.items:
+                opened = self._fields.open_session(record)
+                if not matches_query(opened, wanted):
+                    continue
+                if skip:
+                    skip -= 1
+                else:
+                    found.append(opened)
+            if page.next_cursor is None:
+                break
+            inner = inner.model_copy(update={"cursor": page.next_cursor})
+        items = found[: query.limit]
+        more = len(found) > query.limit
+        cursor = encode_cursor(items[-1].last_active, items[-1].id) if more else None
+        return Page.model_construct(items=items, next_cursor=cursor)
+
+    async def delete_session(self, tenant: str, session_id: str) -> None:
+        """See `statekeeper.stores.base.SessionStore.delete_session`."""
+        await self.wrapped.delete_session(tenant, session_id)
+
+    def _seal_patch(self, tenant: str, session_id: str, patch: SessionPatch) -> SessionPatch:
+        if not isinstance(patch, SessionPatch) or not patch.set:
+            return patch  # nothing sealed in it (or not a patch: the store refuses it)
+        sealed = self._fields.seal_session(tenant, session_id, patch.set)
+        return SessionPatch(set=sealed, add=patch.add)
+
+    # -- transcripts ---------------------------------------------------------------------
+
+    async def append_entries(
+        self,
+        tenant: str,
+        session_id: str,
+        drafts: Sequence[EntryDraft],
+        *,
+        expected_version: int | None = None,
+        patch: SessionPatch | None = None,
+        move_head: bool = True,
+    ) -> AppendResult:
+        """See `statekeeper.stores.base.TranscriptStore.append_entries`.
+
+        Payloads are sealed deterministically (bound to tenant, session, entry id and
+        kind), so a retried append is recognised by the store as identical.
+        """
+        check_tenant_and_id(tenant, session_id)
+        plain: dict[str, str] = {}
+        sealed_drafts = []
+        for draft in drafts:
+            entry_id = validate_id(draft.id, "entry id")
+            text = encode_json(draft.payload, what=f"entry {entry_id!r}", limit=self._limit)
+            plain[entry_id] = text
+            binding = bindings("entry", tenant, session_id, entry_id, str(draft.kind))
+            envelope = self.keyring.seal(text.encode(), binding, deterministic=True)
+            sealed_drafts.append(draft.model_copy(update={"payload": {SEALED_KEY: envelope}}))
+        if patch is not None:
+            patch = self._seal_patch(tenant, session_id, patch)
+        result = await self.wrapped.append_entries(
+            tenant, session_id, sealed_drafts,
+            expected_version=expected_version, patch=patch, move_head=move_head,
+        )  # fmt: skip
+        entries = [
+            e._replace(payload=loads(plain[e.id]))
+            if e.id in plain and sealed_text(e.payload) is not None
+            else self._open_entry(tenant, session_id, e)
+            for e in result.entries
+        ]
+        return AppendResult.model_construct(
+            session=self._fields.open_session(result.session),
+            entries=entries,
+            replayed=result.replayed,
+        )
+
+    async def read_entries(
+        self,
+        tenant: str,
+        session_id: str,
+        *,
+        after_seq: int = 0,
+        until_seq: int | None = None,
+        limit: int | None = None,
+    ) -> list[Entry]:
+        """See `statekeeper.stores.base.TranscriptStore.read_entries`."""
+        entries = await self.wrapped.read_entries(
+            tenant, session_id, after_seq=after_seq, until_seq=until_seq, limit=limit
+        )
+        return [self._open_entry(tenant, session_id, e) for e in entries]
+
+    async def get_entry(self, tenant: str, session_id: str, entry_id: str) -> Entry:
+        """See `statekeeper.stores.base.TranscriptStore.get_entry`."""
+        entry = await self.wrapped.get_entry(tenant, session_id, entry_id)
+        return self._open_entry(tenant, session_id, entry)
+
+    async def prune_entries(
+        self, tenant: str, session_id: str, *, kind: str, before_seq: int, id_prefix: str = ""
+    ) -> int:
+        """See `statekeeper.stores.base.TranscriptStore.prune_entries` (kinds stay clear)."""
+        return await self.wrapped.prune_entries(
+            tenant, session_id, kind=kind, before_seq=before_seq, id_prefix=id_prefix
+        )
+
+    def _open_entry(self, tenant: str, session_id: str, entry: Entry) -> Entry:
+        envelope = sealed_text(entry.payload)
+        if envelope is None:
+            if entry.kind == EntryKind.CORRUPT or self.allow_plain:
+                return entry  # the backend's own stand-in, or a row from before sealing
+            problem = "it is stored unsealed, but this store seals entries"
+            return self._corrupt(entry, problem, str(entry.payload))
+        binding = bindings("entry", tenant, session_id, entry.id, entry.kind)
+        try:
+            text = self.keyring.open(envelope, binding)
+        except StateTamperedError as exc:
+            if type(exc) is not StateTamperedError:  # WrongKeyError: never a stand-in
+                raise
+            return self._corrupt(entry, str(exc), envelope)
+        return entry._replace(payload=loads(text))
+
+    @staticmethod
+    def _corrupt(entry: Entry, problem: str, raw: str) -> Entry:
+        return corrupt_entry(entry.seq, entry.id, entry.parent_seq, entry.created_at, raw, problem)
+
+    # -- records -------------------------------------------------------------------------
+
+    async def get_record(self, tenant: str, namespace: str, key: str) -> VersionedRecord:
+        """See `statekeeper.stores.base.RecordStore.get_record`."""
+        return self._open_record(tenant, await self.wrapped.get_record(tenant, namespace, key))
+
+    async def put_record(
+        self,
+        tenant: str,
+        namespace: str,
+        key: str,
+        value: JsonValue,
+        *,
+        expected_version: int | None = None,
+        expires_at: datetime | None = None,
+    ) -> VersionedRecord:
+        """See `statekeeper.stores.base.RecordStore.put_record`."""
+        check_record_ids(tenant, namespace, key)
+        what = f"record {namespace}/{key}"
+        text = encode_json(value, what=what, limit=self._limit)
+        binding = bindings("record", tenant, namespace, key)
+        envelope = self.keyring.seal(text.encode(), binding, deterministic=False)
+        stored = await self.wrapped.put_record(
+            tenant, namespace, key, {SEALED_KEY: envelope},
+            expected_version=expected_version, expires_at=expires_at,
+        )  # fmt: skip
+        return stored.model_copy(update={"value": loads(text)})
+
+    async def list_records(
+        self,
+        tenant: str,
+        namespace: str,
+        *,
+        prefix: str = "",
+        after_key: str | None = None,
+        limit: int = 100,
+    ) -> list[VersionedRecord]:
+        """See `statekeeper.stores.base.RecordStore.list_records`."""
+        records = await self.wrapped.list_records(
+            tenant, namespace, prefix=prefix, after_key=after_key, limit=limit
+        )
+        return [self._open_record(tenant, r) for r in records]
+
+    async def delete_record(
+        self, tenant: str, namespace: str, key: str, *, expected_version: int | None = None
+    ) -> None:
+        """See `statekeeper.stores.base.RecordStore.delete_record`."""
+        await self.wrapped.delete_record(tenant, namespace, key, expected_version=expected_version)
+
+    def _open_record(self, tenant: str, record: VersionedRecord) -> VersionedRecord:
+        envelope = sealed_text(record.value)
+        if envelope is None:
+            if self.allow_plain:
+                return record
+            raise StateTamperedError(
+                f"record {record.namespace}/{record.key} is stored unsealed, but this store "
+                "seals records: refusing it. Open the store with allow_plain=True until "
+                "`statekeeper reseal` has sealed the rows written before encryption"
+            )
+        binding = bindings("record", tenant, record.namespace, record.key)
+        value = loads(self.keyring.open(envelope, binding))
+        return record.model_copy(update={"value": value})
+
+    # -- event logs ----------------------------------------------------------------------
+
+    async def append_events(
+        self, tenant: str, log_id: str, events: Sequence[EventDraft]
+    ) -> list[Event]:
+        """See `statekeeper.stores.base.EventLogStore.append_events`."""
+        check_record_ids(tenant, log_id)
+        texts: list[str] = []
+        drafts: list[EventDraft] = []
+        for event in events:
+            text = encode_json(
+                event.payload, what=f"event {event.stream}/{event.kind}", limit=self._limit
+            )
+            binding = bindings(
+                "event", tenant, log_id, event.stream, event.kind, to_micros(event.ts)
+            )
+            envelope = self.keyring.seal(text.encode(), binding, deterministic=False)
+            texts.append(text)
+            drafts.append(event.model_copy(update={"payload": {SEALED_KEY: envelope}}))
+        stored = await self.wrapped.append_events(tenant, log_id, drafts)
+        return [
+            Event(e.log_id, e.seq, e.stream, e.kind, e.ts, loads(text))
+            for e, text in zip(stored, texts, strict=True)
+        ]
+
+    async def read_events(
+        self, tenant: str, log_id: str, *, after_seq: int = 0, limit: int | None = None
+    ) -> list[Event]:
+        """See `statekeeper.stores.base.EventLogStore.read_events`."""
+        events = await self.wrapped.read_events(tenant, log_id, after_seq=after_seq, limit=limit)
+        return [self._open_event(tenant, e) for e in events]
+
+    async def delete_event_log(self, tenant: str, log_id: str) -> None:
+        """See `statekeeper.stores.base.EventLogStore.delete_event_log`."""
+        await self.wrapped.delete_event_log(tenant, log_id)
+
+    def _open_event(self, tenant: str, event: Event) -> Event:
+        envelope = sealed_text(event.payload)
+        if envelope is None:
+            if (event.stream, event.kind) == ("error", "corrupt") or self.allow_plain:
+                return event  # the backend's own stand-in, or a row from before sealing
+            return _corrupt_event(event, "it is stored unsealed, but this store seals events")
+        binding = bindings(
+            "event", tenant, event.log_id, event.stream, event.kind, to_micros(event.ts)
+        )
+        try:
+            text = self.keyring.open(envelope, binding)
+        except StateTamperedError as exc:
+            if type(exc) is not StateTamperedError:  # WrongKeyError: never a stand-in
+                raise
+            return _corrupt_event(event, str(exc))
+        return Event(event.log_id, event.seq, event.stream, event.kind, event.ts, loads(text))
+
+
+def _corrupt_event(event: Event, problem: str) -> Event:
+    # The shape backends give an event row they cannot decode.
+    payload = {"error": f"corrupt event: {problem}", "raw": str(event.payload)[:200]}
+    return Event(event.log_id, event.seq, "error", "corrupt", event.ts, payload)
+
+
+def sealed(
+    store: Store,
+    keyring: Keyring,
+    *,
+    clear_metadata: Iterable[str] = (),
+    allow_plain: bool = False,
+) -> SealedStore:
+    """``store`` with its tenants' data sealed at rest (see `SealedStore`)."""
+    if isinstance(store, SealedStore):
+        raise InvalidInputError("this store is sealed already; wrap the plain store once")
+    return SealedStore(store, keyring, clear_metadata=clear_metadata, allow_plain=allow_plain)
