@@ -181,9 +181,10 @@ class Keyring:
                     f"cannot read keyring file {name}: {exc.strerror}"
                 ) from None
             return cls.from_json(text, source=f"keyring file {name}")
+        # Never echo ``source``: it may be a key someone pasted in the wrong place.
         raise InvalidInputError(
-            f"keyring source {source[:20]!r}... must be env:VARIABLE or file:PATH "
-            "(a key is never written in a URL or on a command line)"
+            "a keyring source must be env:VARIABLE or file:PATH (a key is never written "
+            "in a URL or on a command line)"
         )
 
     # -- sealing -------------------------------------------------------------------------

@@ -1,0 +1,152 @@
+"""The sealed envelope: known-answer vectors (frozen in tests/fixtures/sealed), an
+independent decryption with ``cryptography``'s primitives, the RFC 5297 vector of the
+primitive itself, and the keyring's typed errors and text forms."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESSIV
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from statekeeper.codec import StateTamperedError, WrongKeyError
+from statekeeper.errors import InvalidInputError, SchemaVersionError
+from statekeeper.stores.sealed.keyring import Keyring, bindings, seal_with_nonce
+
+FIXTURE = json.loads(
+    (Path(__file__).parents[1] / "fixtures" / "sealed" / "vectors.json").read_text()
+)
+VECTORS = FIXTURE["vectors"]
+
+
+def ring_of(vector: dict[str, Any]) -> Keyring:
+    return Keyring({vector["key_id"]: base64.b64decode(vector["key"])})
+
+
+def test_the_primitive_matches_rfc5297_a1() -> None:
+    case = FIXTURE["rfc5297_a1"]
+    siv = AESSIV(bytes.fromhex(case["key"]))
+    out = siv.encrypt(bytes.fromhex(case["plaintext"]), [bytes.fromhex(case["ad"])])
+    assert out.hex() == case["output"]
+
+
+@pytest.mark.parametrize("vector", VECTORS, ids=[v["name"] for v in VECTORS])
+def test_known_answer(vector: dict[str, Any]) -> None:
+    ring = ring_of(vector)
+    binding = bindings(*vector["binding"])
+    plaintext = vector["plaintext"].encode()
+    sealed = seal_with_nonce(ring, plaintext, binding, bytes.fromhex(vector["nonce"]))
+    assert sealed == vector["sealed"]
+    assert ring.open(vector["sealed"], binding) == plaintext
+
+
+@pytest.mark.parametrize("vector", VECTORS, ids=[v["name"] for v in VECTORS])
+def test_vectors_decrypt_with_the_primitives_alone(vector: dict[str, Any]) -> None:
+    """The format as documented, read without statekeeper's code."""
+    data = base64.b64decode(vector["sealed"])
+    nonce = bytes.fromhex(vector["nonce"])
+    key_id = vector["key_id"].encode()
+    assert data[:3] == bytes((1, 1 if nonce else 0, len(key_id)))
+    header_end = 3 + len(key_id)
+    assert data[3:header_end] == key_id
+    assert data[header_end : header_end + len(nonce)] == nonce
+    derived = HKDF(
+        algorithm=hashes.SHA256(), length=64, salt=None, info=b"statekeeper sealed store v1"
+    ).derive(base64.b64decode(vector["key"]))
+    vector_ad = [data[:header_end], *(p.encode() for p in vector["binding"])]
+    if nonce:
+        vector_ad.append(nonce)
+    plain = AESSIV(derived).decrypt(data[header_end + len(nonce) :], vector_ad)
+    assert plain == vector["plaintext"].encode()
+
+
+def test_deterministic_only_when_asked() -> None:
+    ring = Keyring({"k": Keyring.new_key()})
+    binding = bindings("entry", "t", "s", "e", "message")
+    assert ring.seal(b"x", binding, deterministic=True) == ring.seal(
+        b"x", binding, deterministic=True
+    )
+    assert ring.seal(b"x", binding, deterministic=False) != ring.seal(
+        b"x", binding, deterministic=False
+    )
+
+
+def test_every_byte_is_authenticated() -> None:
+    vector = VECTORS[1]
+    ring, binding = ring_of(vector), bindings(*vector["binding"])
+    data = base64.b64decode(vector["sealed"])
+    for i in range(len(data)):
+        changed = bytearray(data)
+        changed[i] ^= 0x01
+        with pytest.raises((StateTamperedError, SchemaVersionError)):
+            ring.open(base64.b64encode(bytes(changed)).decode(), binding)
+    with pytest.raises(StateTamperedError, match="truncated"):
+        ring.open(base64.b64encode(data[:10]).decode(), binding)
+    with pytest.raises(StateTamperedError, match="base64"):
+        ring.open("not base64!", binding)
+
+
+def test_newer_envelope_asks_for_an_upgrade() -> None:
+    data = bytearray(base64.b64decode(VECTORS[0]["sealed"]))
+    data[0] = 9
+    with pytest.raises(SchemaVersionError, match="upgrade statekeeper"):
+        ring_of(VECTORS[0]).open(base64.b64encode(bytes(data)).decode(), [])
+
+
+def test_rotation_seals_with_the_new_key_and_opens_with_both() -> None:
+    old = Keyring({"k1": Keyring.new_key()})
+    binding = bindings("record", "t", "ns", "k")
+    before = old.seal(b"v1", binding, deterministic=False)
+    new = old.rotated("k2")
+    after = new.seal(b"v2", binding, deterministic=False)
+    assert (new.key_id_of(before), new.key_id_of(after)) == ("k1", "k2")
+    assert new.open(before, binding) == b"v1"
+    with pytest.raises(WrongKeyError, match="'k2'"):
+        old.open(after, binding)
+    assert new.without("k1").key_ids == ("k2",)
+    with pytest.raises(InvalidInputError, match="current key"):
+        new.without("k2")
+
+
+def test_text_form_round_trips_and_errors_never_show_a_key(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    ring = Keyring({"k1": Keyring.new_key(), "k0": Keyring.new_key()}, current="k1")
+    monkeypatch.setenv("SK_RING", ring.to_json())
+    loaded = Keyring.from_source("env:SK_RING")
+    assert loaded.key_ids == ("k1", "k0")
+    binding = bindings("x")
+    assert loaded.open(ring.seal(b"v", binding, deterministic=True), binding) == b"v"
+    path = tmp_path / "ring.json"
+    path.write_text(ring.to_json())
+    assert Keyring.from_source(f"file:{path}").current == "k1"
+    secret = base64.b64encode(Keyring.new_key()).decode()
+    for bad in (secret, f"key:{secret}", "env:", "env:SK_MISSING"):
+        with pytest.raises(InvalidInputError) as caught:
+            Keyring.from_source(bad)
+        assert secret[:8] not in str(caught.value)
+    monkeypatch.setenv("SK_BAD", json.dumps({"keys": {"k": secret[:10]}}))
+    with pytest.raises(InvalidInputError, match="SK_BAD") as caught:
+        Keyring.from_source("env:SK_BAD")
+    assert secret[:8] not in str(caught.value)
+    assert repr(ring) == "Keyring(current='k1', key_ids=('k1', 'k0'))"
+
+
+@pytest.mark.parametrize(
+    ("keys", "current", "problem"),
+    [
+        ({}, None, "at least one key"),
+        ({"k": b"short"}, None, "32 random bytes"),
+        ({"k": "a string"}, None, "32 random bytes"),
+        ({"bad id!": bytes(32)}, None, "key id"),
+        ({"k": bytes(32)}, "other", "not in the keyring"),
+    ],
+)
+def test_bad_keyrings_are_refused(keys: Any, current: str | None, problem: str) -> None:
+    with pytest.raises(InvalidInputError, match=problem):
+        Keyring(keys, current)
