@@ -24,6 +24,7 @@ SUITES = {
     "adk": "Google ADK session service vs ADK's own SQLite services",
     "server": "the HTTP server vs the library calls, and SSE fan-out latency",
     "langgraph": "LangGraph checkpointer vs SqliteSaver (MessagesState)",
+    "sealed": "encryption at rest: a sealed SQLite store vs the same store plain",
 }
 
 

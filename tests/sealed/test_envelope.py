@@ -1,17 +1,18 @@
 """The sealed envelope: known-answer vectors (frozen in tests/fixtures/sealed), an
-independent decryption with ``cryptography``'s primitives, the RFC 5297 vector of the
-primitive itself, and the keyring's typed errors and text forms."""
+independent decryption of them with ``cryptography``'s primitives alone, and the
+keyring's typed errors and text forms."""
 
 from __future__ import annotations
 
 import base64
+import hmac
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.ciphers.aead import AESSIV
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from statekeeper.codec import StateTamperedError, WrongKeyError
@@ -28,41 +29,43 @@ def ring_of(vector: dict[str, Any]) -> Keyring:
     return Keyring({vector["key_id"]: base64.b64decode(vector["key"])})
 
 
-def test_the_primitive_matches_rfc5297_a1() -> None:
-    case = FIXTURE["rfc5297_a1"]
-    siv = AESSIV(bytes.fromhex(case["key"]))
-    out = siv.encrypt(bytes.fromhex(case["plaintext"]), [bytes.fromhex(case["ad"])])
-    assert out.hex() == case["output"]
-
-
 @pytest.mark.parametrize("vector", VECTORS, ids=[v["name"] for v in VECTORS])
 def test_known_answer(vector: dict[str, Any]) -> None:
     ring = ring_of(vector)
     binding = bindings(*vector["binding"])
     plaintext = vector["plaintext"].encode()
-    sealed = seal_with_nonce(ring, plaintext, binding, bytes.fromhex(vector["nonce"]))
+    nonce = None if vector["nonce"] is None else bytes.fromhex(vector["nonce"])
+    sealed = seal_with_nonce(ring, plaintext, binding, nonce)
     assert sealed == vector["sealed"]
     assert ring.open(vector["sealed"], binding) == plaintext
 
 
+def derive(key: bytes, purpose: bytes) -> bytes:
+    info = b"statekeeper sealed store v1 " + purpose
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(key)
+
+
 @pytest.mark.parametrize("vector", VECTORS, ids=[v["name"] for v in VECTORS])
 def test_vectors_decrypt_with_the_primitives_alone(vector: dict[str, Any]) -> None:
-    """The format as documented, read without statekeeper's code."""
+    """The format as the module docstring describes it, read without statekeeper's code."""
     data = base64.b64decode(vector["sealed"])
-    nonce = bytes.fromhex(vector["nonce"])
+    key = base64.b64decode(vector["key"])
     key_id = vector["key_id"].encode()
-    assert data[:3] == bytes((1, 1 if nonce else 0, len(key_id)))
+    deterministic = vector["nonce"] is None
     header_end = 3 + len(key_id)
-    assert data[3:header_end] == key_id
-    assert data[header_end : header_end + len(nonce)] == nonce
-    derived = HKDF(
-        algorithm=hashes.SHA256(), length=64, salt=None, info=b"statekeeper sealed store v1"
-    ).derive(base64.b64decode(vector["key"]))
-    vector_ad = [data[:header_end], *(p.encode() for p in vector["binding"])]
-    if nonce:
-        vector_ad.append(nonce)
-    plain = AESSIV(derived).decrypt(data[header_end + len(nonce) :], vector_ad)
-    assert plain == vector["plaintext"].encode()
+    assert data[:header_end] == bytes((1, 0 if deterministic else 1, len(key_id))) + key_id
+    nonce = data[header_end : header_end + 12]
+    associated = data[:header_end] + b"".join(
+        len(p.encode()).to_bytes(4, "big") + p.encode() for p in vector["binding"]
+    )
+    plaintext = vector["plaintext"].encode()
+    if deterministic:
+        expected = hmac.digest(derive(key, b"nonce"), associated + plaintext, "sha256")[:12]
+        assert nonce == expected
+    else:
+        assert nonce == bytes.fromhex(vector["nonce"])
+    cipher = AESGCM(derive(key, b"aes-gcm"))
+    assert cipher.decrypt(nonce, data[header_end + 12 :], associated) == plaintext
 
 
 def test_deterministic_only_when_asked() -> None:
@@ -87,7 +90,7 @@ def test_every_byte_is_authenticated() -> None:
             ring.open(base64.b64encode(bytes(changed)).decode(), binding)
     with pytest.raises(StateTamperedError, match="truncated"):
         ring.open(base64.b64encode(data[:10]).decode(), binding)
-    with pytest.raises(StateTamperedError, match="base64"):
+    with pytest.raises(StateTamperedError):
         ring.open("not base64!", binding)
 
 

@@ -62,12 +62,12 @@ class FieldSealer:
         self.allow_plain = allow_plain
         self.limit = limit
 
-    def seal_json(self, value: Any, binding: list[bytes], what: str) -> str:
+    def seal_json(self, value: Any, binding: bytes, what: str) -> str:
         """``value`` as JSON text, sealed with a random nonce."""
         text = encode_json(value, what=what, limit=self.limit)
         return self.keyring.seal(text.encode(), binding, deterministic=False)
 
-    def open_json(self, sealed: str, binding: list[bytes]) -> Any:
+    def open_json(self, sealed: str, binding: bytes) -> Any:
         """The JSON value sealed in ``sealed`` (typed errors from `Keyring.open`)."""
         return loads(self.keyring.open(sealed, binding))
 
@@ -98,7 +98,7 @@ class FieldSealer:
             # anything else is left for the store's own validation to refuse
         return out
 
-    def _seal_metadata(self, value: dict[str, Any], binding: list[bytes], what: str) -> Any:
+    def _seal_metadata(self, value: dict[str, Any], binding: bytes, what: str) -> Any:
         if SEALED_KEY in value:
             raise InvalidInputError(
                 f"metadata key {SEALED_KEY!r} is reserved by the sealed store; rename it"
@@ -114,7 +114,7 @@ class FieldSealer:
         changes: dict[str, Any] = {}
         tenant, session_id = record.tenant, record.id
 
-        def binding(name: str) -> list[bytes]:
+        def binding(name: str) -> bytes:
             return bindings("session", tenant, session_id, name)
 
         where = f"session {session_id!r}"
@@ -143,7 +143,7 @@ class FieldSealer:
         return record.model_copy(update=changes) if changes else record
 
     def _open_metadata(
-        self, metadata: dict[str, Any], binding: list[bytes], where: str
+        self, metadata: dict[str, Any], binding: bytes, where: str
     ) -> dict[str, Any]:
         opened = {k: v for k, v in metadata.items() if k != SEALED_KEY}
         stray = [k for k in opened if k not in self.clear_metadata]

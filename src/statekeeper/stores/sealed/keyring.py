@@ -1,9 +1,10 @@
-"""Keys and the envelope of sealed values: AES-SIV (RFC 5297) from ``cryptography``.
+"""Keys and the envelope of sealed values: AES-256-GCM from ``cryptography``.
 
 A `Keyring` holds named 32-byte keys, one of them *current*: new values are sealed with
-the current key, and a value sealed with any key of the ring opens. Each key is stretched
-with HKDF-SHA256 (info ``statekeeper sealed store v1``) into the 64-byte AES-256-SIV key,
-so a key also used with `statekeeper.codec.StateCodec` (AES-GCM) never serves two ciphers.
+the current key, and a value sealed with any key of the ring opens. Each key is split with
+HKDF-SHA256 into an AES-256-GCM key (info ``statekeeper sealed store v1 aes-gcm``) and a
+nonce key (info ``... nonce``), so a key also used with `statekeeper.codec.StateCodec`
+never serves two purposes.
 
 A sealed value is the standard base64 of::
 
@@ -12,17 +13,20 @@ A sealed value is the standard base64 of::
     1       1     mode: 0 deterministic, 1 randomized
     2       1     key id length n (1..128)
     3       n     key id (ASCII, an id as `statekeeper.ids.validate_id` allows)
-    -- mode 1 only:
-    3+n     16    nonce (random for every value)
-    --
-    ...           AES-SIV output: the 16-byte synthetic IV, then the ciphertext
+    3+n     12    nonce
+    15+n    ...   AES-GCM ciphertext, then the 16-byte tag
 
-The associated data is the vector ``[header, *binding]`` (``header`` is the bytes up to
-the key id; the nonce, in mode 1, is the last component, as RFC 5297 section 3 puts it).
-``binding`` names where the value lives (tenant, owner, field), so a value copied
-anywhere else fails authentication. Deterministic mode gives the same output for the same
-key, binding and plaintext: transcript entries use it so that a retried append is
-recognised as identical by the store (idempotent replay compares stored payloads).
+The associated data is the header (bytes 0..3+n) followed by each part of the value's
+*binding*, each as a 4-byte big-endian length and its bytes. The binding names what the
+value is and where it lives (tenant, owner, field), so a value copied anywhere else fails
+authentication.
+
+The nonce is random in randomized mode. In deterministic mode it is synthetic:
+HMAC-SHA256(nonce key, associated data || plaintext), cut to 12 bytes, so the same key,
+binding and plaintext always give the same bytes (and different plaintexts collide no
+more often than random nonces do). Transcript entries use it, so that a retried append
+is recognised by the store as identical (idempotent replay compares stored payloads);
+only the equality of an entry with its own retry is visible.
 
 Errors (from `statekeeper.codec`): `StateTamperedError` when a value fails
 authentication or is malformed, `WrongKeyError` when its key id is not in the ring.
@@ -32,9 +36,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hmac
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -43,7 +48,7 @@ from statekeeper.errors import InvalidInputError, MissingExtraError, SchemaVersi
 from statekeeper.ids import validate_id
 
 if TYPE_CHECKING:
-    from cryptography.hazmat.primitives.ciphers.aead import AESSIV
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 __all__ = ["SEALED_VERSION", "Keyring", "bindings", "seal_with_nonce"]
 
@@ -51,20 +56,36 @@ SEALED_VERSION: Final = 1
 """The envelope version this module writes (and the newest it reads)."""
 _DETERMINISTIC: Final = 0
 _RANDOMIZED: Final = 1
-_NONCE_SIZE: Final = 16
-_SIV_SIZE: Final = 16
-_HKDF_INFO: Final = b"statekeeper sealed store v1"
+_NONCE_SIZE: Final = 12
+_TAG_SIZE: Final = 16
+_HKDF_INFO: Final = b"statekeeper sealed store v1 "
 
 
-def _siv(key: bytes) -> AESSIV:
-    try:
-        from cryptography.hazmat.primitives import hashes
-        from cryptography.hazmat.primitives.ciphers.aead import AESSIV
-        from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-    except ImportError:
-        raise MissingExtraError("encryption at rest", "crypto") from None
-    derived = HKDF(algorithm=hashes.SHA256(), length=64, salt=None, info=_HKDF_INFO).derive(key)
-    return AESSIV(derived)
+class _Key:
+    """One key of a ring, ready to use: its cipher, nonce key and encoded header."""
+
+    __slots__ = ("cipher", "headers", "key_id", "nonce_key")
+
+    def __init__(self, key_id: str, key: bytes) -> None:
+        self.key_id = key_id
+        try:
+            from cryptography.hazmat.primitives import hashes
+            from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+            from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+        except ImportError:
+            raise MissingExtraError("encryption at rest", "crypto") from None
+
+        def derive(purpose: bytes) -> bytes:
+            hkdf = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_HKDF_INFO + purpose)
+            return hkdf.derive(key)
+
+        self.cipher: AESGCM = AESGCM(derive(b"aes-gcm"))
+        self.nonce_key = derive(b"nonce")
+        encoded = key_id.encode("ascii")
+        self.headers = tuple(
+            bytes((SEALED_VERSION, mode, len(encoded))) + encoded
+            for mode in (_DETERMINISTIC, _RANDOMIZED)
+        )
 
 
 def _check_key(key: object, key_id: str) -> bytes:
@@ -91,7 +112,7 @@ class Keyring:
         MissingExtraError: the ``crypto`` extra is not installed.
     """
 
-    __slots__ = ("_ciphers", "_current", "_keys")
+    __slots__ = ("_by_header", "_ciphers", "_current", "_keys")
 
     def __init__(self, keys: Mapping[str, bytes], current: str | None = None) -> None:
         if not isinstance(keys, Mapping) or not keys:
@@ -108,7 +129,9 @@ class Keyring:
                 f"current key id {self._current!r} is not in the keyring "
                 f"(it has {', '.join(map(repr, self._keys))})"
             )
-        self._ciphers = {k: _siv(v) for k, v in self._keys.items()}
+        self._ciphers = {k: _Key(k, v) for k, v in self._keys.items()}
+        # header bytes -> key: opening finds the key with one lookup (it runs per row read)
+        self._by_header = {h: key for key in self._ciphers.values() for h in key.headers}
 
     @staticmethod
     def new_key() -> bytes:
@@ -189,64 +212,86 @@ class Keyring:
 
     # -- sealing -------------------------------------------------------------------------
 
-    def seal(self, plaintext: bytes, binding: Sequence[bytes], *, deterministic: bool) -> str:
+    def seal(self, plaintext: bytes, binding: bytes, *, deterministic: bool) -> str:
         """``plaintext`` sealed with the current key, bound to ``binding``."""
-        nonce = b"" if deterministic else os.urandom(_NONCE_SIZE)
+        nonce = None if deterministic else os.urandom(_NONCE_SIZE)
         return seal_with_nonce(self, plaintext, binding, nonce)
 
     def key_id_of(self, sealed: str) -> str:
         """The key id a sealed value names (`StateTamperedError` if it is malformed)."""
-        return _parse(sealed)[1]
+        try:
+            data = binascii.a2b_base64(sealed)
+        except (binascii.Error, ValueError, TypeError):
+            raise _damaged("it is not base64") from None
+        return _parse(data)[1]
 
-    def open(self, sealed: str, binding: Sequence[bytes]) -> bytes:
+    def open(self, sealed: str, binding: bytes) -> bytes:
         """The plaintext of ``sealed``, if it is authentic and bound to ``binding``.
 
         Raises:
             WrongKeyError: its key id is not in this ring (the message names it).
             StateTamperedError: it was changed, truncated, or moved from elsewhere.
         """
-        header, key_id, nonce, body = _parse(sealed)
-        cipher = self._ciphers.get(key_id)
-        if cipher is None:
+        try:
+            data = binascii.a2b_base64(sealed)  # strict mode costs more; the tag checks all
+        except (binascii.Error, ValueError, TypeError):
+            raise _damaged("it is not base64") from None
+        end = 3 + data[2] if len(data) > 3 else 0
+        key = self._by_header.get(data[:end])
+        if key is None or len(data) < end + _NONCE_SIZE + _TAG_SIZE:
+            key = self._key_of(data)  # raises the error that fits
+        nonce_end = end + _NONCE_SIZE
+        try:
+            return key.cipher.decrypt(data[end:nonce_end], data[nonce_end:], data[:end] + binding)
+        except _invalid_tag():
+            raise StateTamperedError(
+                f"a stored value sealed with key id {key.key_id!r} failed authentication: it "
+                "was changed, or moved from another tenant, session, entry or record; "
+                "nothing of it was used - restore it from a backup"
+            ) from None
+
+    def _key_of(self, data: bytes) -> _Key:
+        """The key of a value the fast path did not recognise, or the error it deserves."""
+        key_id = _parse(data)[1]
+        key = self._ciphers.get(key_id)
+        if key is None:
             raise WrongKeyError(
                 f"a stored value is sealed with key id {key_id!r}, which this keyring does "
                 f"not have (it has {', '.join(map(repr, self.key_ids))}); add that key to the "
                 "keyring. If the key is lost, the values sealed with it cannot be recovered"
             )
-        from cryptography.exceptions import InvalidTag
-
-        vector = [header, *binding, nonce] if nonce else [header, *binding]
-        try:
-            return cipher.decrypt(body, vector)
-        except InvalidTag:
-            raise StateTamperedError(
-                f"a stored value sealed with key id {key_id!r} failed authentication: it was "
-                "changed, or moved from another tenant, session, entry or record; nothing "
-                "of it was used - restore it from a backup"
-            ) from None
+        return key
 
 
 def seal_with_nonce(
-    keyring: Keyring, plaintext: bytes, binding: Sequence[bytes], nonce: bytes
+    keyring: Keyring, plaintext: bytes, binding: bytes, nonce: bytes | None
 ) -> str:
-    """`Keyring.seal` with a given nonce (``b""``: deterministic). For known-answer tests;
-    use `Keyring.seal`, which draws a random nonce."""
-    key_id = keyring.current.encode("ascii")
-    mode = _RANDOMIZED if nonce else _DETERMINISTIC
-    if nonce and len(nonce) != _NONCE_SIZE:
+    """`Keyring.seal` with a given nonce (None: deterministic, the synthetic nonce). For
+    known-answer tests; use `Keyring.seal`, which draws a random nonce."""
+    key = keyring._ciphers[keyring.current]
+    header = key.headers[_DETERMINISTIC if nonce is None else _RANDOMIZED]
+    associated = header + binding
+    if nonce is None:
+        nonce = hmac.digest(key.nonce_key, associated + plaintext, "sha256")[:_NONCE_SIZE]
+    elif len(nonce) != _NONCE_SIZE:
         raise InvalidInputError(f"a nonce is {_NONCE_SIZE} bytes")
-    header = bytes((SEALED_VERSION, mode, len(key_id))) + key_id
-    vector = [header, *binding, nonce] if nonce else [header, *binding]
-    body = keyring._ciphers[keyring.current].encrypt(plaintext, vector)
-    return base64.b64encode(header + nonce + body).decode("ascii")
+    body = key.cipher.encrypt(nonce, plaintext, associated)
+    return binascii.b2a_base64(header + nonce + body, newline=False).decode("ascii")
 
 
-def _parse(sealed: str) -> tuple[bytes, str, bytes, bytes]:
-    """(header, key id, nonce, SIV output) of a sealed value."""
-    try:
-        data = base64.b64decode(sealed, validate=True)
-    except (binascii.Error, ValueError, TypeError):
-        raise _damaged("it is not base64") from None
+_INVALID_TAG: list[type[Exception]] = []
+
+
+def _invalid_tag() -> type[Exception]:
+    if not _INVALID_TAG:  # imported once, not on every open (this runs per entry read)
+        from cryptography.exceptions import InvalidTag
+
+        _INVALID_TAG.append(InvalidTag)
+    return _INVALID_TAG[0]
+
+
+def _parse(data: bytes) -> tuple[bytes, str, bytes, bytes]:
+    """(header, key id, nonce, ciphertext and tag) of a sealed value's bytes."""
     if len(data) < 4:
         raise _damaged("it is truncated")
     version, mode, size = data[0], data[1], data[2]
@@ -258,8 +303,8 @@ def _parse(sealed: str) -> tuple[bytes, str, bytes, bytes]:
     if version < 1 or mode not in (_DETERMINISTIC, _RANDOMIZED) or size == 0:
         raise _damaged("its header is invalid")
     end = 3 + size
-    nonce_end = end + (_NONCE_SIZE if mode == _RANDOMIZED else 0)
-    if len(data) < nonce_end + _SIV_SIZE:
+    nonce_end = end + _NONCE_SIZE
+    if len(data) < nonce_end + _TAG_SIZE:
         raise _damaged("it is truncated")
     try:
         key_id = validate_id(data[3:end].decode("ascii"), "key id")
@@ -274,6 +319,13 @@ def _damaged(problem: str) -> StateTamperedError:
     )
 
 
-def bindings(*parts: str | int) -> list[bytes]:
-    """The binding vector of a value: each part its own component (no ambiguity)."""
-    return [str(p).encode() for p in parts]
+def bindings(*parts: str | int) -> bytes:
+    """The binding of a value (what it is and where it lives) as associated data: each
+    part as its 4-byte big-endian length and its UTF-8 bytes, so no two bindings look
+    alike, and ``bindings(a, b) + bindings(c) == bindings(a, b, c)``."""
+    out = bytearray()
+    for part in parts:
+        data = str(part).encode()
+        out += len(data).to_bytes(4, "big")
+        out += data
+    return bytes(out)

@@ -24,7 +24,7 @@ from pydantic import JsonValue
 from statekeeper.codec import StateTamperedError
 from statekeeper.errors import InvalidInputError
 from statekeeper.ids import validate_id
-from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES, encode_json, loads
+from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES, encode_json, gc_paused, loads
 from statekeeper.stores.base import (
     AppendResult,
     Entry,
@@ -251,7 +251,7 @@ class SealedStore:
         entries = await self.wrapped.read_entries(
             tenant, session_id, after_seq=after_seq, until_seq=until_seq, limit=limit
         )
-        return [self._open_entry(tenant, session_id, e) for e in entries]
+        return self._open_entries(tenant, session_id, entries)
 
     async def get_entry(self, tenant: str, session_id: str, entry_id: str) -> Entry:
         """See `statekeeper.stores.base.TranscriptStore.get_entry`."""
@@ -265,6 +265,26 @@ class SealedStore:
         return await self.wrapped.prune_entries(
             tenant, session_id, kind=kind, before_seq=before_seq, id_prefix=id_prefix
         )
+
+    def _open_entries(self, tenant: str, session_id: str, entries: list[Entry]) -> list[Entry]:
+        # The hot path of every transcript load: the binding's prefix is encoded once.
+        prefix = bindings("entry", tenant, session_id)
+        unseal = self.keyring.open
+        out: list[Entry] = []
+        with gc_paused():
+            for entry in entries:
+                payload = entry.payload
+                envelope = payload.get(SEALED_KEY) if len(payload) == 1 else None
+                if type(envelope) is not str:
+                    out.append(self._open_entry(tenant, session_id, entry))
+                    continue
+                try:
+                    text = unseal(envelope, prefix + bindings(entry.id, entry.kind))
+                except StateTamperedError:
+                    out.append(self._open_entry(tenant, session_id, entry))
+                    continue
+                out.append(entry._replace(payload=loads(text)))
+        return out
 
     def _open_entry(self, tenant: str, session_id: str, entry: Entry) -> Entry:
         envelope = sealed_text(entry.payload)
