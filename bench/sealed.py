@@ -46,7 +46,9 @@ async def filled(url: str, **options: Any) -> tuple[Any, Any]:
 async def measure(durability: str, folder: Path) -> dict[str, Any]:
     """Append and load ratios, sealed over plain, for one durability setting."""
     keyring = Keyring({"bench-1": Keyring.new_key()})
-    plain_store, plain = await filled(f"sqlite:///{folder}/plain-{durability}.db?durability={durability}")
+    plain_store, plain = await filled(
+        f"sqlite:///{folder}/plain-{durability}.db?durability={durability}"
+    )
     sealed_store, sealed = await filled(
         f"sqlite:///{folder}/sealed-{durability}.db?durability={durability}", keyring=keyring
     )

@@ -20,6 +20,7 @@ from statekeeper.cli import runs, sessions, timetravel
 from statekeeper.cli._common import DEFAULT_STORE, DEFAULT_TENANT, Settings
 from statekeeper.cli.events import events_app
 from statekeeper.cli.profiles import profiles_app
+from statekeeper.cli.reseal import reseal_command
 from statekeeper.cli.retention import gc
 from statekeeper.cli.runlimits import raise_limit
 from statekeeper.cli.runtime import lanes, subagents_app
@@ -49,6 +50,7 @@ app.command("lanes")(lanes)
 app.add_typer(profiles_app, name="profiles")
 app.command("serve")(serve)
 app.add_typer(keys_app, name="keys")
+app.command("reseal")(reseal_command)
 
 
 @app.callback()

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from statekeeper.core.messages import utcnow
+from statekeeper.errors import InvalidInputError
 from statekeeper.ids import validate_id
 from statekeeper.stores.base import AppendResult, Entry, EntryDraft, SessionPatch, SessionRecord
 from statekeeper.stores.rules import (
@@ -429,6 +430,27 @@ class EngineWrites:
         return await self._engine.update(
             tenant, session_id, patch, expected_version=expected_version
         )
+
+    async def rewrite_session_fields(
+        self, tenant: str, session_id: str, fields: dict[str, Any], *, expected_version: int
+    ) -> SessionRecord:
+        """Store a head's title, metadata, delivery or state in another form meaning the
+        same (re-encrypted: `statekeeper.stores.sealed.reseal`), with compare-and-set;
+        ``last_active`` is kept, so listings keep their order."""
+        check_tenant_and_id(tenant, session_id)
+        if not set(fields) <= _REWRITABLE:
+            raise InvalidInputError(f"only {sorted(_REWRITABLE)} can be rewritten in place")
+        limit = self._engine.max_payload_bytes
+
+        def plan(record: SessionRecord, existing: dict[str, Entry]) -> Planned:
+            check_version(record, expected_version)
+            updated = record.model_copy(update={**fields, "version": record.version + 1})
+            return Planned(check_session_record(updated, limit), result=updated)
+
+        return await self._engine.submit(tenant, session_id, plan, ())  # type: ignore[no-any-return]
+
+
+_REWRITABLE = frozenset({"title", "metadata", "delivery", "state"})
 
 
 def _consume(future: asyncio.Future[Any]) -> None:

@@ -263,9 +263,7 @@ class Keyring:
         return key
 
 
-def seal_with_nonce(
-    keyring: Keyring, plaintext: bytes, binding: bytes, nonce: bytes | None
-) -> str:
+def seal_with_nonce(keyring: Keyring, plaintext: bytes, binding: bytes, nonce: bytes | None) -> str:
     """`Keyring.seal` with a given nonce (None: deterministic, the synthetic nonce). For
     known-answer tests; use `Keyring.seal`, which draws a random nonce."""
     key = keyring._ciphers[keyring.current]
