@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from datetime import datetime
+from functools import partial
 from types import TracebackType
 from typing import Any, Self
 
@@ -267,23 +268,29 @@ class SealedStore:
         )
 
     def _open_entries(self, tenant: str, session_id: str, entries: list[Entry]) -> list[Entry]:
-        # The hot path of every transcript load: the binding's prefix is encoded once.
+        # The hot path of every transcript load: the binding is built from parts encoded
+        # once (per read, per kind), and entries are made without namedtuple._replace.
         prefix = bindings("entry", tenant, session_id)
+        kinds: dict[str, bytes] = {}
         unseal = self.keyring.open
         out: list[Entry] = []
         with gc_paused():
             for entry in entries:
-                payload = entry.payload
+                seq, entry_id, parent, kind, created, payload = entry
                 envelope = payload.get(SEALED_KEY) if len(payload) == 1 else None
-                if type(envelope) is not str:
-                    out.append(self._open_entry(tenant, session_id, entry))
-                    continue
-                try:
-                    text = unseal(envelope, prefix + bindings(entry.id, entry.kind))
-                except StateTamperedError:
-                    out.append(self._open_entry(tenant, session_id, entry))
-                    continue
-                out.append(entry._replace(payload=loads(text)))
+                if type(envelope) is str:
+                    suffix = kinds.get(kind)
+                    if suffix is None:
+                        suffix = kinds[kind] = bindings(kind)
+                    binding = prefix + bindings(entry_id) + suffix
+                    try:
+                        text = unseal(envelope, binding)
+                    except StateTamperedError:
+                        pass  # the slow path below reports it (or raises WrongKeyError)
+                    else:
+                        out.append(_entry((seq, entry_id, parent, kind, created, loads(text))))
+                        continue
+                out.append(self._open_entry(tenant, session_id, entry))
         return out
 
     def _open_entry(self, tenant: str, session_id: str, entry: Entry) -> Entry:
@@ -421,6 +428,10 @@ class SealedStore:
                 raise
             return _corrupt_event(event, str(exc))
         return Event(event.log_id, event.seq, event.stream, event.kind, event.ts, loads(text))
+
+
+_entry = partial(tuple.__new__, Entry)
+"""Entry from a tuple of its fields, without the checks namedtuple._make does."""
 
 
 def _corrupt_event(event: Event, problem: str) -> Event:
