@@ -21,27 +21,30 @@ from statekeeper.stores.sealed.reseal import BUILTIN_NAMESPACES, ResealReport, r
 
 __all__ = ["reseal_command"]
 
+KeyringOption = Annotated[
+    str | None,
+    typer.Option(
+        "--keyring",
+        metavar="SOURCE",
+        help="Where the keyring is: env:VARIABLE or file:PATH (its current key seals; "
+        "keep the old keys in it). Not needed when --store names it.",
+    ),
+]
+NamespaceOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--namespace",
+        metavar="NAME",
+        help="Record namespace to reseal (repeat it); default: statekeeper's own "
+        f"({', '.join(BUILTIN_NAMESPACES)}). Add ltm.<name> for a long-term store.",
+    ),
+]
+
 
 def reseal_command(
     ctx: typer.Context,
-    keyring: Annotated[
-        str | None,
-        typer.Option(
-            "--keyring",
-            metavar="SOURCE",
-            help="Where the keyring is: env:VARIABLE or file:PATH (its current key seals; "
-            "keep the old keys in it). Not needed when --store names it.",
-        ),
-    ] = None,
-    namespace: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--namespace",
-            metavar="NAME",
-            help="Record namespace to reseal (repeat it); default: statekeeper's own "
-            f"({', '.join(BUILTIN_NAMESPACES)}). Add ltm.<name> for a long-term store.",
-        ),
-    ] = None,
+    keyring: KeyringOption = None,
+    namespace: NamespaceOption = None,
     allow_plain: Annotated[
         bool, typer.Option("--allow-plain", help="Also seal rows written before encryption.")
     ] = False,
@@ -74,8 +77,11 @@ def reseal_command(
 
             return await reseal(store, tenant, namespaces=namespaces, progress=advance)
 
-    report = run(ctx, work)
-    if quiet:
+    _print_report(run(ctx, work), quiet)
+
+
+def _print_report(report: ResealReport, as_json: bool) -> None:
+    if as_json:
         print_json(
             {
                 "sessions": report.sessions,
