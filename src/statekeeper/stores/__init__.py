@@ -135,13 +135,25 @@ async def _open(url: str, options: dict[str, Any]) -> Store:
     sealing = _sealing(query, options)
     query.update({k: str(v) for k, v in options.items()})
     location = unquote(parts.netloc + parts.path)
+    limit = None
+    if sealing is not None and target in _BUILT_IN:
+        # The limit a user sets is on what they store; the backend stores it sealed.
+        limit = StoreOptions(parts.scheme, query).max_payload_bytes()
+        query["max_payload_bytes"] = str(limit * 4 // 3 + _SEALING_OVERHEAD)
     store = await opener(location, StoreOptions(parts.scheme, query))
     if sealing is None:
         return store
     from statekeeper.stores.sealed import SealedStore
 
     keyring, clear, allow_plain = sealing
-    return SealedStore(store, keyring, clear_metadata=clear, allow_plain=allow_plain)
+    return SealedStore(
+        store, keyring, clear_metadata=clear, allow_plain=allow_plain, max_payload_bytes=limit
+    )
+
+
+_BUILT_IN = frozenset(BACKENDS.values())
+_SEALING_OVERHEAD = 4096
+"""Bytes a sealed row may take beyond 4/3 of its JSON (base64): envelope headers."""
 
 
 _SEALING = ("keyring", "clear_metadata", "allow_plain")

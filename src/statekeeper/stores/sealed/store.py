@@ -69,6 +69,9 @@ class SealedStore:
             on) until `statekeeper reseal` has sealed them; off by default, because a
             reader that accepts plain rows lets anyone who can write the store slip in
             rows of their own.
+        max_payload_bytes: the largest value accepted, as JSON before sealing (default:
+            the wrapped store's limit, which then applies to the sealed size as well;
+            `open_store` raises the backend's limit to fit the sealed form).
     """
 
     def __init__(
@@ -78,6 +81,7 @@ class SealedStore:
         *,
         clear_metadata: Iterable[str] = (),
         allow_plain: bool = False,
+        max_payload_bytes: int | None = None,
     ) -> None:
         if not isinstance(keyring, Keyring):
             raise InvalidInputError(
@@ -91,7 +95,10 @@ class SealedStore:
         self.keyring = keyring
         self.clear_metadata = clear
         self.allow_plain = bool(allow_plain)
-        limit = getattr(store, "max_payload_bytes", DEFAULT_MAX_PAYLOAD_BYTES)
+        inner_limit = getattr(store, "max_payload_bytes", DEFAULT_MAX_PAYLOAD_BYTES)
+        limit = inner_limit if max_payload_bytes is None else max_payload_bytes
+        self.max_payload_bytes = limit
+        """The largest JSON value (entry, record, event) accepted, before sealing."""
         self._fields = FieldSealer(keyring, clear, self.allow_plain, limit)
         self._limit = limit
 
