@@ -60,11 +60,19 @@ def register_damager(store_class: str, damager: Damager) -> None:
 
 
 def _damager(store: Store) -> Damager | None:
+    store = _unwrapped(store)
     for cls in type(store).__mro__:
         found = DAMAGERS.get(f"{cls.__module__}.{cls.__qualname__}")
         if found is not None:
             return found
     return None
+
+
+def _unwrapped(store: Any) -> Any:
+    """The backend under wrappers (a sealed or traced store keeps it as ``wrapped``)."""
+    while hasattr(store, "wrapped"):
+        store = store.wrapped
+    return store
 
 
 def can_damage(store: Store) -> bool:
@@ -86,7 +94,7 @@ async def damage_session(store: Store, tenant: str, session_id: str, raw: str = 
     """Overwrite the stored head of a session with ``raw``."""
     validate_id(tenant, "tenant")
     validate_id(session_id, "session id")
-    await _require(store).session(store, tenant, session_id, raw)
+    await _require(store).session(_unwrapped(store), tenant, session_id, raw)
 
 
 async def damage_record(
@@ -95,7 +103,7 @@ async def damage_record(
     """Overwrite the stored value of a record with ``raw``."""
     for value, what in ((tenant, "tenant"), (namespace, "namespace"), (key, "record key")):
         validate_id(value, what)
-    await _require(store).record(store, tenant, namespace, key, raw)
+    await _require(store).record(_unwrapped(store), tenant, namespace, key, raw)
 
 
 def _missing(what: str) -> NotFoundError:

@@ -24,11 +24,14 @@ from statekeeper.jsoncodec import encode_json, loads
 from statekeeper.stores.base import DeliveryContext, SessionRecord
 from statekeeper.stores.sealed.keyring import Keyring, bindings
 
-__all__ = ["SEALED_KEY", "SESSION_FIELDS", "FieldSealer", "sealed_text"]
+__all__ = ["BACKEND_METADATA", "SEALED_KEY", "SESSION_FIELDS", "FieldSealer", "sealed_text"]
 
 SEALED_KEY: Final = "~sealed"
 """The key holding a sealed envelope inside a stored JSON object."""
 _TITLE_PREFIX: Final = "~sealed:"
+BACKEND_METADATA: Final = frozenset({"recovered_from", "recovery"})
+"""Metadata keys a backend writes itself, below the wrapper, so in clear: the files store
+names the lost session a recovery session was made from (`statekeeper.stores.files`)."""
 SESSION_FIELDS: Final = ("title", "metadata", "delivery", "state")
 """The session head fields that are sealed (the others stay clear: see docs/encryption.md)."""
 
@@ -110,9 +113,18 @@ class FieldSealer:
         return clear
 
     def open_session(self, record: SessionRecord) -> SessionRecord:
-        """The head with its sealed fields opened (`StateTamperedError`, `WrongKeyError`)."""
+        """The head with its sealed fields opened; `StateTamperedError` (or
+        `WrongKeyError`) naming the session if one does not open."""
+        try:
+            return self._open_session(record)
+        except StateTamperedError as exc:
+            raise type(exc)(f"session {record.id!r}: {exc}") from None
+
+    def _open_session(self, record: SessionRecord) -> SessionRecord:
         changes: dict[str, Any] = {}
         tenant, session_id = record.tenant, record.id
+        # A head the backend made itself (a files-store recovery session) is plain.
+        plain_ok = self.allow_plain or "recovered_from" in record.metadata
 
         def binding(name: str) -> bytes:
             return bindings("session", tenant, session_id, name)
@@ -122,7 +134,7 @@ class FieldSealer:
         if title is not None:
             if title.startswith(_TITLE_PREFIX):
                 changes["title"] = self.open_json(title[len(_TITLE_PREFIX) :], binding("title"))
-            elif not self.allow_plain:
+            elif not plain_ok:
                 raise _plain(f"the title of {where}")
         if record.metadata:
             changes["metadata"] = self._open_metadata(record.metadata, binding("metadata"), where)
@@ -132,13 +144,13 @@ class FieldSealer:
             if sealed is not None and delivery.channel is None and delivery.sender is None:
                 opened = self.open_json(sealed, binding("delivery"))
                 changes["delivery"] = DeliveryContext.model_validate(opened)
-            elif not self.allow_plain:
+            elif not plain_ok:
                 raise _plain(f"the delivery context of {where}")
         if record.state:
             sealed = sealed_text(record.state)
             if sealed is not None:
                 changes["state"] = self.open_json(sealed, binding("state"))
-            elif not self.allow_plain:
+            elif not plain_ok:
                 raise _plain(f"the state of {where}")
         return record.model_copy(update=changes) if changes else record
 
@@ -146,7 +158,7 @@ class FieldSealer:
         self, metadata: dict[str, Any], binding: bytes, where: str
     ) -> dict[str, Any]:
         opened = {k: v for k, v in metadata.items() if k != SEALED_KEY}
-        stray = [k for k in opened if k not in self.clear_metadata]
+        stray = [k for k in opened if k not in self.clear_metadata and k not in BACKEND_METADATA]
         if stray and not self.allow_plain:
             raise _plain(f"metadata {stray[0]!r} of {where} (not declared in clear_metadata)")
         sealed = metadata.get(SEALED_KEY)

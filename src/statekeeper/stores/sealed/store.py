@@ -22,18 +22,20 @@ from typing import Any, Self
 
 from pydantic import JsonValue
 
-from statekeeper.codec import StateTamperedError
+from statekeeper.codec import StateTamperedError, WrongKeyError
 from statekeeper.errors import InvalidInputError
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES, encode_json, gc_paused, loads
 from statekeeper.stores.base import (
     AppendResult,
+    CorruptItem,
     Entry,
     EntryDraft,
     EntryKind,
     Event,
     EventDraft,
     Page,
+    RecordList,
     SessionPatch,
     SessionQuery,
     SessionRecord,
@@ -166,17 +168,19 @@ class SealedStore:
         hidden = {k: v for k, v in query.metadata.items() if k not in self.clear_metadata}
         if not hidden:
             page = await self.wrapped.list_sessions(tenant, query)
-            items = [self._fields.open_session(r) for r in page.items]
-            return Page.model_construct(items=items, next_cursor=page.next_cursor)
+            items, corrupt = self._open_page(page)
+            return Page.model_construct(items=items, next_cursor=page.next_cursor, corrupt=corrupt)
         shown = {k: v for k, v in query.metadata.items() if k in self.clear_metadata}
         wanted = SessionQuery.model_construct(metadata=hidden)
         inner = query.model_copy(update={"metadata": shown, "offset": 0, "limit": _SCAN_PAGE})
         found: list[SessionRecord] = []
+        damaged: list[CorruptItem] = []
         skip = query.offset
         while len(found) <= query.limit:
             page = await self.wrapped.list_sessions(tenant, inner)
-            for record in page.items:
-                opened = self._fields.open_session(record)
+            opened_page, corrupt = self._open_page(page)
+            damaged += corrupt
+            for opened in opened_page:
                 if not matches_query(opened, wanted):
                     continue
                 if skip:
@@ -189,7 +193,22 @@ class SealedStore:
         items = found[: query.limit]
         more = len(found) > query.limit
         cursor = encode_cursor(items[-1].last_active, items[-1].id) if more else None
-        return Page.model_construct(items=items, next_cursor=cursor)
+        return Page.model_construct(items=items, next_cursor=cursor, corrupt=damaged)
+
+    def _open_page(self, page: Page) -> tuple[list[SessionRecord], list[CorruptItem]]:
+        """A page's heads opened; those that do not open are reported, as damaged ones."""
+        items: list[SessionRecord] = []
+        corrupt = list(page.corrupt)
+        for record in page.items:
+            try:
+                items.append(self._fields.open_session(record))
+            except StateTamperedError as exc:
+                if isinstance(exc, WrongKeyError):
+                    raise
+                corrupt.append(
+                    CorruptItem(id=record.id, error=str(exc), raw=str(record.title)[:200])
+                )
+        return items, corrupt
 
     async def delete_session(self, tenant: str, session_id: str) -> None:
         """See `statekeeper.stores.base.SessionStore.delete_session`."""
@@ -356,12 +375,23 @@ class SealedStore:
         prefix: str = "",
         after_key: str | None = None,
         limit: int = 100,
-    ) -> list[VersionedRecord]:
+    ) -> RecordList:
         """See `statekeeper.stores.base.RecordStore.list_records`."""
         records = await self.wrapped.list_records(
             tenant, namespace, prefix=prefix, after_key=after_key, limit=limit
         )
-        return [self._open_record(tenant, r) for r in records]
+        opened: list[VersionedRecord] = []
+        corrupt = list(records.corrupt)
+        for record in records:
+            try:
+                opened.append(self._open_record(tenant, record))
+            except StateTamperedError as exc:
+                if isinstance(exc, WrongKeyError):
+                    raise
+                corrupt.append(
+                    CorruptItem(id=record.key, error=str(exc), raw=str(record.value)[:200])
+                )
+        return RecordList(opened, corrupt)
 
     async def delete_record(
         self, tenant: str, namespace: str, key: str, *, expected_version: int | None = None
@@ -380,7 +410,10 @@ class SealedStore:
                 "`statekeeper reseal` has sealed the rows written before encryption"
             )
         binding = bindings("record", tenant, record.namespace, record.key)
-        value = loads(self.keyring.open(envelope, binding))
+        try:
+            value = loads(self.keyring.open(envelope, binding))
+        except StateTamperedError as exc:
+            raise type(exc)(f"record {record.namespace}/{record.key}: {exc}") from None
         return record.model_copy(update={"value": value})
 
     # -- event logs ----------------------------------------------------------------------
