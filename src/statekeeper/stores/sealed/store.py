@@ -46,17 +46,13 @@ from statekeeper.stores.rules import (
     check_record_ids,
     check_tenant_and_id,
     corrupt_entry,
-    encode_cursor,
-    matches_query,
     to_micros,
 )
 from statekeeper.stores.sealed.fields import SEALED_KEY, FieldSealer, sealed_text
 from statekeeper.stores.sealed.keyring import Keyring, bindings
+from statekeeper.stores.sealed.listing import list_opened
 
 __all__ = ["SealedStore", "sealed"]
-
-_SCAN_PAGE = 500
-"""Sessions read per round trip when a listing filters on a sealed metadata key."""
 
 
 class SealedStore:
@@ -165,50 +161,7 @@ class SealedStore:
         opening the tenant's sessions that pass the other filters, page by page (declare
         keys that listings filter on often with ``clear_metadata``).
         """
-        hidden = {k: v for k, v in query.metadata.items() if k not in self.clear_metadata}
-        if not hidden:
-            page = await self.wrapped.list_sessions(tenant, query)
-            items, corrupt = self._open_page(page)
-            return Page.model_construct(items=items, next_cursor=page.next_cursor, corrupt=corrupt)
-        shown = {k: v for k, v in query.metadata.items() if k in self.clear_metadata}
-        wanted = SessionQuery.model_construct(metadata=hidden)
-        inner = query.model_copy(update={"metadata": shown, "offset": 0, "limit": _SCAN_PAGE})
-        found: list[SessionRecord] = []
-        damaged: list[CorruptItem] = []
-        skip = query.offset
-        while len(found) <= query.limit:
-            page = await self.wrapped.list_sessions(tenant, inner)
-            opened_page, corrupt = self._open_page(page)
-            damaged += corrupt
-            for opened in opened_page:
-                if not matches_query(opened, wanted):
-                    continue
-                if skip:
-                    skip -= 1
-                else:
-                    found.append(opened)
-            if page.next_cursor is None:
-                break
-            inner = inner.model_copy(update={"cursor": page.next_cursor})
-        items = found[: query.limit]
-        more = len(found) > query.limit
-        cursor = encode_cursor(items[-1].last_active, items[-1].id) if more else None
-        return Page.model_construct(items=items, next_cursor=cursor, corrupt=damaged)
-
-    def _open_page(self, page: Page) -> tuple[list[SessionRecord], list[CorruptItem]]:
-        """A page's heads opened; those that do not open are reported, as damaged ones."""
-        items: list[SessionRecord] = []
-        corrupt = list(page.corrupt)
-        for record in page.items:
-            try:
-                items.append(self._fields.open_session(record))
-            except StateTamperedError as exc:
-                if isinstance(exc, WrongKeyError):
-                    raise
-                corrupt.append(
-                    CorruptItem(id=record.id, error=str(exc), raw=str(record.title)[:200])
-                )
-        return items, corrupt
+        return await list_opened(self.wrapped, self._fields, tenant, query)
 
     async def delete_session(self, tenant: str, session_id: str) -> None:
         """See `statekeeper.stores.base.SessionStore.delete_session`."""
