@@ -7,7 +7,7 @@ import asyncio
 from typing import Any
 
 import httpx
-from tests.server.conftest import Live, SseReader
+from .conftest import Live, SseReader
 
 from statekeeper.core.limits import BudgetFlag, IterationFlag, Limits
 from statekeeper.demo_app import make_runner

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import httpx
-from tests.server.conftest import Live
+from .conftest import Live
 
 from statekeeper.core.messages import Message
 from statekeeper.longterm import LongTermStore
@@ -213,7 +213,7 @@ async def test_reading_a_memory_over_http_does_not_refresh_its_ttl(
 async def test_lists_report_damaged_rows_and_show_the_rest(
     live: Live, db: tuple[str, Store]
 ) -> None:
-    from tests.server.test_api_runs import start_waiting_run
+    from .test_api_runs import start_waiting_run
 
     from statekeeper.runs.store import RUNS_NAMESPACE
     from statekeeper.testing.damage import damage_record, damage_session

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import httpx
-from tests.server.conftest import ThreadServer
+from .conftest import ThreadServer
 from typer.testing import CliRunner
 
 from statekeeper.cli import app

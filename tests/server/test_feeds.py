@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from tests.server.conftest import SseReader, ThreadServer
-from tests.server.test_streams import publish
+from .conftest import SseReader, ThreadServer
+from .test_streams import publish
 
 from statekeeper.server import ApiKeys, ServerConfig
 from statekeeper.stores import open_store

@@ -17,7 +17,7 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
-from tests.server.conftest import Live
+from .conftest import Live
 
 from statekeeper.demo_app import make_runner
 from statekeeper.stores import Store

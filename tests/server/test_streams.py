@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from tests.server.conftest import (
+from .conftest import (
     Live,
     SseReader,
     free_port,

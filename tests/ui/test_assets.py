@@ -100,7 +100,7 @@ def test_scripts_never_write_html_from_strings() -> None:
 def test_without_chromium_the_browser_tests_skip_locally_and_fail_under_ci(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from tests.ui.conftest import chromium_path
+    from .conftest import chromium_path
 
     monkeypatch.setattr("os.access", lambda path, mode: False)
     monkeypatch.setattr("shutil.which", lambda name: None)
