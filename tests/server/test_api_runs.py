@@ -7,11 +7,12 @@ import asyncio
 from typing import Any
 
 import httpx
-from .conftest import Live, SseReader
 
 from statekeeper.core.limits import BudgetFlag, IterationFlag, Limits
 from statekeeper.demo_app import make_runner
 from statekeeper.stores import Store
+
+from .conftest import Live, SseReader
 
 QUESTION = "Order 1042 never arrived. Can I get my money back?"
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import httpx
-from .conftest import Live
 
 from statekeeper.core.messages import Message
 from statekeeper.longterm import LongTermStore
 from statekeeper.runtime.profiles import AuthProfiles
 from statekeeper.sessions import SessionManager
 from statekeeper.stores import Store
+
+from .conftest import Live
 
 
 async def _summary(messages: Sequence[Message]) -> Message:
@@ -213,10 +214,10 @@ async def test_reading_a_memory_over_http_does_not_refresh_its_ttl(
 async def test_lists_report_damaged_rows_and_show_the_rest(
     live: Live, db: tuple[str, Store]
 ) -> None:
-    from .test_api_runs import start_waiting_run
-
     from statekeeper.runs.store import RUNS_NAMESPACE
     from statekeeper.testing.damage import damage_record, damage_session
+
+    from .test_api_runs import start_waiting_run
 
     store = db[1]
     manager = SessionManager(store, "acme")

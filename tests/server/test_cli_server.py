@@ -8,13 +8,14 @@ import json
 from pathlib import Path
 
 import httpx
-from .conftest import ThreadServer
 from typer.testing import CliRunner
 
 from statekeeper.cli import app
 from statekeeper.server import ApiKeys, ServerConfig
 from statekeeper.server.keys import KEYS_NAMESPACE, KEYS_TENANT
 from statekeeper.stores import open_store
+
+from .conftest import ThreadServer
 
 
 def cli(url: str, *args: str) -> tuple[int, str, str]:

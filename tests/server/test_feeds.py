@@ -8,8 +8,6 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from .conftest import SseReader, ThreadServer
-from .test_streams import publish
 
 from statekeeper.server import ApiKeys, ServerConfig
 from statekeeper.stores import open_store
@@ -20,6 +18,9 @@ from statekeeper.testing.schemes import (
     drop_schema,
     postgres_reachable,
 )
+
+from .conftest import SseReader, ThreadServer
+from .test_streams import publish
 
 
 @pytest.fixture(params=["redis", "postgres"])

@@ -17,10 +17,11 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
-from .conftest import Live
 
 from statekeeper.demo_app import make_runner
 from statekeeper.stores import Store
+
+from .conftest import Live
 
 EXAMPLES = 10  # per operation and mode: about 45 operations, some seconds in all
 CHECKS = [

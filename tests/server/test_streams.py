@@ -9,6 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from statekeeper.runtime.events import EventBus
+from statekeeper.stores import Store
+
 from .conftest import (
     Live,
     SseReader,
@@ -17,9 +21,6 @@ from .conftest import (
     serve_subprocess,
     wait_ready,
 )
-
-from statekeeper.runtime.events import EventBus
-from statekeeper.stores import Store
 
 
 async def publish(store: Store, run_id: str, first: int, last: int, tenant: str = "acme") -> None:
