@@ -292,6 +292,8 @@ async def test_any_text_is_a_key_and_none_reaches_a_path_or_another_item(
         lambda m: m.put(("a",), "k", ["not", "an", "object"]),
         lambda m: m.put(("a",), "k", {"v": float("nan")}),
         lambda m: m.put(("a",), "k", {"v": 1}, ttl=0),
+        lambda m: m.put(("a",), "k", {"v": 1}, ttl=1e12),  # past the year 9999
+        lambda m: m.put(("a",), "k", {"v": 1}, ttl=1e308),
         lambda m: m.put(("a",), "k", {"v": 1}, index=["text"]),  # no embedding function
         lambda m: m.search(filter={"v": {"$regex": "x"}}),
         lambda m: m.search(filter={"$or": []}),

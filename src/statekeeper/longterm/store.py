@@ -45,6 +45,8 @@ EmbedFunc: TypeAlias = Callable[
 _log = logging.getLogger("statekeeper.longterm")
 _PAGE: Final = 1000
 _AFTER_ALL: Final = "\x7f"  # sorts after every character an id may hold
+MAX_TTL: Final = 100 * 525_960.0
+"""The longest TTL in minutes (100 years): an expiry must stay a real date."""
 
 
 class _Default(Enum):
@@ -119,6 +121,11 @@ def _check_ttl(ttl: object) -> float | None:
         raise InvalidInputError(f"ttl is minutes (a number > 0) or None, got {ttl!r}")
     if ttl <= 0:
         raise InvalidInputError(f"ttl must be more than 0 minutes, got {ttl}")
+    if ttl > MAX_TTL:
+        raise InvalidInputError(
+            f"ttl is at most {MAX_TTL:.0f} minutes (100 years), got {ttl}; "
+            "use ttl=None for an item that never expires"
+        )
     return float(ttl)
 
 
