@@ -67,6 +67,10 @@ def serve(
         float,
         typer.Option(min=0.01, help="Seconds between log reads when the store has no feed."),
     ] = 0.25,
+    max_body_bytes: Annotated[
+        int,
+        typer.Option(min=1024, help="The largest request body taken; larger ones get a 413."),
+    ] = 32 * 1024 * 1024,
 ) -> None:
     """Serve the HTTP API, live events and the control UI over the store."""
     _server()
@@ -80,6 +84,7 @@ def serve(
         dev_anonymous=dev_anonymous,
         cors_origins=tuple(cors_origin or ()),
         poll_interval=poll_interval,
+        max_body_bytes=max_body_bytes,
     )
     _run_server(config, host, port)
 

@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException
 from statekeeper.errors import InvalidInputError, StatekeeperError
 from statekeeper.server.context import ServerContext
 from statekeeper.server.errors import ERROR_RESPONSES, error_body, status_of
+from statekeeper.server.limits import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from statekeeper.server.streams import EventHub, feed_of
 from statekeeper.stores import open_store
 
@@ -40,6 +41,8 @@ class ServerConfig:
     dev_anonymous: bool = False
     cors_origins: Sequence[str] = field(default_factory=tuple)
     poll_interval: float = 0.25
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    """A request body over this is a 413, refused before it is read (and before auth)."""
 
 
 def check_host(host: str, dev_anonymous: bool) -> None:
@@ -124,6 +127,7 @@ def create_app(config: ServerConfig) -> FastAPI:
     _errors(app)
     for module in (routes_runs, routes_sessions, routes_runtime, routes_memories, routes_stream):
         app.include_router(module.router, prefix=API_PREFIX, responses=ERROR_RESPONSES)
+    app.add_middleware(BodyLimit, limit=config.max_body_bytes)  # inside CORS: errors readable
     if config.cors_origins:
         app.add_middleware(
             CORSMiddleware,
