@@ -281,6 +281,31 @@ async def test_bad_namespaces_and_keys_are_typed_errors_and_write_nothing(store:
     assert [i.key for i in found] == ["/notes/todo.md"]
 
 
+@pytest.mark.parametrize(
+    "bad",
+    [
+        PutOp(("a",), "k2", {"v": float("nan")}),
+        PutOp(("a",), "k2", {"v": 1}, ttl=-1),
+        PutOp(("a",), "", {"v": 1}),
+        PutOp(("a b",), "k2", {"v": 1}),
+        PutOp(("a",), "k2", ["not", "a", "dict"]),  # type: ignore[arg-type]
+    ],
+)
+async def test_a_batch_with_one_bad_put_writes_nothing(store: Store, bad: PutOp) -> None:
+    memories = StatekeeperStore(store, tenant="app")
+    with pytest.raises(StatekeeperError):
+        await memories.abatch([PutOp(("a",), "k1", {"v": 1}), bad])
+    assert await memories.asearch(()) == []
+
+
+def test_a_bad_ttl_config_is_refused_when_the_store_is_made() -> None:
+    from statekeeper.errors import InvalidInputError
+    from statekeeper.stores.memory import MemoryStore
+
+    with pytest.raises(InvalidInputError, match="ttl"):
+        StatekeeperStore(MemoryStore(), tenant="app", ttl={"default_ttl": -1})
+
+
 async def test_namespace_listings_match_langgraph_over_a_grid_of_arguments(store: Store) -> None:
     ours, theirs = StatekeeperStore(store, tenant="app"), InMemoryStore()
     tree = [

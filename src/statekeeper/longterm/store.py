@@ -190,15 +190,7 @@ class LongTermStore:
         ``index``: None embeds the store's ``fields``, False nothing, a list those paths.
         ``ttl`` in minutes (None: never expires). ``created_at`` survives updates.
         """
-        ns = rules.check_namespace(namespace)
-        where = rules.slot(ns, rules.check_key(key))
-        if not isinstance(value, Mapping):
-            raise InvalidInputError(
-                f"a memory's value is a JSON object (dict), got {type(value).__name__}"
-            )
-        value = dict(value)
-        encode_json(value, what=f"memory {'/'.join(ns)}/{key}")
-        minutes = self.default_ttl if ttl is DEFAULT_TTL else _check_ttl(ttl)
+        ns, where, value, minutes = self._checked(namespace, key, value, ttl)
         vectors = await self._vectors(value, index)
 
         async def write() -> VersionedRecord:
@@ -228,6 +220,32 @@ class LongTermStore:
             )
 
         return _decode(await retry_on_conflict(write, attempts=10)).item()
+
+    def check_put(
+        self,
+        namespace: Sequence[str],
+        key: str,
+        value: Mapping[str, JsonValue],
+        *,
+        ttl: float | _Default | None = DEFAULT_TTL,
+    ) -> None:
+        """Raise what `put` would for this bad input, writing nothing: a caller with
+        several puts checks them all first, so one bad item fails them all."""
+        self._checked(namespace, key, value, ttl)
+
+    def _checked(
+        self, namespace: Sequence[str], key: str, value: object, ttl: object
+    ) -> tuple[tuple[str, ...], str, dict[str, JsonValue], float | None]:
+        ns = rules.check_namespace(namespace)
+        where = rules.slot(ns, rules.check_key(key))
+        if not isinstance(value, Mapping):
+            raise InvalidInputError(
+                f"a memory's value is a JSON object (dict), got {type(value).__name__}"
+            )
+        checked = dict(value)
+        encode_json(checked, what=f"memory {'/'.join(ns)}/{key}")
+        minutes = self.default_ttl if ttl is DEFAULT_TTL else _check_ttl(ttl)
+        return ns, where, checked, minutes
 
     async def delete(self, namespace: Sequence[str], key: str) -> bool:
         """Delete the item; False if there was none."""

@@ -83,6 +83,7 @@ class StatekeeperStore(BaseStore):
             embed_query=embed_query,
             fields=fields,
             dims=dims,
+            default_ttl=(ttl or {}).get("default_ttl"),  # checked here; ops carry their ttl
             refresh_on_read=(ttl or {}).get("refresh_on_read", True),
         )
         try:
@@ -115,6 +116,9 @@ class StatekeeperStore(BaseStore):
             if not isinstance(op, GetOp | SearchOp | ListNamespacesOp | PutOp):
                 raise InvalidInputError(f"unknown store operation {type(op).__name__}")
             validate_op_namespace(op)
+        for op in ops:  # every put checked first: one bad item writes nothing
+            if isinstance(op, PutOp) and op.value is not None:
+                self.memory.check_put(op.namespace, op.key, op.value, ttl=op.ttl)
         reads = {i: op for i, op in enumerate(ops) if not isinstance(op, PutOp)}
         answers = await asyncio.gather(*(self._read(op) for op in reads.values()))
         results: list[Result] = [None] * len(ops)
