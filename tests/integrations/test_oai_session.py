@@ -336,7 +336,8 @@ async def test_bad_arguments_raise_typed_errors_and_store_nothing(store: Store) 
         [{"nan": float("nan")}],
     ):
         with pytest.raises(
-            InvalidPayloadError if isinstance(bad_items, list) else InvalidInputError
+            InvalidPayloadError if isinstance(bad_items, list) else InvalidInputError,
+            match="add_items",  # the method the caller used, not an internal one
         ):
             await session.add_items(bad_items)  # type: ignore[arg-type]
     for bad_limit in ("3", 1.5, True):

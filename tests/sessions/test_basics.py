@@ -167,5 +167,5 @@ async def test_items_are_stored_verbatim_when_asked(store: Store) -> None:
     assert popped.text == "plain"
     await reopened.pop()
     assert json.dumps(await reopened.pop()) == json.dumps(raw[1])
-    with pytest.raises(InvalidInputError, match="verbatim"):
+    with pytest.raises(InvalidInputError, match="item 0 of append_items"):
         await chat.append_items([{"x": b"bytes"}], verbatim=True)  # type: ignore[dict-item]

@@ -166,17 +166,22 @@ def clear_plan(record: SessionRecord) -> tuple[EntryDraft, SessionPatch]:
     return marker, patch
 
 
-def verbatim_drafts(items: Sequence[Mapping[str, Any]]) -> list[EntryDraft]:
-    """Entry drafts storing each item exactly as given (a JSON object each)."""
+def verbatim_drafts(
+    items: Sequence[Mapping[str, Any]], call: str = "append_items"
+) -> list[EntryDraft]:
+    """Entry drafts storing each item exactly as given (a JSON object each); ``call``
+    names the method the caller used, in error messages."""
     if isinstance(items, Mapping | str | bytes) or not isinstance(items, Sequence):
-        raise InvalidInputError("append_items takes a list of JSON objects (dicts)")
+        raise InvalidInputError(
+            f"{call} takes a list of JSON objects (dicts), got {type(items).__name__}"
+        )
     drafts = []
     for index, item in enumerate(items):
         if not isinstance(item, dict):
             raise InvalidPayloadError(
-                f"verbatim item {index} is a {type(item).__name__}, not a JSON object (dict)"
+                f"item {index} of {call} is a {type(item).__name__}, not a JSON object (dict)"
             )
-        encode_json(item, what=f"verbatim item {index}")
+        encode_json(item, what=f"item {index} of {call}")
         drafts.append(EntryDraft(kind=ITEM_KIND, payload={"item": item}))
     return drafts
 

@@ -128,7 +128,7 @@ class StatekeeperSession(SessionABC):
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
         """Append ``items`` as one atomic batch (an empty list stores nothing)."""
-        drafts = verbatim_drafts(cast("list[dict[str, Any]]", items))
+        drafts = verbatim_drafts(cast("list[dict[str, Any]]", items), "add_items")
         if drafts:
             await settled(self._append(drafts))
 
