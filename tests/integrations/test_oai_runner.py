@@ -28,6 +28,7 @@ from statekeeper.errors import (
     InvalidInputError,
     NotFoundError,
     SchemaVersionError,
+    StoreCorruptError,
 )
 from statekeeper.integrations.openai_agents import (
     PendingApproval,
@@ -227,6 +228,33 @@ async def test_decisions_are_checked_and_scoped(store: Store) -> None:
     with pytest.raises(NotFoundError):
         await other.restore(run_id, make_agent(ScriptedModel([])))
     assert [s.run_id for s in await runs.list()] == [run_id]
+
+
+async def test_a_damaged_saved_run_is_reported_and_the_others_still_listed(
+    store: Store,
+) -> None:
+    run_id, _ = await start(store)
+    await store.put_record("default", NAMESPACE, "run-damaged", {"not": "a saved run"})
+    runs = RunStateStore(store)
+    listed = await runs.list()
+    assert [s.run_id for s in listed] == [run_id]
+    assert [c.id for c in listed.corrupt] == ["run-damaged"]
+    assert "delete it" in listed.corrupt[0].error
+    assert [p.run_id for p in await runs.pending()] == [run_id]
+    with pytest.raises(StoreCorruptError, match="run-damaged"):
+        await runs.get("run-damaged")
+    with pytest.raises(StoreCorruptError):
+        await runs.approve("run-damaged", "call_1")
+    await runs.delete("run-damaged")  # the fix the error names works
+    assert (await runs.list()).corrupt == []
+
+
+async def test_always_must_be_a_bool(store: Store) -> None:
+    run_id, _ = await start(store)
+    runs = RunStateStore(store)
+    with pytest.raises(InvalidInputError, match="always"):
+        await runs.approve(run_id, "call_1", always="no")  # type: ignore[arg-type]
+    assert (await runs.get(run_id)).decisions == {}
 
 
 async def test_a_saved_state_from_a_newer_statekeeper_is_refused(store: Store) -> None:

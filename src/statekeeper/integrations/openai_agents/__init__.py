@@ -15,8 +15,15 @@ require_sdk()
 from statekeeper.integrations.openai_agents.run_states import (  # noqa: E402
     PendingApproval,
     RunStateStore,
+    SavedRunList,
     SavedRunState,
 )
 from statekeeper.integrations.openai_agents.session import StatekeeperSession  # noqa: E402
 
-__all__ = ["PendingApproval", "RunStateStore", "SavedRunState", "StatekeeperSession"]
+__all__ = [
+    "PendingApproval",
+    "RunStateStore",
+    "SavedRunList",
+    "SavedRunState",
+    "StatekeeperSession",
+]

@@ -19,7 +19,8 @@ from __future__ import annotations
 import builtins
 import contextlib
 import json
-from collections.abc import Callable, Mapping
+import logging
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal, cast
@@ -33,11 +34,15 @@ from statekeeper.errors import (
     InvalidPayloadError,
     NotFoundError,
     SchemaVersionError,
+    StoreCorruptError,
 )
 from statekeeper.ids import new_id, validate_id
 from statekeeper.stores.base import Store, VersionedRecord
+from statekeeper.stores.types import CorruptItem
 
-__all__ = ["NAMESPACE", "PendingApproval", "RunStateStore", "SavedRunState"]
+__all__ = ["NAMESPACE", "PendingApproval", "RunStateStore", "SavedRunList", "SavedRunState"]
+
+_log = logging.getLogger(__name__)
 
 NAMESPACE = "openai_agents.run_states"
 """Record namespace of the saved run states (one record per run id)."""
@@ -90,6 +95,29 @@ class SavedRunState:
         return [call for call in self.calls if call.decision is None]
 
 
+class SavedRunList(builtins.list[SavedRunState]):
+    """What `RunStateStore.list` returns: the saved runs (a list), and ``corrupt``, the
+    stored ones that cannot be read (`CorruptItem`: run id, the error naming the fix)."""
+
+    def __init__(
+        self, runs: Iterable[SavedRunState] = (), corrupt: Iterable[CorruptItem] = ()
+    ) -> None:
+        super().__init__(runs)
+        self.corrupt: builtins.list[CorruptItem] = builtins.list(corrupt)
+
+    @classmethod
+    def of(cls, records: Iterable[VersionedRecord]) -> SavedRunList:
+        """The saved runs of ``records``, the damaged ones (and the store's) reported."""
+        runs: builtins.list[SavedRunState] = []
+        corrupt = builtins.list(getattr(records, "corrupt", ()))
+        for record in records:
+            try:
+                runs.append(_saved(record))
+            except StoreCorruptError as exc:
+                corrupt.append(CorruptItem(id=record.key, error=str(exc), raw=_raw(record)))
+        return cls(runs, sorted(corrupt, key=lambda c: c.id))
+
+
 class RunStateStore:
     """Saved SDK run states of one tenant, for approvals across processes."""
 
@@ -133,25 +161,29 @@ class RunStateStore:
         """The saved run, or `NotFoundError`."""
         return _saved(await self._get(run_id))
 
-    async def list(
-        self, *, limit: int = 100, after: str | None = None
-    ) -> builtins.list[SavedRunState]:
-        """Saved runs in run-id order (page on with ``after`` = the last run id)."""
-        records = await self.store.list_records(
-            self.tenant, NAMESPACE, after_key=after, limit=limit
+    async def list(self, *, limit: int = 100, after: str | None = None) -> SavedRunList:
+        """Saved runs in run-id order (page on with ``after`` = the last run id); a
+        damaged one is reported in ``corrupt`` and the others are listed."""
+        return SavedRunList.of(
+            await self.store.list_records(self.tenant, NAMESPACE, after_key=after, limit=limit)
         )
-        return [_saved(record) for record in records]
 
     async def pending(self) -> builtins.list[PendingApproval]:
-        """Every undecided tool call of every saved run of this tenant."""
+        """Every undecided tool call of every saved run of this tenant (a damaged saved
+        run is logged and skipped: `list` reports it)."""
         out: builtins.list[PendingApproval] = []
         after: str | None = None
         while True:
-            page = await self.list(limit=500, after=after)
+            records = await self.store.list_records(
+                self.tenant, NAMESPACE, after_key=after, limit=500
+            )
+            page = SavedRunList.of(records)
+            for item in page.corrupt:
+                _log.warning("skipping a saved run state: %s", item.error)
             out += [call for saved in page for call in saved.pending]
-            if len(page) < 500:
+            if len(records) < 500:
                 return out
-            after = page[-1].run_id
+            after = records[-1].key
 
     async def approve(
         self, run_id: str, call_id: str, *, always: bool = False, decided_by: str | None = None
@@ -228,6 +260,8 @@ class RunStateStore:
     ) -> SavedRunState:
         if not isinstance(call_id, str):
             raise InvalidInputError(f"call_id must be a string, got {type(call_id).__name__}")
+        if not isinstance(always, bool):
+            raise InvalidInputError(f"always must be True or False, got {always!r}")
         for name, text in (("message", message), ("decided_by", decided_by)):
             if text is not None and not isinstance(text, str):
                 raise InvalidInputError(f"{name} must be a string, got {type(text).__name__}")
@@ -318,9 +352,16 @@ def _apply(
         state.reject(item, rejection_message="rejected: the approval did not match this call")
 
 
+def _raw(record: VersionedRecord) -> str:
+    return json.dumps(record.value, default=str)[:200]
+
+
 def _saved(record: VersionedRecord) -> SavedRunState:
     if not isinstance(record.value, dict) or record.value.get("format") != FORMAT:
-        raise InvalidPayloadError(f"record {NAMESPACE}/{record.key} is not a saved run state")
+        raise StoreCorruptError(
+            f"record {NAMESPACE}/{record.key} is not a saved run state; delete it "
+            f"(RunStateStore.delete({record.key!r})) or restore it from a backup"
+        )
     value = cast("dict[str, Any]", record.value)
     version = value.get("version")
     if not isinstance(version, int) or version > FORMAT_VERSION:
@@ -358,6 +399,6 @@ def _saved(record: VersionedRecord) -> SavedRunState:
             decisions=decisions,
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise InvalidPayloadError(
+        raise StoreCorruptError(
             f"saved run state {record.key!r} is malformed ({exc!r}); delete it and save again"
         ) from exc
