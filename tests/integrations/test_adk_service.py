@@ -368,6 +368,21 @@ async def test_a_failed_append_changes_nothing(store: Store) -> None:
     assert await svc.get_user_state(app_name="app", user_id="u") == {"b": 0}
 
 
+async def test_append_event_refuses_what_is_not_a_session_or_an_event(store: Store) -> None:
+    svc = await ours(store)
+    session = await svc.create_session(app_name="app", user_id="u", session_id="s")
+    for call in (
+        lambda: svc.append_event(session, None),  # type: ignore[arg-type]
+        lambda: svc.append_event(session, {"author": "user"}),  # type: ignore[arg-type]
+        lambda: svc.append_event(None, event(1)),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(InvalidInputError, match="append_event"):
+            await call()
+    after = await svc.get_session(app_name="app", user_id="u", session_id="s")
+    assert after is not None
+    assert after.events == []
+
+
 async def test_a_refused_duplicate_changes_no_state(store: Store) -> None:
     svc = await ours(store)
     await svc.create_session(app_name="app", user_id="u", session_id="s", state={"app:a": 1})

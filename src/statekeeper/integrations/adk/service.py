@@ -30,7 +30,13 @@ from google.adk.sessions import BaseSessionService, Session
 from google.adk.sessions.base_session_service import GetSessionConfig, ListSessionsResponse
 from google.adk.sessions.state import State
 
-from statekeeper.errors import AlreadyExistsError, ConflictError, NotFoundError, StatekeeperError
+from statekeeper.errors import (
+    AlreadyExistsError,
+    ConflictError,
+    InvalidInputError,
+    NotFoundError,
+    StatekeeperError,
+)
 from statekeeper.ids import validate_id
 from statekeeper.integrations.adk._codec import (
     APP_KEY,
@@ -213,6 +219,11 @@ class StatekeeperSessionService(BaseSessionService):
         nothing (the one exception: a process crash between writing app or user state
         and the event itself leaves that state written).
         """
+        if not isinstance(session, Session) or not isinstance(event, Event):
+            raise InvalidInputError(
+                "append_event takes an ADK Session (from create_session or get_session) and "
+                f"an Event, got {type(session).__name__} and {type(event).__name__}"
+            )
         if event.partial:
             return event
         self._apply_temp_state(session, event)
