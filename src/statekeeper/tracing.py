@@ -27,6 +27,7 @@ from importlib import metadata
 from types import ModuleType, TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
 
+from statekeeper.errors import InvalidInputError
 from statekeeper.stores.base import EventLogStore, RecordStore, SessionStore, TranscriptStore
 
 if TYPE_CHECKING:
@@ -76,7 +77,9 @@ def set_enabled(enabled: bool) -> None:
     (`inject`, `extract`) keep working.
     """
     global _enabled
-    _enabled = bool(enabled)
+    if not isinstance(enabled, bool):
+        raise InvalidInputError(f"set_enabled takes True or False, got {enabled!r}")
+    _enabled = enabled
 
 
 def get_tracer() -> Tracer | None:
@@ -120,6 +123,7 @@ def extract(carrier: Mapping[str, str]) -> Context | None:
     """The context of the ``traceparent`` (and ``tracestate``) in ``carrier``, e.g. a
     request's headers (names in any case); None when it has none, it is malformed, or
     opentelemetry-api is not installed."""
+    _check_carrier(carrier, "extract")
     api = _api()
     if api is None:
         return None
@@ -135,11 +139,23 @@ def extract(carrier: Mapping[str, str]) -> Context | None:
 def inject(carrier: MutableMapping[str, str] | None = None) -> MutableMapping[str, str]:
     """Write the current span's ``traceparent`` (and ``tracestate``) into ``carrier`` (a
     new dict when None) and return it; nothing is written when no span is current."""
+    if carrier is not None:
+        _check_carrier(carrier, "inject", writable=True)
     out: MutableMapping[str, str] = {} if carrier is None else carrier
     api = _api()
     if api is not None and api.get_current_span().get_span_context().is_valid:
         _propagator().inject(out)
     return out
+
+
+def _check_carrier(carrier: object, call: str, *, writable: bool = False) -> None:
+    if isinstance(carrier, Mapping) and (not writable or hasattr(carrier, "__setitem__")):
+        return
+    kind = "a writable mapping" if writable else "a mapping"
+    raise InvalidInputError(
+        f"{call} takes {kind} of header names to values (a dict, or a request's "
+        f"headers), got {type(carrier).__name__}"
+    )
 
 
 def traceparent() -> str | None:
@@ -157,7 +173,7 @@ def continued(carrier: Mapping[str, str] | None) -> Iterator[Context | None]:
 
     A server wraps its handler's runner calls in ``with continued(request.headers):``.
     """
-    context = extract(carrier) if carrier else None
+    context = extract(carrier) if carrier is not None else None
     if context is None:
         yield None
         return

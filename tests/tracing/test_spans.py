@@ -5,6 +5,7 @@ context in and out, and nothing at all when no tracer provider is configured."""
 from __future__ import annotations
 
 import json
+import types
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from statekeeper import tracing
 from statekeeper.core.limits import IterationFlag, Limits
 from statekeeper.core.messages import Message, ToolCallBlock
 from statekeeper.core.metrics import TokenUsage
+from statekeeper.errors import InvalidInputError
 from statekeeper.runs import (
     Action,
     Finish,
@@ -223,6 +225,24 @@ async def test_trace_context_in_and_out(exporter: InMemorySpanExporter, sqlite: 
             assert tracing.inject() == {}
             assert tracing.traceparent() is None
     assert tracing.extract({"traceparent": "garbage"}) is None
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: tracing.extract(None),  # type: ignore[arg-type]
+        lambda: tracing.extract("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),  # type: ignore[arg-type]
+        lambda: tracing.extract([("traceparent", "x")]),  # type: ignore[arg-type]
+        lambda: tracing.inject("headers"),  # type: ignore[arg-type]
+        lambda: tracing.inject(types.MappingProxyType({})),  # type: ignore[arg-type]
+        lambda: tracing.continued("traceparent").__enter__(),  # type: ignore[arg-type]
+        lambda: tracing.set_enabled("no"),  # type: ignore[arg-type]
+    ],
+)
+def test_bad_carriers_and_flags_are_typed_errors(exporter: InMemorySpanExporter, call: Any) -> None:
+    with pytest.raises(InvalidInputError):
+        call()
+    assert tracing.get_tracer() is not None  # set_enabled("no") left tracing as it was
 
 
 async def test_set_enabled_false_makes_no_span(
