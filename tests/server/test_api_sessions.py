@@ -243,3 +243,24 @@ async def test_lists_report_damaged_rows_and_show_the_rest(
     assert [c["id"] for c in runs["corrupt"]] == [bad]
     assert broken.status_code == 500
     assert broken.json()["error"]["type"] == "StoreCorruptError"
+
+
+async def test_a_run_whose_session_was_deleted_is_reported_not_hidden(
+    live: Live, db: tuple[str, Store]
+) -> None:
+    from tests.server.test_api_runs import start_waiting_run
+
+    store = db[1]
+    kept = await start_waiting_run(store)
+    orphan = await start_waiting_run(store)
+    index = await store.get_record("acme", "runs", orphan)
+    await store.delete_session("acme", index.value["session_id"])
+    async with live.client("read") as client:
+        runs = (await client.get("/api/v1/runs")).json()
+        shown = await client.get(f"/api/v1/runs/{orphan}")
+    assert [r["run_id"] for r in runs["items"]] == [kept]
+    [reported] = runs["corrupt"]
+    assert reported["id"] == orphan
+    assert "was deleted" in reported["error"]
+    assert shown.status_code == 404
+    assert "was deleted" in shown.json()["error"]["message"]

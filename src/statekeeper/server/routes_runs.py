@@ -71,22 +71,54 @@ async def load_run(runs: RunStore, run_id: str) -> tuple[RunIndex, RunState | No
     index, _ = await runs.index(run_id)
     try:  # the same roll-forward (and corrupt-checkpoint fallback) as `runs show`
         loaded = await runs.load_latest(run_id)
-    except NotFoundError:
-        if index.revision != 0:
-            raise
-        return index, None
+    except NotFoundError as exc:
+        if index.revision == 0:
+            return index, None
+        if not await _session_exists(runs, index.session_id):
+            raise NotFoundError(_orphaned(index)) from exc
+        raise
     return loaded.index, loaded.state
 
 
-async def _summaries(runs: RunStore, indexes: list[RunIndex]) -> list[dict[str, Any]]:
+async def _session_exists(runs: RunStore, session_id: str) -> bool:
+    try:
+        await runs.store.get_session(runs.tenant, session_id)
+    except NotFoundError:
+        return False
+    return True
+
+
+def _orphaned(index: RunIndex) -> str:
+    return (
+        f"run {index.run_id!r} cannot be read: its session {index.session_id!r}, which "
+        "held its checkpoints, was deleted; delete the run (RunStore.delete, or "
+        "`statekeeper gc`)"
+    )
+
+
+async def _summaries(
+    runs: RunStore, indexes: list[RunIndex], unreadable: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """The summaries of ``indexes``; a run that can no longer be read is added to
+    ``unreadable`` (as a damaged row: id, error, raw) instead of being hidden."""
     out = []
     for index in indexes:
         try:
             index, state = await load_run(runs, index.run_id)
-        except NotFoundError:  # deleted meanwhile
-            continue
+        except NotFoundError as exc:
+            if unreadable is not None and await _index_exists(runs, index.run_id):
+                unreadable.append({"id": index.run_id, "error": str(exc), "raw": ""})
+            continue  # else deleted meanwhile
         out.append(run_summary(index, state))
     return out
+
+
+async def _index_exists(runs: RunStore, run_id: str) -> bool:
+    try:
+        await runs.index(run_id)
+    except NotFoundError:
+        return False
+    return True
 
 
 async def _children(runs: RunStore, run_id: str) -> list[dict[str, Any]]:
@@ -127,11 +159,15 @@ async def list_runs(
         validate_id(cursor, "cursor")
     wanted = status_filter(status)
     page = await runs.list(status=wanted, session_id=session_id, after=cursor, limit=limit)
+    unreadable: list[dict[str, Any]] = []
+    items = await _summaries(runs, page, unreadable)
+    # By id once: RunStore.list can report a damaged index that ends a page twice.
+    corrupt = {c.id: c.model_dump(mode="json") for c in page.corrupt}
+    corrupt.update({u["id"]: u for u in unreadable})
     return {
-        "items": await _summaries(runs, page),
+        "items": items,
         "next_cursor": page[-1].run_id if len(page) == limit else None,
-        # By id once: RunStore.list can report a damaged index that ends a page twice.
-        "corrupt": list({c.id: c.model_dump(mode="json") for c in page.corrupt}.values()),
+        "corrupt": list(corrupt.values()),
     }
 
 
