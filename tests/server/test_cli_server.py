@@ -108,3 +108,52 @@ def test_serve_never_prints_the_store_password() -> None:
     )
     assert _shown("redis://:s3cret@cache:6379/0") == "redis://cache:6379/0"
     assert _shown("sqlite:///var/state.db?mode=ro") == "sqlite:///var/state.db"
+
+
+def test_keys_need_a_store_that_outlives_the_command(tmp_path: Path) -> None:
+    code, out, err = cli("memory://", "keys", "create", "--tenant", "acme")
+    assert code == 1
+    assert "sk_" not in out  # no key printed that no server could ever know
+    assert "memory://" in err
+    url = f"sqlite:///{tmp_path}/k.db"
+    assert cli(url, "keys", "create", "--tenant", "acme")[0] == 0
+    code, _, err = cli(url, "keys", "list", "--tenant", "../x")
+    assert code == 1
+    assert "tenant '../x' is not allowed" in err
+
+
+def test_a_damaged_key_record_is_refused_and_the_others_still_listed(tmp_path: Path) -> None:
+    from statekeeper.testing.damage import damage_record
+
+    url = f"sqlite:///{tmp_path}/keys.db"
+
+    async def scenario() -> tuple[list[str], str]:
+        async with await open_store(url) as store:
+            keys = ApiKeys(store)
+            good, _ = await keys.create("acme", "read")
+            bad, bad_key = await keys.create("acme", "admin")
+            await damage_record(store, KEYS_TENANT, KEYS_NAMESPACE, bad.key_id)
+            from statekeeper.server import AuthenticationError
+
+            try:
+                await keys.verify(bad_key)
+            except AuthenticationError as exc:
+                refused = str(exc)
+            return [k.key_id for k in await keys.list()], refused + "|" + good.key_id
+
+    listed, detail = asyncio.run(scenario())
+    refused, good_id = detail.split("|")
+    assert listed == [good_id]
+    assert "unknown or revoked" in refused
+    code, out, err = cli(url, "keys", "list")
+    assert code == 0
+    assert good_id in out
+    assert "damaged" in err
+
+
+def test_serve_with_an_unreachable_store_says_so_in_one_line() -> None:
+    code, _, err = cli("postgresql://nobody:secret@127.0.0.1:1/db", "serve", "--port", "0")
+    assert code == 1
+    assert "cannot connect" in err
+    assert "secret" not in err
+    assert "Traceback" not in err

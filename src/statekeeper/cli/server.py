@@ -77,6 +77,11 @@ def serve(
     from statekeeper.server import ServerConfig
 
     factory = load_app(app_spec) if app_spec is not None else None
+
+    async def reachable(store: Store, _: str) -> None:
+        return None  # opened and closed: an unreachable store is one error line, now
+
+    run(ctx, reachable, create=True)
     config = ServerConfig(
         store=settings(ctx).store,
         app=app_spec,
@@ -132,6 +137,13 @@ def create_key(
     _server()
     from statekeeper.server import ApiKeys
 
+    if settings(ctx).store.startswith("memory:"):
+        fail(
+            "a memory:// store ends with this command, and the key with it: create keys "
+            "in the store the server serves (--store sqlite:///..., postgresql://...), "
+            "or serve a memory:// store with --dev-anonymous"
+        )
+
     async def work(store: Store, _: str) -> tuple[str, str]:
         record, key = await ApiKeys(store).create(tenant, scope, label=label)
         return record.key_id, key
@@ -155,15 +167,18 @@ def list_keys(
 ) -> None:
     """List API keys (never the keys themselves)."""
     _server()
-    from statekeeper.server import ApiKey, ApiKeys
+    from statekeeper.server import ApiKeyList, ApiKeys
 
-    async def work(store: Store, _: str) -> list[ApiKey]:
+    async def work(store: Store, _: str) -> ApiKeyList:
         return await ApiKeys(store).list(tenant)
 
     found = run(ctx, work, read_only=True)
     if wants_json(ctx, json_output):
-        print_json({"items": [key.public() for key in found]})
+        corrupt = [item.model_dump(mode="json") for item in found.corrupt]
+        print_json({"items": [key.public() for key in found], "corrupt": corrupt})
         return
+    for item in found.corrupt:
+        console(stderr=True).print(Text(f"damaged key record {item.id}: {item.error}"))
     if not found:
         console().print("No API keys.")
         return

@@ -19,11 +19,12 @@ except ImportError as exc:
 
 from statekeeper.server.app import ServerConfig, check_host, create_app
 from statekeeper.server.errors import AuthenticationError, PermissionDeniedError
-from statekeeper.server.keys import SCOPES, ApiKey, ApiKeys
+from statekeeper.server.keys import SCOPES, ApiKey, ApiKeyList, ApiKeys
 
 __all__ = [
     "SCOPES",
     "ApiKey",
+    "ApiKeyList",
     "ApiKeys",
     "AuthenticationError",
     "PermissionDeniedError",

@@ -11,19 +11,32 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import secrets
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Final, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict
+from pydantic import AwareDatetime, BaseModel, ConfigDict, ValidationError
 
 from statekeeper.core.messages import utcnow
-from statekeeper.errors import InvalidInputError, NotFoundError
+from statekeeper.errors import InvalidInputError, NotFoundError, StoreCorruptError
 from statekeeper.ids import validate_id
 from statekeeper.server.errors import AuthenticationError
-from statekeeper.stores.base import RecordStore
+from statekeeper.stores.base import RecordStore, VersionedRecord
+from statekeeper.stores.types import CorruptItem
 
-__all__ = ["KEYS_NAMESPACE", "KEYS_TENANT", "SCOPES", "ApiKey", "ApiKeys", "Scope"]
+__all__ = [
+    "KEYS_NAMESPACE",
+    "KEYS_TENANT",
+    "SCOPES",
+    "ApiKey",
+    "ApiKeyList",
+    "ApiKeys",
+    "Scope",
+]
+
+_log = logging.getLogger(__name__)
 
 Scope = Literal["read", "operate", "admin"]
 SCOPES: Final[tuple[Scope, ...]] = ("read", "operate", "admin")
@@ -54,6 +67,27 @@ class ApiKey(BaseModel):
         return SCOPES.index(self.scope) >= SCOPES.index(scope)
 
 
+class ApiKeyList(list[ApiKey]):
+    """What `ApiKeys.list` returns: the keys (a list), and ``corrupt``, the stored key
+    records that cannot be read (such a key is refused; revoke it by creating a new one
+    and deleting the damaged record, named in the error)."""
+
+    def __init__(self, keys: Iterable[ApiKey] = (), corrupt: Iterable[CorruptItem] = ()):
+        super().__init__(keys)
+        self.corrupt: list[CorruptItem] = list(corrupt)
+
+
+def _decode(record: VersionedRecord) -> ApiKey:
+    try:
+        return ApiKey.model_validate(record.value)
+    except ValidationError as exc:
+        raise StoreCorruptError(
+            f"API key record {record.key!r} cannot be read ({exc.error_count()} errors); "
+            f"the key is refused: delete the record (store.delete_record({KEYS_TENANT!r}, "
+            f"{KEYS_NAMESPACE!r}, {record.key!r})) and create a new key"
+        ) from None
+
+
 def _digest(secret: str) -> str:
     return hashlib.sha256(secret.encode("utf-8")).hexdigest()
 
@@ -79,6 +113,8 @@ class ApiKeys:
         validate_id(tenant, "tenant")
         if tenant == KEYS_TENANT:
             raise InvalidInputError(f"tenant {KEYS_TENANT!r} is reserved for the keys")
+        if label is not None and (not isinstance(label, str) or len(label) > 200):
+            raise InvalidInputError("a key's label is a text of at most 200 characters")
         key_id = "k" + secrets.token_hex(8)
         secret = secrets.token_urlsafe(32)
         record = ApiKey(
@@ -101,18 +137,31 @@ class ApiKeys:
             found = await self.store.get_record(KEYS_TENANT, KEYS_NAMESPACE, key_id)
         except NotFoundError:
             raise NotFoundError(f"no API key {key_id!r} (see `statekeeper keys list`)") from None
-        return ApiKey.model_validate(found.value)
+        return _decode(found)
 
-    async def list(self, tenant: str | None = None) -> list[ApiKey]:
-        """Every key (of ``tenant`` if given), revoked ones too, in id order."""
-        out: list[ApiKey] = []
+    async def list(self, tenant: str | None = None) -> ApiKeyList:
+        """Every key (of ``tenant`` if given), revoked ones too, in id order; key records
+        that cannot be read are reported in ``corrupt`` (whatever ``tenant``)."""
+        if tenant is not None:
+            validate_id(tenant, "tenant")
+        out = ApiKeyList()
         after: str | None = None
-        while page := await self.store.list_records(
-            KEYS_TENANT, KEYS_NAMESPACE, after_key=after, limit=500
-        ):
-            out += [ApiKey.model_validate(r.value) for r in page]
+        while True:
+            page = await self.store.list_records(
+                KEYS_TENANT, KEYS_NAMESPACE, after_key=after, limit=500
+            )
+            out.corrupt += page.corrupt
+            for record in page:
+                try:
+                    key = _decode(record)
+                except StoreCorruptError as exc:
+                    out.corrupt.append(CorruptItem(id=record.key, error=str(exc)))
+                    continue
+                if tenant is None or key.tenant == tenant:
+                    out.append(key)
+            if len(page) < 500:
+                return out
             after = page[-1].key
-        return [k for k in out if tenant is None or k.tenant == tenant]
 
     async def revoke(self, key_id: str, *, when: datetime | None = None) -> ApiKey:
         """Revoke a key: requests with it are refused from now on. Idempotent."""
@@ -121,7 +170,7 @@ class ApiKeys:
             found = await self.store.get_record(KEYS_TENANT, KEYS_NAMESPACE, key_id)
         except NotFoundError:
             raise NotFoundError(f"no API key {key_id!r} (see `statekeeper keys list`)") from None
-        key = ApiKey.model_validate(found.value)
+        key = _decode(found)
         if key.revoked_at is None:
             key.revoked_at = when or utcnow()
             await self.store.put_record(
@@ -140,6 +189,9 @@ class ApiKeys:
         try:
             key = await self.get(key_id)
         except (NotFoundError, InvalidInputError):
+            raise AuthenticationError("unknown or revoked API key") from None
+        except StoreCorruptError as exc:  # fail closed, and tell the operator
+            _log.warning("refusing an API key: %s", exc)
             raise AuthenticationError("unknown or revoked API key") from None
         if not hmac.compare_digest(key.secret_sha256, _digest(secret)) or key.revoked_at:
             raise AuthenticationError("unknown or revoked API key")
