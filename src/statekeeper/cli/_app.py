@@ -30,7 +30,8 @@ __all__ = ["app"]
 
 app = typer.Typer(
     name="statekeeper",
-    help="Inspect and manage statekeeper sessions, runs, events, subagents and profiles.",
+    help="Inspect and manage statekeeper sessions, runs, events, subagents and profiles;\n"
+    "serve them over HTTP (serve, keys).",
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
     # Plain (click-style) help: typer's rich help labels every flag `<bool>`, as if it
