@@ -65,3 +65,20 @@ async def test_a_chunked_body_is_counted_and_a_small_one_goes_through(
         assert (await client.post("/api/v1/sessions/s1/messages", json=fits)).status_code == 201
     session = await SessionManager(db[1], tenant="acme").get("s1")
     assert [m.text for m in await session.messages()] == ["hello"]
+
+
+async def test_a_body_that_is_not_json_without_a_good_key_is_a_401(
+    small: tuple[str, str],
+) -> None:
+    url, key = small
+    headers = {"Content-Type": "application/json"}
+    async with httpx.AsyncClient(base_url=url, headers=headers) as client:
+        anonymous = await client.post("/api/v1/sessions", content=b"{bad")
+        wrong = await client.post(
+            "/api/v1/sessions", content=b"{bad", headers={"Authorization": "Bearer sk_kx_y"}
+        )
+        keyed = await client.post(
+            "/api/v1/sessions", content=b"{bad", headers={"Authorization": f"Bearer {key}"}
+        )
+    assert [anonymous.status_code, wrong.status_code, keyed.status_code] == [401, 401, 422]
+    assert anonymous.json()["error"]["type"] == "AuthenticationError"

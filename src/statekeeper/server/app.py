@@ -70,6 +70,12 @@ def _errors(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        from statekeeper.server.auth import authenticate
+
+        try:  # FastAPI reads the body before the key: a caller with no key learns only that
+            await authenticate(request)
+        except StatekeeperError as error:
+            return JSONResponse(error_body(type(error).__name__, str(error)), status_of(error))
         parts = [
             f"{'.'.join(str(p) for p in error['loc'])}: {error['msg']}" for error in exc.errors()
         ]

@@ -13,7 +13,7 @@ from statekeeper.server.context import ServerContext
 from statekeeper.server.errors import AuthenticationError, PermissionDeniedError
 from statekeeper.server.keys import SCOPES, Scope
 
-__all__ = ["ANONYMOUS_TENANT", "Caller", "context_of", "require"]
+__all__ = ["ANONYMOUS_TENANT", "Caller", "authenticate", "context_of", "require"]
 
 ANONYMOUS_TENANT = "default"
 _bearer = HTTPBearer(auto_error=False, description="An API key: `statekeeper keys create`.")
@@ -53,6 +53,12 @@ async def _caller(request: Request, credentials: HTTPAuthorizationCredentials | 
         )
     key = await context.keys.verify(presented)
     return Caller(key.tenant, key.scope, key.key_id)
+
+
+async def authenticate(request: Request) -> Caller:
+    """The caller of ``request``, or `AuthenticationError`: for answers given before the
+    route's dependencies run (a body that is not JSON is refused before them)."""
+    return await _caller(request, await _bearer(request))
 
 
 def require(scope: Scope) -> Callable[..., Awaitable[Caller]]:
