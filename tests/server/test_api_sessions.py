@@ -248,7 +248,7 @@ async def test_lists_report_damaged_rows_and_show_the_rest(
 async def test_a_run_whose_session_was_deleted_is_reported_not_hidden(
     live: Live, db: tuple[str, Store]
 ) -> None:
-    from tests.server.test_api_runs import start_waiting_run
+    from .test_api_runs import start_waiting_run
 
     store = db[1]
     kept = await start_waiting_run(store)

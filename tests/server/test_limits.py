@@ -7,11 +7,12 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from tests.server.conftest import ThreadServer, make_keys
 
 from statekeeper.server import ServerConfig
 from statekeeper.sessions import SessionManager
 from statekeeper.stores import Store
+
+from .conftest import ThreadServer, make_keys
 
 LIMIT = 4096
 
