@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 import httpx
@@ -243,6 +244,10 @@ async def test_lists_report_damaged_rows_and_show_the_rest(
     assert [c["id"] for c in runs["corrupt"]] == [bad]
     assert broken.status_code == 500
     assert broken.json()["error"]["type"] == "StoreCorruptError"
+    assert "ses-bad" in broken.json()["error"]["message"]
+    where = db[0].removeprefix("sqlite:///")  # clients learn what is damaged, not where
+    for body in (sessions, records, runs, broken.json()):
+        assert where not in json.dumps(body)
 
 
 async def test_a_run_whose_session_was_deleted_is_reported_not_hidden(

@@ -18,7 +18,13 @@ from starlette.exceptions import HTTPException
 
 from statekeeper.errors import InvalidInputError, StatekeeperError
 from statekeeper.server.context import ServerContext
-from statekeeper.server.errors import ERROR_RESPONSES, error_body, status_of
+from statekeeper.server.errors import (
+    ERROR_RESPONSES,
+    error_body,
+    redact,
+    status_of,
+    store_locations,
+)
 from statekeeper.server.limits import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from statekeeper.server.streams import EventHub, feed_of
 from statekeeper.stores import open_store
@@ -60,13 +66,15 @@ def check_host(host: str, dev_anonymous: bool) -> None:
         )
 
 
-def _errors(app: FastAPI) -> None:
+def _errors(app: FastAPI, locations: Sequence[str]) -> None:
     @app.exception_handler(StatekeeperError)
     async def typed(request: Request, exc: StatekeeperError) -> JSONResponse:
         status = status_of(exc)
+        message = str(exc)
         if status >= 500:
-            _log.warning("%s %s failed: %s", request.method, request.url.path, exc)
-        return JSONResponse(error_body(type(exc).__name__, str(exc)), status_code=status)
+            _log.warning("%s %s failed: %s", request.method, request.url.path, message)
+            message = redact(message, locations)
+        return JSONResponse(error_body(type(exc).__name__, message), status_code=status)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -108,12 +116,19 @@ def create_app(config: ServerConfig) -> FastAPI:
         routes_stream,
     )
 
+    locations = store_locations(config.store)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = await open_store(config.store)
         hub = EventHub(store, config.poll_interval, feed_of(store, config.store))
         context = ServerContext(
-            store, hub, config.factory, config.app, anonymous=config.dev_anonymous
+            store,
+            hub,
+            config.factory,
+            config.app,
+            anonymous=config.dev_anonymous,
+            locations=locations,
         )
         app.state.context = context
         try:
@@ -130,7 +145,7 @@ def create_app(config: ServerConfig) -> FastAPI:
         redoc_url=None,
         lifespan=lifespan,
     )
-    _errors(app)
+    _errors(app, locations)
     for module in (routes_runs, routes_sessions, routes_runtime, routes_memories, routes_stream):
         app.include_router(module.router, prefix=API_PREFIX, responses=ERROR_RESPONSES)
     app.add_middleware(BodyLimit, limit=config.max_body_bytes)  # inside CORS: errors readable

@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from statekeeper.errors import InvalidInputError
 from statekeeper.runs.operations import build_runner
 from statekeeper.runs.runner import Runner
+from statekeeper.server.errors import reported
 from statekeeper.server.keys import ApiKeys
 from statekeeper.server.streams import EventHub
 from statekeeper.stores.base import Store
@@ -31,6 +32,8 @@ class ServerContext:
     factory: Callable[..., Any] | None = None
     app_spec: str | None = None
     anonymous: bool = False
+    locations: Sequence[str] = ()
+    """Spellings of the store's location, kept out of what clients read (`reported`)."""
     keys: ApiKeys = field(init=False)
     _runners: dict[str, Runner] = field(default_factory=dict)
     _plain: dict[str, Runner] = field(default_factory=dict)
@@ -38,6 +41,10 @@ class ServerContext:
 
     def __post_init__(self) -> None:
         self.keys = ApiKeys(self.store)
+
+    def reported(self, items: Sequence[Any]) -> list[dict[str, Any]]:
+        """Damaged items of a listing as JSON, without the store's location."""
+        return reported(items, self.locations)
 
     async def runner(self, tenant: str, *, agents: bool = False) -> Runner:
         """The tenant's runner: the ``--app`` one when there is an app (it knows the

@@ -7,7 +7,11 @@ on the same names as Python code does).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Final
+from urllib.parse import unquote, urlsplit
 
 from pydantic import BaseModel
 
@@ -32,7 +36,10 @@ __all__ = [
     "ErrorBody",
     "PermissionDeniedError",
     "error_body",
+    "redact",
+    "reported",
     "status_of",
+    "store_locations",
 ]
 
 
@@ -100,3 +107,38 @@ ERROR_RESPONSES: Final[dict[int | str, dict[str, Any]]] = {
     )
 }
 """The error answers every route may give, for the OpenAPI description."""
+
+
+def store_locations(url: str) -> list[str]:
+    """The spellings of the store's location an error message may carry (its URL, its
+    host part with any credentials, its file path as given and made absolute), longest
+    first."""
+    parts = urlsplit(url)
+    found = {url, parts.netloc}
+    if parts.scheme in ("sqlite", "files"):
+        location = unquote(parts.netloc + parts.path)
+        for path in (location, location[1:]):  # sqlite:///rel/x.db names rel/x.db
+            found.add(path)
+            with contextlib.suppress(OSError, ValueError):
+                found.add(str(Path(path).resolve()))
+    return sorted((f for f in found if len(f) > 3), key=len, reverse=True)
+
+
+def redact(message: str, locations: Sequence[str]) -> str:
+    """``message`` without the store's location: clients learn what failed, the server's
+    log (which keeps the full message) where."""
+    for location in locations:
+        message = message.replace(location, "<store>")
+    return message
+
+
+def reported(items: Sequence[Any], locations: Sequence[str]) -> list[dict[str, Any]]:
+    """Damaged items (`CorruptItem`s or their JSON) as a listing answers them: their
+    errors without the store's location."""
+    out = []
+    for item in items:
+        data = dict(item) if isinstance(item, dict) else item.model_dump(mode="json")
+        if isinstance(data.get("error"), str):
+            data["error"] = redact(data["error"], locations)
+        out.append(data)
+    return out

@@ -162,8 +162,7 @@ async def list_runs(
     unreadable: list[dict[str, Any]] = []
     items = await _summaries(runs, page, unreadable)
     # By id once: RunStore.list can report a damaged index that ends a page twice.
-    corrupt = {c.id: c.model_dump(mode="json") for c in page.corrupt}
-    corrupt.update({u["id"]: u for u in unreadable})
+    corrupt = {c["id"]: c for c in context.reported([*page.corrupt, *unreadable])}
     return {
         "items": items,
         "next_cursor": page[-1].run_id if len(page) == limit else None,

@@ -153,7 +153,7 @@ async def records(
     return {
         "items": [_record(r) for r in page],
         "next_cursor": page[-1].key if len(page) == limit else None,
-        "corrupt": [item.model_dump(mode="json") for item in page.corrupt],
+        "corrupt": context.reported(page.corrupt),
     }
 
 

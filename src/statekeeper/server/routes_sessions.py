@@ -77,7 +77,7 @@ async def list_sessions(
     return {
         "items": [session_summary(r) for r in page.items],
         "next_cursor": page.next_cursor,
-        "corrupt": [item.model_dump(mode="json") for item in page.corrupt],
+        "corrupt": context.reported(page.corrupt),
     }
 
 
