@@ -18,6 +18,7 @@ import typer
 from typer.testing import CliRunner, Result
 
 from statekeeper.cli import app
+from statekeeper.cli import runs as runs_cli
 from statekeeper.cli import sessions as sessions_cli
 from statekeeper.cli._common import parse_when
 from statekeeper.core.messages import Message
@@ -314,6 +315,29 @@ def test_runs_list_names_damaged_run_indexes(cli: Cli, cli_app: ModuleType) -> N
     assert out.count("damaged run index") == 2
     shown = cli("runs", "show", not_an_index, code=1)
     assert not_an_index in shown.output
+
+
+def test_a_damaged_run_is_deleted_from_the_cli(
+    cli: Cli, cli_app: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kept = start_run(cli, cli_app, "asker")
+    damaged = start_run(cli, cli_app, "asker")
+    cli.api(lambda store: damage_record(store, "default", "runs", damaged, '{"x": 1}'))
+    [reported] = cli.json("runs", "list")["corrupt"]
+    assert f"statekeeper runs delete {damaged}" in reported["error"]
+
+    monkeypatch.setattr(runs_cli, "stdin_is_interactive", lambda: False)
+    refused = cli("runs", "delete", damaged, code=1)
+    assert "--yes" in refused.output
+    assert len(cli.json("runs", "list")["corrupt"]) == 1  # nothing deleted
+
+    assert f"deleted run {damaged}" in cli("runs", "delete", damaged, "--yes").stdout
+    data = cli.json("runs", "list")
+    assert [r["run_id"] for r in data["items"]] == [kept]
+    assert data["corrupt"] == []
+    assert cli("runs", "delete", kept, "--yes").stdout.startswith(f"deleted run {kept}")
+    assert cli.json("runs", "list")["items"] == []
+    cli("runs", "delete", kept, "--yes", code=1)  # gone: not found
 
 
 def test_runs_list_and_show(cli: Cli, cli_app: ModuleType) -> None:

@@ -1,4 +1,5 @@
-"""``statekeeper runs ...``: list, show, approve, reject, resume, cancel, export, import."""
+"""``statekeeper runs ...``: list, show, approve, reject, resume, cancel, delete, export,
+import."""
 
 from __future__ import annotations
 
@@ -26,7 +27,13 @@ from statekeeper.cli._common import (
     write_output,
 )
 from statekeeper.cli.runview import RunView, print_run, recoveries, runs_table, timeline
-from statekeeper.errors import InvalidInputError, NotFoundError, StatekeeperError
+from statekeeper.cli.sessions import stdin_is_interactive
+from statekeeper.errors import (
+    InvalidInputError,
+    NotFoundError,
+    StatekeeperError,
+    StoreCorruptError,
+)
 from statekeeper.runs.approvals import settle
 from statekeeper.runs.index import RunList
 from statekeeper.runs.operations import build_runner, load_factory, status_filter
@@ -339,6 +346,39 @@ def cancel(
                 f"cancel requested: run {run_id} is being run{owner}; it stops before its next step"
             )
         )
+
+
+@app.command("delete")
+def delete(
+    ctx: typer.Context,
+    run_id: RunId,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+) -> None:
+    """Delete a run's index, events and checkpoints (asks first unless --yes); its messages
+    stay in its session. A damaged run is deleted like any other: how to clean up."""
+
+    async def work(store: Store, tenant: str) -> bool:
+        runs = RunStore(store, tenant)
+        try:
+            question = f"Delete run {run_id} ({(await runs.index(run_id))[0].status})?"
+        except StoreCorruptError:
+            question = f"Run {run_id} is damaged (its index cannot be read). Delete it?"
+        if not yes:
+            if not stdin_is_interactive():
+                fail(
+                    f"not deleting run {run_id}: stdin is not a terminal, so no confirmation "
+                    "can be asked; pass --yes to delete without asking"
+                )
+            if not typer.confirm(question, default=False):
+                return False
+        await runs.delete(run_id)
+        return True
+
+    if run(ctx, work):
+        console().print(Text(f"deleted run {run_id}"))
+    else:
+        console().print("Nothing deleted.")
+        raise typer.Exit(1)
 
 
 @app.command("export")

@@ -79,8 +79,8 @@ def decode_index(run_id: str, value: JsonValue) -> RunIndex:
         where = ".".join(str(p) for p in first["loc"]) or "index"
         raise StoreCorruptError(
             f"the index of run {run_id!r} is not a run index ({where}: {first['msg']}); "
-            f"delete it (store.delete_record(tenant, 'runs', {run_id!r})); the run's "
-            "checkpoints stay in its session's transcript"
+            f"delete it (`statekeeper runs delete {run_id}`, or RunStore.delete); the "
+            "run's checkpoints stay in its session's transcript"
         ) from exc
 
 

@@ -30,6 +30,7 @@ from statekeeper.errors import (
     InvalidPayloadError,
     NotFoundError,
     StatekeeperError,
+    StoreCorruptError,
 )
 from statekeeper.ids import validate_id
 from statekeeper.runs.history import CheckpointInfo, checkpoint_history, fork_run
@@ -384,16 +385,21 @@ class RunStore:
     # -- retention -----------------------------------------------------------------------
 
     async def delete(self, run_id: str) -> None:
-        """Delete the run's index, events and checkpoints (its messages stay in the session)."""
-        index, _ = await self.index(run_id)
+        """Delete the run's index, events and checkpoints (its messages stay in the session).
+        A damaged index is deleted too (its checkpoints, found through it, then stay)."""
+        try:
+            index: RunIndex | None = (await self.index(run_id))[0]
+        except StoreCorruptError:
+            index = None
         with contextlib.suppress(NotFoundError):  # the session may be gone already
-            await self.store.prune_entries(
-                self.tenant,
-                index.session_id,
-                kind=CHECKPOINT_KIND,
-                before_seq=2**62,
-                id_prefix=f"{run_id}.c",
-            )
+            if index is not None:
+                await self.store.prune_entries(
+                    self.tenant,
+                    index.session_id,
+                    kind=CHECKPOINT_KIND,
+                    before_seq=2**62,
+                    id_prefix=f"{run_id}.c",
+                )
         await self.store.delete_event_log(self.tenant, run_id)
         await self.store.delete_record(self.tenant, RUNS_NAMESPACE, run_id)
 
