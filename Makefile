@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup browser demo test lint types unit bench clean
+.PHONY: setup browser demo test lint types unit thorough bench clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -29,8 +29,14 @@ lint: $(STAMP)
 types: $(STAMP)
 	$(VENV)/bin/mypy
 
+# One pytest worker per core (pytest-xdist): every test keeps its data apart (its own
+# tmp_path, PostgreSQL schema, Redis key prefix), so they run in any order and at once.
 unit: $(STAMP) browser
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n auto
+
+# The suite with ten times the hypothesis examples (not part of `make test`).
+thorough: $(STAMP) browser
+	$(VENV)/bin/pytest -q -n auto --hypothesis-profile thorough
 
 test: lint types unit
 

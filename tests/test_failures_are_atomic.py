@@ -280,7 +280,6 @@ def event_loop_store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
 
 
 @settings(
-    max_examples=200,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

@@ -335,7 +335,7 @@ def _check_window(messages: list[Message], window: ContextWindow, usable: int) -
             assert m.id in kept
 
 
-@settings(max_examples=400, deadline=None)
+@settings(deadline=None)
 @given(conversations(), st.integers(0, 400), st.data())
 def test_window_properties(messages: list[Message], budget: int, data: st.DataObject) -> None:
     reserve = data.draw(st.integers(0, budget))
@@ -345,7 +345,7 @@ def test_window_properties(messages: list[Message], budget: int, data: st.DataOb
     _check_window(messages, window, budget - reserve)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(deadline=None)
 @given(conversations())
 def test_nothing_is_lost_when_everything_fits(messages: list[Message]) -> None:
     calls = {c.id for m in messages for c in m.tool_calls}

@@ -99,7 +99,7 @@ def _merged(messages: list[Message]) -> list[Message]:
 # -- round trips ------------------------------------------------------------------------------
 
 
-@settings(max_examples=200, deadline=None)
+@settings(deadline=None)
 @given(_messages(_url_images))
 def test_chat_round_trip(messages: list[Message]) -> None:
     items = to_openai_chat(messages)
@@ -108,7 +108,7 @@ def test_chat_round_trip(messages: list[Message]) -> None:
     assert [_view(m) for m in back] == [_view(m) for m in messages]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(deadline=None)
 @given(_messages(st.one_of(_url_images, _id_images)))
 def test_responses_round_trip(messages: list[Message]) -> None:
     items = to_openai_responses(messages)

@@ -2,7 +2,7 @@
 the tests that run the OpenAI Agents SDK adapter in other processes.
 
     python oai_app.py URL add SESSION TENANT WRITER BATCHES   # add_items, one batch at a time
-    python oai_app.py URL items SESSION TENANT [LIMIT]        # print get_items as JSON
+    python oai_app.py URL items SESSION TENANT LIMIT...       # get_items per limit ('': none)
     python oai_app.py URL resume RUN_ID TENANT SESSION         # restore, run, print the outcome
 """
 
@@ -117,9 +117,10 @@ async def main(argv: list[str]) -> None:
             for n in range(int(batches)):
                 await session.add_items([{"by": writer, "n": n, "i": i} for i in range(3)])
         elif command == "items":
-            session_id, tenant, *limit = rest
+            session_id, tenant, *limits = rest
             session = StatekeeperSession(session_id, store, tenant=tenant)
-            print(json.dumps(await session.get_items(*(int(x) for x in limit))))
+            for limit in limits:  # one process reads with every limit (each starts slowly)
+                print(json.dumps(await session.get_items(int(limit) if limit else None)))
         elif command == "resume":
             run_id, tenant, session_id = rest
             agent = make_agent(ScriptedModel(approval_turns()[1:]))

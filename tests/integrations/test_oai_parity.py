@@ -159,19 +159,21 @@ async def test_another_process_reopens_by_id_and_sees_the_same(
             await pair.both("beta", "add_items", [item(20)])
         finally:
             pair.close()
-        for limit in ("", "3"):
-            ours = await run_python(
-                str(HERE / "oai_app.py"), url, "items", "alpha", "default", *[limit][: bool(limit)]
-            )
-            script = (
-                "import asyncio, json, sys\nfrom agents import SQLiteSession\n"
-                "s = SQLiteSession('alpha', sys.argv[1])\n"
-                "limit = int(sys.argv[2]) if sys.argv[2] else None\n"
-                "print(json.dumps(asyncio.run(s.get_items(limit))))\ns.close()\n"
-            )
-            theirs = await run_python("-c", script, str(db), limit)
-            assert json.loads(ours) == json.loads(theirs)
-            assert len(json.loads(ours)) == (3 if limit else 6)
+        limits = ("", "3")  # no limit, and a limit
+        script = (
+            "import asyncio, json, sys\nfrom agents import SQLiteSession\n"
+            "s = SQLiteSession('alpha', sys.argv[1])\n"
+            "for a in sys.argv[2:]:\n"
+            "    print(json.dumps(asyncio.run(s.get_items(int(a) if a else None))))\n"
+            "s.close()\n"
+        )
+        ours, theirs = await asyncio.gather(
+            run_python(str(HERE / "oai_app.py"), url, "items", "alpha", "default", *limits),
+            run_python("-c", script, str(db), *limits),
+        )
+        read = [[json.loads(line) for line in out.splitlines()] for out in (ours, theirs)]
+        assert read[0] == read[1]
+        assert [len(items) for items in read[0]] == [6, 3]
 
 
 @pytest.mark.slow

@@ -55,14 +55,24 @@ def test_memory_passes_every_base_test_and_skips_what_it_lacks(tmp_path: Path) -
     assert done.stdout.strip().endswith(f"OK: all {base['passed']} base tests passed")
 
 
+SQLITE_SELECTION = (
+    "test_handles or test_processes or test_concurrency"
+    " or integers_beyond_64_bits or strings_with_a_nul_exactly"
+)
+"""Base, shared and processes tests, and SQLite's known-bug tests. The memory test above
+shows a URL runs the whole suite; tests/conformance runs all of it on this URL's backend
+(``sqlite-process``), so a whole second run here would only repeat those tests."""
+
+
 @pytest.mark.slow
 def test_a_sqlite_url_passes_everything_but_its_known_bugs(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/state.db?durability=process"
-    done = run_kit(tmp_path, "--store", url)
+    done = run_kit(tmp_path, "--store", url, "-k", SQLITE_SELECTION)
     assert done.returncode == 0, done.stdout + done.stderr
     base = counts(done.stdout, "base")
     assert base.keys() == {"passed", "xfailed"}, done.stdout  # xfailed: strict known bugs
-    assert base["passed"] > 250
+    assert base["passed"] >= 9, done.stdout
+    assert base["xfailed"] == 2, done.stdout
     assert counts(done.stdout, "shared").keys() == {"passed"}
     assert counts(done.stdout, "processes") == {"passed": 1}
     assert f"OK: all {base['passed']} base tests passed ({base['xfailed']} known bugs)" in (
