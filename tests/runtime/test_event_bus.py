@@ -446,3 +446,39 @@ async def test_a_persistent_bus_needs_a_store() -> None:
         EventBus(None, TENANT)
     with pytest.raises(InvalidInputError):
         EventBus(None, TENANT, persist=False, buffer=0)
+
+
+class _SlowReads:
+    """An event log whose reads take their answer, then wait for ``release`` before they
+    return it: the answer a read gives when another process logs meanwhile."""
+
+    def __init__(self, inner: EventLogStore) -> None:
+        self.inner = inner
+        self.reading = asyncio.Event()
+        self.release = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def read_events(self, *args: Any, **kwargs: Any) -> Any:
+        answer = await self.inner.read_events(*args, **kwargs)
+        self.reading.set()
+        await self.release.wait()
+        return answer
+
+
+async def test_a_poll_during_a_read_is_not_lost(tmp_path: Path) -> None:
+    async with open_store(f"sqlite:///{tmp_path / 'bus.db'}") as store:
+        slow = _SlowReads(store)
+        reader = EventBus(cast(EventLogStore, slow), "t")
+        publisher = EventBus(store, "t")  # "another process": the reader learns by a poll
+        with reader.subscribe("run-1", from_seq=0) as sub:
+            first = asyncio.ensure_future(anext(sub))
+            await slow.reading.wait()  # the replay's read has its (empty) answer
+            await publisher.publish("run-1", "assistant", "partial", {"text": "hi"})
+            reader.refresh("run-1")  # what a feed's notice does
+            slow.release.set()
+            event = await asyncio.wait_for(first, 5)
+        assert (event.seq, event.payload["text"]) == (1, "hi")
+        await publisher.aclose()
+        await reader.aclose()

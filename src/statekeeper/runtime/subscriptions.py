@@ -57,6 +57,7 @@ class Subscription:
         if from_seq is None and run_id is not None and (snap := bus._snapshots.get(run_id)):
             self._pos = snap.last_seq  # live from here (what a poll reads after)
         self._replaying = from_seq is not None
+        self._polls = 0  # poll requests so far: one made while a read is under way re-reads
         self._waiter: asyncio.Future[None] | None = None
         self._closed = False
         self._lagged = False
@@ -94,11 +95,12 @@ class Subscription:
             if self._replay:
                 return self._replay.popleft()
             if self._replaying and self.run_id is not None:
+                polls = self._polls
                 page = await self._bus._read(self.run_id, self._pos or 0)
                 if page:
                     self._pos = page[-1].seq
                     self._replay.extend(e for e in page if self._wants(e))
-                else:
+                elif polls == self._polls:  # a poll during the read may have missed its event
                     self._replaying = False
                 continue
             if self._live:
@@ -125,6 +127,7 @@ class Subscription:
     def poll(self) -> None:
         """Read the log for events other processes logged (run subscribers only)."""
         self._replaying = self.run_id is not None
+        self._polls += 1
         self._wake()
 
     def close(self) -> None:
