@@ -18,6 +18,7 @@ from statekeeper.testing import (
     BASE,
     DAMAGE,
     PROCESSES,
+    REWRITE,
     SHARED,
     BackendContext,
     backend,
@@ -113,9 +114,12 @@ def test_a_backend_declares_only_known_capabilities() -> None:
 
 
 def test_builtin_capabilities() -> None:
-    assert not BACKENDS["memory"].capabilities
+    assert BACKENDS["memory"].capabilities == {REWRITE}
+    assert not BACKENDS["memory-sealed"].capabilities
     for name in (*ALL_BACKENDS[1:], "files", "postgres", "redis"):
-        assert BACKENDS[name].capabilities == {SHARED, PROCESSES, DAMAGE}, name
+        assert BACKENDS[name].capabilities == {SHARED, PROCESSES, DAMAGE, REWRITE}, name
+        sealed = BACKENDS.get(f"{name}-sealed")
+        assert sealed is None or sealed.capabilities == {SHARED, PROCESSES, DAMAGE}, name
     assert all(b.has(BASE) for b in BACKENDS.values())
 
 

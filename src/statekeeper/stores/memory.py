@@ -7,9 +7,10 @@ text, never live objects, so callers cannot change stored data by mutating a res
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from pydantic import JsonValue
 
@@ -39,6 +40,7 @@ from statekeeper.stores.rules import (
     check_record_ids,
     check_record_listing,
     check_record_version,
+    check_rewrites,
     check_tenant_and_id,
     decode_cursor,
     encode_cursor,
@@ -47,6 +49,7 @@ from statekeeper.stores.rules import (
     prunable,
     record_not_found,
     record_text,
+    same_payload,
     session_not_found,
 )
 
@@ -203,6 +206,21 @@ class MemoryStore(EngineWrites, ClosingStore):
             self._engine.forget(tenant, session_id)
         return len(doomed)
 
+    async def rewrite_entry_payloads(
+        self, tenant: str, session_id: str, payloads: Mapping[str, tuple[Any, Any]]
+    ) -> int:
+        """See ``docs/stores.md``, "Rewriting payloads in place" (what reseal uses)."""
+        self._session(tenant, session_id)
+        checked = check_rewrites(payloads, events=False, limit=self.max_payload_bytes)
+        transcript = self._transcripts[tenant, session_id]
+        done = 0
+        for entry_id, (expected, text) in checked.items():
+            seq = transcript.by_id.get(entry_id)
+            if seq is not None and same_payload(transcript.rows[seq][4], expected):
+                transcript.rows[seq] = (*transcript.rows[seq][:4], text)
+                done += 1
+        return done
+
     async def get_entry(self, tenant: str, session_id: str, entry_id: str) -> Entry:
         validate_id(entry_id, "entry id")
         self._session(tenant, session_id)
@@ -306,6 +324,20 @@ class MemoryStore(EngineWrites, ClosingStore):
     async def delete_event_log(self, tenant: str, log_id: str) -> None:
         check_record_ids(tenant, log_id)
         self._events.pop((tenant, log_id), None)
+
+    async def rewrite_event_payloads(
+        self, tenant: str, log_id: str, payloads: Mapping[int, tuple[Any, Any]]
+    ) -> int:
+        """See ``docs/stores.md``, "Rewriting payloads in place" (what reseal uses)."""
+        check_record_ids(tenant, log_id)
+        checked = check_rewrites(payloads, events=True, limit=self.max_payload_bytes)
+        log = self._events.get((tenant, log_id), [])
+        done = 0
+        for seq, (expected, text) in checked.items():
+            if seq <= len(log) and same_payload(log[seq - 1][3], expected):
+                log[seq - 1] = (*log[seq - 1][:3], text)
+                done += 1
+        return done
 
 
 def _versioned(namespace: str, key: str, stored: _Record) -> VersionedRecord:

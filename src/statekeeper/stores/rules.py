@@ -56,6 +56,7 @@ __all__ = [
     "check_record_ids",
     "check_record_listing",
     "check_record_version",
+    "check_rewrites",
     "check_session_record",
     "check_tenant_and_id",
     "check_version",
@@ -75,6 +76,7 @@ __all__ = [
     "record_not_found",
     "record_text",
     "record_value",
+    "same_payload",
     "session_not_found",
     "to_micros",
 ]
@@ -400,3 +402,32 @@ def check_wait(wait: float | None) -> float | None:
     if wait is not None and not wait >= 0:
         raise InvalidInputError(f"wait must be >= 0 seconds or None, got {wait!r}")
     return wait
+
+
+def check_rewrites(
+    payloads: Mapping[Any, tuple[Any, Any]], *, events: bool, limit: int
+) -> dict[Any, tuple[Any, str]]:
+    """The rewrites of ``rewrite_entry_payloads`` (keyed by entry id) or
+    ``rewrite_event_payloads`` (keyed by event seq), checked: key -> (the payload expected
+    stored, the new payload as JSON text)."""
+    if not isinstance(payloads, Mapping):
+        raise InvalidInputError("payloads must map each id to (expected payload, new payload)")
+    checked: dict[Any, tuple[Any, str]] = {}
+    for key, pair in payloads.items():
+        if events and (not _whole(key) or key < 1):
+            raise InvalidInputError(f"an event seq is a whole number >= 1, got {key!r}")
+        what = f"event {key}" if events else f"entry {validate_id(key, 'entry id')!r}"
+        if not isinstance(pair, tuple) or len(pair) != 2 or not isinstance(pair[1], dict):
+            raise InvalidInputError(
+                f"{what}: give (expected payload, new payload), the new one a JSON object"
+            )
+        checked[key] = (pair[0], encode_json(pair[1], what=what, limit=limit))
+    return checked
+
+
+def same_payload(stored: str, expected: Any) -> bool:
+    """Whether a stored payload's JSON text holds ``expected`` (a rewrite's guard)."""
+    try:
+        return bool(loads(stored) == expected)
+    except ValueError:
+        return False

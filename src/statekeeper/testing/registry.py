@@ -20,7 +20,7 @@ Any other backend registers an async generator that yields a fresh store and cle
 
 Every test taking the ``store`` fixture then runs once per backend, with its name as the
 test id (``test_x[mydb]``). Capabilities: every backend must pass the `BASE` tests;
-`SHARED`, `PROCESSES` and `DAMAGE` tests run on backends that declare them and are
+`SHARED`, `PROCESSES`, `DAMAGE` and `REWRITE` tests run on backends that declare them and are
 skipped, with the reason, on the others.
 
 Nothing here imports pytest until a pytest mark is asked for.
@@ -48,6 +48,7 @@ __all__ = [
     "DAMAGE",
     "EXTENDED",
     "PROCESSES",
+    "REWRITE",
     "SCHEMES",
     "SHARED",
     "Backend",
@@ -72,11 +73,16 @@ concurrently (the backend gives the suite that URL)."""
 DAMAGE = "damage"
 """Capability: the suite can damage stored rows below the API (`statekeeper.testing.damage`
 has a `Damager` for the backend's store), to prove damaged rows never hide the rest."""
+REWRITE = "rewrite"
+"""Capability: stored entry and event payloads can be rewritten in place
+(``rewrite_entry_payloads``, ``rewrite_event_payloads``: what `statekeeper reseal` uses;
+see ``docs/stores.md``)."""
 CAPABILITIES: Mapping[str, str] = {
     BASE: "the store protocol every backend must implement",
     SHARED: "a second handle on the same data, as another process would hold",
     PROCESSES: "other OS processes writing to the same data, opened by URL",
     DAMAGE: "stored rows the suite can damage below the API (statekeeper.testing.damage)",
+    REWRITE: "entry and event payloads rewritten in place (what statekeeper reseal uses)",
 }
 """Every capability the suite knows, with a one-line description."""
 EXTENDED = frozenset(CAPABILITIES) - {BASE}

@@ -43,11 +43,13 @@ __all__ = [
     "entry_line",
     "event_line",
     "header_line",
+    "holds_payload",
     "new_gen",
     "parse_entry",
     "parse_event",
     "parse_header",
     "remember",
+    "with_payload",
 ]
 
 K = TypeVar("K")
@@ -110,6 +112,25 @@ def entry_line(entry: Entry, payload_text: str, side: bool) -> str:
         f'"kind":{encode_json(entry.kind)}{side_part},'
         f'"created_at":"{entry.created_at.isoformat()}","payload":{payload_text}}}\n'
     )
+
+
+def holds_payload(line: bytes, expected: Any) -> bool:
+    """Whether an entry or event line's payload is ``expected`` (a rewrite's guard)."""
+    try:
+        doc = loads(line)
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and "payload" in doc and bool(doc["payload"] == expected)
+
+
+def with_payload(line: bytes, payload_text: str) -> bytes | None:
+    """An entry or event line with another payload (everything else byte for byte), or
+    None if the line has no payload where the writers put it: last. Nothing before it can
+    hold ``,"payload":`` (a quote inside a JSON string is escaped)."""
+    cut = line.find(b',"payload":')
+    if cut < 0 or not line.endswith(b"}\n"):
+        return None
+    return line[:cut] + b',"payload":' + payload_text.encode() + b"}\n"
 
 
 def event_line(

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import suppress
 from datetime import datetime
+from typing import Any
 
 from statekeeper.core.messages import utcnow
 from statekeeper.errors import InvalidIdError, StoreCorruptError
@@ -34,9 +35,11 @@ from statekeeper.stores.files.logs import (
     EventIndex,
     event_line,
     header_line,
+    holds_payload,
     new_gen,
     parse_event,
     remember,
+    with_payload,
 )
 from statekeeper.stores.files.recovery import BadFileError, decode_record, encode_record
 from statekeeper.stores.rules import check_record_version, record_not_found
@@ -342,6 +345,44 @@ class EventFiles:
                 )
                 for i in positions
             ]
+
+    def rewrite(self, tenant: str, log_id: str, checked: Mapping[int, tuple[Any, str]]) -> int:
+        """Rewrite payloads (seq -> (expected, new JSON)): the whole file again, under the
+        log's lock, renamed over the old one (readers of the old file keep reading it)."""
+        folder = self.files.directory(tenant, "events")
+        path = None if folder is None else self.files.file(folder, f"{log_id}.jsonl")
+        if path is None or not checked or not self.files.exists(path):
+            return 0
+        with self.files.locked(tenant, "events", log_id):
+            try:
+                fd = self.files.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                return 0
+            try:
+                index = self._index(tenant, log_id, fd, os.fstat(fd))
+                data = read_at(fd, 0, index.end)
+            finally:
+                os.close(fd)
+            pieces, done, copied = [], 0, 0
+            for seq, start, stop in zip(index.seqs, index.starts, index.stops, strict=True):
+                wanted = checked.get(seq)
+                line = data[start:stop]
+                if wanted is None or not holds_payload(line, wanted[0]):
+                    continue
+                replaced = with_payload(line, wanted[1])
+                if replaced is not None:
+                    pieces += [data[copied:start], replaced]
+                    copied, done = stop, done + 1
+            if not done:
+                return 0
+            pieces.append(data[copied:])
+            if index.gen is not None:  # a new gen: every handle's index of it is stale
+                header = header_line("events", "log", log_id, new_gen())
+                first = data.find(b"\n") + 1
+                pieces[0] = header + pieces[0][first:]
+            self.files.write_atomic(path, b"".join(pieces), backup=False)
+            self.indexes.pop((tenant, log_id), None)
+            return done
 
     def delete(self, tenant: str, log_id: str) -> None:
         folder = self.files.directory(tenant, "events")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -45,6 +45,7 @@ from statekeeper.stores.rules import (
     check_read,
     check_record_ids,
     check_record_listing,
+    check_rewrites,
     check_tenant_and_id,
     decode_cursor,
     encode_cursor,
@@ -264,6 +265,14 @@ class FileStore(FileTranscripts, ClosingStore):
     async def delete_event_log(self, tenant: str, log_id: str) -> None:
         check_record_ids(tenant, log_id)
         await self._call(lambda: self._events.delete(tenant, log_id))
+
+    async def rewrite_event_payloads(
+        self, tenant: str, log_id: str, payloads: Mapping[int, tuple[Any, Any]]
+    ) -> int:
+        """See ``docs/stores.md``, "Rewriting payloads in place" (what reseal uses)."""
+        check_record_ids(tenant, log_id)
+        checked = check_rewrites(payloads, events=True, limit=self.max_payload_bytes)
+        return await self._call(lambda: self._events.rewrite(tenant, log_id, checked))
 
 
 async def open_files(location: str, options: StoreOptions) -> FileStore:

@@ -7,8 +7,8 @@ A mixin of `FileStore`: each method runs under the session's lock on the store's
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
-from typing import TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from statekeeper.core.messages import utcnow
 from statekeeper.errors import NotFoundError
@@ -16,12 +16,20 @@ from statekeeper.ids import validate_id
 from statekeeper.stores.base import Entry, SessionPatch, SessionRecord
 from statekeeper.stores.engine import AppendEngine, EngineWrites, Snapshot, Write
 from statekeeper.stores.files.layout import Layout, read_at
-from statekeeper.stores.files.logs import EPOCH, entry_line, header_line, new_gen
+from statekeeper.stores.files.logs import (
+    EPOCH,
+    entry_line,
+    header_line,
+    holds_payload,
+    new_gen,
+    with_payload,
+)
 from statekeeper.stores.files.sessions import SessionCtx, SessionFiles
 from statekeeper.stores.rules import (
     apply_patch,
     check_prunable_kind,
     check_read,
+    check_rewrites,
     check_tenant_and_id,
     prunable,
 )
@@ -177,3 +185,47 @@ class FileTranscripts(EngineWrites):
         async with self._engine.serial(tenant, session_id):
             self._engine.forget(tenant, session_id)
             return await self._in_session(tenant, session_id, prune)
+
+    async def rewrite_entry_payloads(
+        self, tenant: str, session_id: str, payloads: Mapping[str, tuple[Any, Any]]
+    ) -> int:
+        """See ``docs/stores.md``, "Rewriting payloads in place" (what reseal uses).
+
+        The transcript is written again whole, with a new gen, and renamed over the old
+        one, then the head names it (same record, same version), as a prune does.
+        """
+        check_tenant_and_id(tenant, session_id)
+        limit = self._engine.max_payload_bytes
+        checked = check_rewrites(payloads, events=False, limit=limit)
+
+        def rewrite(ctx: SessionCtx) -> int:
+            fd, index = self._sessions.open_log(ctx, write=False)
+            if fd is None:
+                return 0
+            try:
+                data = read_at(fd, 0, index.end)
+            finally:
+                os.close(fd)
+            pieces, done, copied = [], 0, 0
+            for position in sorted(index.ids[i] for i in checked if i in index.ids):
+                start, stop = index.starts[position], index.stops[position]
+                expected, text = checked[index.names[position]]
+                line = data[start:stop]
+                replaced = with_payload(line, text) if holds_payload(line, expected) else None
+                if replaced is not None:
+                    pieces += [data[copied:start], replaced]
+                    copied, done = stop, done + 1
+            if not done:
+                return 0
+            gen = new_gen()
+            first = data.find(b"\n") + 1  # the header: a new gen names the new file
+            pieces[0] = header_line("transcript", "session", ctx.sid, gen) + pieces[0][first:]
+            log = b"".join([*pieces, data[copied:]])
+            self._files.write_atomic(ctx.log_path, log, backup=False)
+            self._sessions.indexes.pop(ctx.key, None)
+            self._sessions.save_head(ctx, ctx.head.record, gen, len(log))
+            return done
+
+        async with self._engine.serial(tenant, session_id):
+            self._engine.forget(tenant, session_id)
+            return await self._in_session(tenant, session_id, rewrite)

@@ -8,7 +8,7 @@ row only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from functools import partial
 from typing import Any
@@ -27,9 +27,11 @@ from statekeeper.stores.rules import (
     check_record_ids,
     check_record_listing,
     check_record_version,
+    check_rewrites,
     record_not_found,
     record_text,
     record_value,
+    same_payload,
 )
 
 __all__ = ["PostgresRecordsAndEvents"]
@@ -232,3 +234,24 @@ class PostgresRecordsAndEvents(PostgresBase):
             await conn.execute(self._q.delete_events, (tenant, log_id))
 
         await self._write(delete, tx=True)
+
+    async def rewrite_event_payloads(
+        self, tenant: str, log_id: str, payloads: Mapping[int, tuple[Any, Any]]
+    ) -> int:
+        """See ``docs/stores.md``, "Rewriting payloads in place" (what reseal uses)."""
+        check_record_ids(tenant, log_id)
+        checked = check_rewrites(payloads, events=True, limit=self.max_payload_bytes)
+        if not checked:
+            return 0
+
+        async def rewrite(conn: Connection) -> int:
+            cur = await conn.execute(self._q.event_payloads, (tenant, log_id, list(checked)))
+            done = 0
+            for seq, stored in await cur.fetchall():
+                expected, text = checked[seq]
+                if same_payload(stored, expected):
+                    await conn.execute(self._q.rewrite_event, (text, tenant, log_id, seq))
+                    done += 1
+            return done
+
+        return await self._write(rewrite, tx=True)

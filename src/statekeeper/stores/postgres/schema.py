@@ -222,6 +222,14 @@ class Statements:
             " {s}.entries WHERE session_sk = %s AND parent_seq IS NOT NULL)",
             q,
         )
+        # Payload rewrites in place (docs/stores.md): the rows are locked until commit.
+        self.entry_payloads = _sql(
+            "SELECT id, payload FROM {s}.entries WHERE session_sk = %s AND id = ANY(%s) FOR UPDATE",
+            q,
+        )
+        self.rewrite_entry = _sql(
+            "UPDATE {s}.entries SET payload = %s WHERE session_sk = %s AND id = %s", q
+        )
         self.list_sessions = "SELECT last_active, id, doc FROM " + q + ".sessions WHERE "
 
     def _records(self, q: str) -> None:
@@ -294,6 +302,15 @@ class Statements:
             "DELETE FROM {s}.event_logs WHERE tenant = %s AND log_id = %s", q
         )
         self.delete_events = _sql("DELETE FROM {s}.events WHERE tenant = %s AND log_id = %s", q)
+        self.event_payloads = _sql(
+            "SELECT seq, payload FROM {s}.events WHERE tenant = %s AND log_id = %s"
+            " AND seq = ANY(%s) FOR UPDATE",
+            q,
+        )
+        self.rewrite_event = _sql(
+            "UPDATE {s}.events SET payload = %s WHERE tenant = %s AND log_id = %s AND seq = %s",
+            q,
+        )
 
     def migration(self, version: int) -> list[bytes]:
         """The statements of migration ``version`` (1-based) for this schema."""

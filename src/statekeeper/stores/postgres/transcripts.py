@@ -16,7 +16,7 @@ The engine's token is the session row's key (``sk``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar, cast
 
 from statekeeper.core.messages import utcnow
@@ -41,9 +41,11 @@ from statekeeper.stores.rules import (
     apply_patch,
     check_prunable_kind,
     check_read,
+    check_rewrites,
     check_tenant_and_id,
     corrupt_entry,
     decode_session,
+    same_payload,
     session_not_found,
 )
 
@@ -265,3 +267,23 @@ class PostgresTranscripts(EngineWrites, PostgresBase):
         if updated is not None:
             self._engine.remember(tenant, sk, updated)
         return count
+
+    async def rewrite_entry_payloads(
+        self, tenant: str, session_id: str, payloads: Mapping[str, tuple[Any, Any]]
+    ) -> int:
+        """See ``docs/stores.md``, "Rewriting payloads in place" (what reseal uses)."""
+        check_tenant_and_id(tenant, session_id)
+        checked = check_rewrites(payloads, events=False, limit=self.max_payload_bytes)
+
+        async def rewrite(conn: Connection) -> int:
+            sk, _ = await self._head(conn, tenant, session_id, lock=False)
+            cur = await conn.execute(self._q.entry_payloads, (sk, list(checked)))
+            done = 0
+            for entry_id, stored in await cur.fetchall():
+                expected, text = checked[entry_id]
+                if same_payload(stored, expected):
+                    await conn.execute(self._q.rewrite_entry, (text, sk, entry_id))
+                    done += 1
+            return done
+
+        return await self._write(rewrite, tx=True)

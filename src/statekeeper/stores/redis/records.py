@@ -16,7 +16,7 @@ follow every log of a tenant (see `statekeeper.stores.redis.coordination`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from functools import partial
 from typing import Any
@@ -26,12 +26,13 @@ from pydantic import JsonValue
 from statekeeper.core.messages import utcnow
 from statekeeper.jsoncodec import encode_json, loads
 from statekeeper.stores.base import Event, EventDraft, RecordList, VersionedRecord
-from statekeeper.stores.redis.base import RedisBase, decode_event, dt, to_text, us
+from statekeeper.stores.redis.base import RedisBase, decode_event, dt, to_bytes, to_text, us
 from statekeeper.stores.redis.scripts import (
     APPEND_EVENTS,
     DELETE_RECORD,
     LIST_RECORDS,
     PUT_RECORD,
+    REWRITE_EVENTS,
 )
 from statekeeper.stores.rules import (
     add_record,
@@ -39,9 +40,11 @@ from statekeeper.stores.rules import (
     check_record_ids,
     check_record_listing,
     check_record_version,
+    check_rewrites,
     record_not_found,
     record_text,
     record_value,
+    same_payload,
 )
 
 __all__ = ["EVENT_NOTICES_KEPT", "RedisRecords"]
@@ -186,6 +189,25 @@ class RedisRecords(RedisBase):
         client = self._redis
         with self._translated():
             await client.unlink(self.keys.events(tenant, log_id))
+
+    async def rewrite_event_payloads(
+        self, tenant: str, log_id: str, payloads: Mapping[int, tuple[Any, Any]]
+    ) -> int:
+        """See ``docs/stores.md``, "Rewriting payloads in place" (what reseal uses)."""
+        check_record_ids(tenant, log_id)
+        checked = check_rewrites(payloads, events=True, limit=self.max_payload_bytes)
+        key = self.keys.events(tenant, log_id)
+        args: list[Any] = []
+        client = self._redis
+        for seq, (expected, text) in checked.items():
+            with self._translated():
+                rows: Any = await client.xrange(key, f"{seq}-0", f"{seq}-0")
+            fields = {to_text(k): v for k, v in dict(rows[0][1]).items()} if rows else {}
+            stored = fields.get("p")
+            raw = None if stored is None else to_bytes(stored).decode(errors="replace")
+            if raw is not None and same_payload(raw, expected):
+                args += [seq, stored, text]
+        return int(await self._run(REWRITE_EVENTS, [key], args)) if args else 0
 
 
 def _optional(value: int | None) -> int | str:

@@ -28,6 +28,8 @@ __all__ = [
     "PRUNE",
     "PUT_RECORD",
     "READ_ENTRIES",
+    "REWRITE_ENTRIES",
+    "REWRITE_EVENTS",
     "Keys",
     "Script",
 ]
@@ -373,3 +375,54 @@ return first
 """,
 )
 """Append events with the next gap-free sequence numbers, and note it tenant-wide."""
+
+# Payload rewrites in place (docs/stores.md; what reseal uses). The caller read each row
+# and passes it back as the compare-and-set: a row changed or gone meanwhile is skipped.
+
+REWRITE_ENTRIES = Script(
+    "rewrite_entries",
+    """
+-- KEYS: head, entries;  ARGV: (seq, member as read, new member) per entry
+-- Returns how many were rewritten (0 if the session is gone).
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local n = 0
+for i = 1, #ARGV, 3 do
+  if redis.call('ZSCORE', KEYS[2], ARGV[i + 1]) then
+    redis.call('ZREM', KEYS[2], ARGV[i + 1])
+    redis.call('ZADD', KEYS[2], ARGV[i], ARGV[i + 2])
+    n = n + 1
+  end
+end
+return n
+""",
+)
+"""Replace entries' members (same seq, same header) if they are still as read."""
+
+REWRITE_EVENTS = Script(
+    "rewrite_events",
+    """
+-- KEYS: event stream;  ARGV: (seq, payload as read, new payload) per event
+-- Stream entries cannot change: the stream is written again, same ids, same last id.
+-- Returns how many were rewritten.
+local want = {}
+for i = 1, #ARGV, 3 do want[ARGV[i] .. '-0'] = {ARGV[i + 1], ARGV[i + 2]} end
+local rows = redis.call('XRANGE', KEYS[1], '-', '+')
+local n = 0
+for _, row in ipairs(rows) do
+  local w = want[row[1]]
+  local f = row[2]
+  for j = 1, #f, 2 do
+    if w and f[j] == 'p' and f[j + 1] == w[1] then f[j + 1] = w[2]; n = n + 1 end
+  end
+end
+if n == 0 then return 0 end
+local info = redis.call('XINFO', 'STREAM', KEYS[1])
+local last
+for j = 1, #info, 2 do if info[j] == 'last-generated-id' then last = info[j + 1] end end
+redis.call('DEL', KEYS[1])
+for _, row in ipairs(rows) do redis.call('XADD', KEYS[1], row[1], unpack(row[2])) end
+redis.call('XSETID', KEYS[1], last)
+return n
+""",
+)
+"""Replace events' payloads (same seq, stream, kind, ts) if they are still as read."""

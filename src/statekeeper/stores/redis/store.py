@@ -46,6 +46,7 @@ stored forms), `heads` (the append engine's read and commit primitives), `record
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -85,17 +86,20 @@ from statekeeper.stores.redis.scripts import (
     LIST_SESSIONS,
     PRUNE,
     READ_ENTRIES,
+    REWRITE_ENTRIES,
 )
 from statekeeper.stores.rules import (
     apply_patch,
     check_prunable_kind,
     check_read,
+    check_rewrites,
     check_tenant_and_id,
     decode_cursor,
     matches_query,
     new_session_record,
     page_of,
     prunable,
+    same_payload,
     session_not_found,
 )
 
@@ -305,6 +309,29 @@ class RedisStore(EngineWrites, RedisRecords):
                 if done[0] == 1:
                     self._engine.remember(tenant, to_bytes(reply[0]), updated)
                     return len(doomed)
+
+    async def rewrite_entry_payloads(
+        self, tenant: str, session_id: str, payloads: Mapping[str, tuple[Any, Any]]
+    ) -> int:
+        """See ``docs/stores.md``, "Rewriting payloads in place" (what reseal uses)."""
+        check_tenant_and_id(tenant, session_id)
+        checked = check_rewrites(payloads, events=False, limit=self.max_payload_bytes)
+        keys = self.keys.session_keys(tenant, session_id)
+        args: list[Any] = []
+        for entry_id, (expected, text) in checked.items():
+            reply = await self._run(GET_ENTRY, keys[:3], [entry_id])
+            if reply[0] == 0:
+                raise session_not_found(session_id)
+            if reply[0] == 1:
+                continue
+            member = to_bytes(reply[1])
+            header, _, body = member.partition(b"\n")
+            if same_payload(body.decode(errors="replace"), expected):
+                args += [int(reply[2]), member, header + b"\n" + text.encode()]
+        if not args:
+            await self.get_session(tenant, session_id)  # NotFoundError when it is gone
+            return 0
+        return int(await self._run(REWRITE_ENTRIES, keys[:2], args))
 
 
 async def open_redis(location: str, options: StoreOptions) -> RedisStore:

@@ -4,7 +4,7 @@ and the small conversions both halves use."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from functools import partial
 from typing import Any, TypeVar
@@ -21,10 +21,12 @@ from statekeeper.stores.rules import (
     check_record_ids,
     check_record_listing,
     check_record_version,
+    check_rewrites,
     from_micros,
     record_not_found,
     record_text,
     record_value,
+    same_payload,
     to_micros,
 )
 from statekeeper.stores.sqlite.conn import SQLiteConnection
@@ -224,3 +226,27 @@ class SQLiteRecordsAndEvents(SQLiteConnection):
                 "DELETE FROM events WHERE tenant=? AND log_id=?", (tenant, log_id)
             ).close()
         )
+
+    async def rewrite_event_payloads(
+        self, tenant: str, log_id: str, payloads: Mapping[int, tuple[Any, Any]]
+    ) -> int:
+        """See ``docs/stores.md``, "Rewriting payloads in place" (what reseal uses)."""
+        check_record_ids(tenant, log_id)
+        checked = check_rewrites(payloads, events=True, limit=self.max_payload_bytes)
+
+        def rewrite(db: sqlite3.Connection) -> int:
+            done = 0
+            for seq, (expected, text) in checked.items():
+                row = db.execute(
+                    "SELECT payload FROM events WHERE tenant=? AND log_id=? AND seq=?",
+                    (tenant, log_id, seq),
+                ).fetchone()
+                if row is not None and same_payload(row[0], expected):
+                    db.execute(
+                        "UPDATE events SET payload=? WHERE tenant=? AND log_id=? AND seq=?",
+                        (text, tenant, log_id, seq),
+                    )
+                    done += 1
+            return done
+
+        return await self._write(rewrite) if checked else 0

@@ -40,12 +40,14 @@ from statekeeper.stores.rules import (
     apply_patch,
     check_prunable_kind,
     check_read,
+    check_rewrites,
     check_tenant_and_id,
     corrupt_entry,
     decode_cursor,
     decode_session,
     new_session_record,
     page_of,
+    same_payload,
     session_not_found,
 )
 from statekeeper.stores.sqlite.records import _KEY_END, SQLiteRecordsAndEvents, _dt, _limit, _us
@@ -348,6 +350,27 @@ class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
             return cursor.rowcount
 
         return await self._write(prune)
+
+    async def rewrite_entry_payloads(
+        self, tenant: str, session_id: str, payloads: Mapping[str, tuple[Any, Any]]
+    ) -> int:
+        """See ``docs/stores.md``, "Rewriting payloads in place" (what reseal uses)."""
+        check_tenant_and_id(tenant, session_id)
+        checked = check_rewrites(payloads, events=False, limit=self.max_payload_bytes)
+
+        def rewrite(db: sqlite3.Connection) -> int:
+            sk, _ = self._head(db, tenant, session_id)
+            done = 0
+            for entry_id, (expected, text) in checked.items():
+                row = db.execute(
+                    "SELECT rid, payload FROM entries WHERE session_sk=? AND id=?", (sk, entry_id)
+                ).fetchone()
+                if row is not None and same_payload(row[1], expected):
+                    db.execute("UPDATE entries SET payload=? WHERE rid=?", (text, row[0]))
+                    done += 1
+            return done
+
+        return await self._write(rewrite)
 
     async def get_entry(self, tenant: str, session_id: str, entry_id: str) -> Entry:
         check_tenant_and_id(tenant, session_id)
