@@ -10,9 +10,10 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from statekeeper.stores import open_store
-from statekeeper.stores.base import EntryDraft, SessionRecord
+from statekeeper.stores.base import EntryDraft, EventDraft, SessionRecord
 from statekeeper.stores.sealed import Keyring, SealedStore
 
 
@@ -32,6 +33,17 @@ async def write(url: str, ring: Keyring) -> None:
         await store.create_session(SessionRecord(id="s1", tenant="t", title="hello"))
         await store.append_entries("t", "s1", [EntryDraft(id="e1", payload={"x": 1})])
         await store.put_record("t", "runs", "r1", {"v": 1})
+        await store.append_events("t", "r1", [EventDraft(stream="tool", kind="k")] * 2)
+
+
+async def read_all(url: str, ring: Keyring) -> tuple[Any, ...]:
+    async with open_store(url, keyring=ring) as store:
+        return (
+            (await store.get_session("t", "s1")).title,
+            [e.payload for e in await store.read_entries("t", "s1")],
+            [e.payload for e in await store.read_events("t", "r1")],
+            (await store.get_record("t", "runs", "r1")).value,
+        )
 
 
 async def head_key(url: str, ring: Keyring) -> str:
@@ -42,7 +54,7 @@ async def head_key(url: str, ring: Keyring) -> str:
         return ring.key_id_of(raw.title.removeprefix("~sealed:"))
 
 
-def test_reseal_moves_heads_and_records_to_the_new_key(tmp_path: Path) -> None:
+def test_reseal_moves_every_row_to_the_new_key(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/state.db"
     old = Keyring({"k1": Keyring.new_key()})
     asyncio.run(write(url, old))
@@ -55,16 +67,26 @@ def test_reseal_moves_heads_and_records_to_the_new_key(tmp_path: Path) -> None:
     assert json.loads(done.stdout) == {
         "sessions": 1,
         "sessions_resealed": 1,
+        "entries": 1,
+        "entries_resealed": 1,
+        "events": 2,
+        "events_resealed": 2,
         "records": 1,
         "records_resealed": 1,
         "raced": 0,
-        "entries_by_key": {"k1": 1},
+        "left_by_key": {},
     }
     assert asyncio.run(head_key(url, new)) == "k2"
+    # The old key can go: every row opens without it.
+    expected = ("hello", [{"x": 1}], [{}, {}], {"v": 1})
+    assert asyncio.run(read_all(url, new.without("k1"))) == expected
     again = cli("--store", url, "--tenant", "t", "reseal", "--keyring", "env:SK_RING", env=env)
     assert again.returncode == 0, again.stderr
-    assert "resealed 0 of 1 session heads and 0 of 1 records" in again.stdout
-    assert "1 transcript entries sealed with k1" in again.stdout
+    assert (
+        "resealed 0 of 1 session heads, 0 of 1 transcript entries, 0 of 2 events and 0 of 1 "
+        "records" in " ".join(again.stdout.split())
+    )
+    assert "every entry and event is on the current key" in again.stdout
 
 
 def test_a_key_in_place_of_a_source_is_refused_unechoed(tmp_path: Path) -> None:

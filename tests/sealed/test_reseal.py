@@ -1,12 +1,16 @@
 """Key rotation without downtime and the reseal job, on every backend: new writes use the
-new key, old rows open with the old one, `reseal` moves heads and records forward (keeping
-listings' order) and counts the entries left on each key; plain rows get sealed."""
+new key, old rows open with the old one, `reseal` moves heads, entries, events and
+records forward (keeping listings' order and every row's seq, id and times), so the old
+key can then be dropped; appends meanwhile are kept; plain rows get sealed."""
 
 from __future__ import annotations
 
-from statekeeper.stores.base import EntryDraft, SessionPatch, SessionRecord
+import asyncio
+from typing import Any
+
+from statekeeper.stores.base import EntryDraft, EventDraft, SessionPatch, SessionRecord
 from statekeeper.stores.sealed import SealedStore
-from statekeeper.stores.sealed.reseal import PLAIN, reseal
+from statekeeper.stores.sealed.reseal import reseal
 
 T = "tenant-a"
 
@@ -20,6 +24,21 @@ async def fill(store: SealedStore, session_id: str) -> None:
     await store.update_session(T, session_id, SessionPatch(set={"state": {"s": session_id}}))
     await store.append_entries(T, session_id, [EntryDraft(id="e1", payload={"t": session_id})])
     await store.put_record(T, "runs", f"run-{session_id}", {"r": session_id})
+    await store.append_events(T, f"run-{session_id}", [EventDraft(stream="tool", kind="k")])
+
+
+async def everything(store: SealedStore, session_id: str) -> list[Any]:
+    """What a reader gets of a session filled by `fill` (opening every row)."""
+    head = await store.get_session(T, session_id)
+    return [
+        (head.title, head.metadata, head.state),
+        [
+            (e.seq, e.id, e.kind, e.created_at, e.payload)
+            for e in await store.read_entries(T, session_id)
+        ],
+        [(e.seq, e.ts, e.payload) for e in await store.read_events(T, f"run-{session_id}")],
+        (await store.get_record(T, "runs", f"run-{session_id}")).value,
+    ]
 
 
 def key_of_head(store: SealedStore, raw: SessionRecord) -> set[str]:
@@ -41,12 +60,17 @@ async def test_rotation_then_reseal(sealed_store: SealedStore) -> None:
     assert (await rotated.get_session(T, "s1")).title == "title s1"  # old rows: old key
     before = await rotated.wrapped.get_session(T, "s1")
 
-    calls: list[tuple[int, int]] = []
-    report = await reseal(rotated, T, progress=lambda done, total: calls.append((done, total)))
+    seen = [await everything(rotated, "s1"), await everything(rotated, "s2")]
+    calls: list[tuple[int, int, int]] = []
+    report = await reseal(
+        rotated, T, progress=lambda done, total, r: calls.append((done, total, r.entries))
+    )
     assert (report.sessions, report.sessions_resealed) == (2, 1)
+    assert (report.entries, report.entries_resealed) == (2, 1)
+    assert (report.events, report.events_resealed) == (2, 1)
     assert (report.records, report.records_resealed) == (2, 1)
-    assert report.entries == {old: 1, "k-new": 1}  # entries stay on the key they were written
-    assert calls == [(1, 2), (2, 2)]
+    assert (report.raced, report.left) == (0, {})
+    assert calls == [(1, 4, 1), (2, 4, 2), (3, 4, 2), (4, 4, 2)]  # sessions, then event logs
     after = await rotated.wrapped.get_session(T, "s1")
     assert key_of_head(rotated, after) == {"k-new"}
     assert after.last_active == before.last_active  # listings keep their order
@@ -54,28 +78,61 @@ async def test_rotation_then_reseal(sealed_store: SealedStore) -> None:
     raw_record = await rotated.wrapped.get_record(T, "runs", "run-s1")
     assert rotated.keyring.key_id_of(raw_record.value["~sealed"]) == "k-new"  # type: ignore[index,call-overload]
 
-    # Without the old key, heads and records open; entries written with it do not.
+    raw_entry = (await rotated.wrapped.read_entries(T, "s1"))[0]
+    assert rotated.keyring.key_id_of(raw_entry.payload["~sealed"]) == "k-new"
+
+    # Without the old key every row opens, and reads the same.
     only_new = SealedStore(rotated.wrapped, rotated.keyring.without(old))
-    opened = await only_new.get_session(T, "s1")
-    assert (opened.title, opened.metadata, opened.state) == ("title s1", {"n": "s1"}, {"s": "s1"})
-    assert (await only_new.get_record(T, "runs", "run-s1")).value == {"r": "s1"}
+    assert [await everything(only_new, "s1"), await everything(only_new, "s2")] == seen
+    assert seen[0][0] == ("title s1", {"n": "s1"}, {"s": "s1"})
 
     again = await reseal(rotated, T)
-    assert (again.sessions_resealed, again.records_resealed) == (0, 0)
+    resealed = (again.sessions_resealed, again.entries_resealed, again.events_resealed)
+    assert (*resealed, again.records_resealed) == (0, 0, 0, 0)
+
+
+async def test_appends_during_a_reseal_are_kept(sealed_store: SealedStore) -> None:
+    old = sealed_store.keyring.current
+    for n in range(3):
+        await fill(sealed_store, f"s{n}")
+    rotated = SealedStore(sealed_store.wrapped, sealed_store.keyring.rotated("k-new"))
+
+    async def append(n: int) -> None:
+        for i in range(4):
+            await rotated.append_entries(T, "s1", [EntryDraft(id=f"a{n}-{i}", payload={"n": n})])
+            await rotated.append_events(T, "run-s1", [EventDraft(stream="s", kind=f"{n}-{i}")])
+            await asyncio.sleep(0)
+
+    await asyncio.gather(reseal(rotated, T), append(0), append(1))
+    ids = [e.id for e in await rotated.read_entries(T, "s1")]
+    assert sorted(ids) == sorted(["e1", *(f"a{n}-{i}" for n in range(2) for i in range(4))])
+    assert len(await rotated.read_events(T, "run-s1")) == 9
+    # What the first run did not reach is moved by the next; then the old key can go.
+    await reseal(rotated, T)
+    only_new = SealedStore(rotated.wrapped, rotated.keyring.without(old))
+    for n in range(3):
+        assert (await everything(only_new, f"s{n}"))[1][0][4] == {"t": f"s{n}"}
+    entries = await only_new.read_entries(T, "s1")
+    assert {e.kind for e in entries} == {"message"}
+    assert [e.payload for e in entries if e.id.startswith("a0")] == [{"n": 0}] * 4
+    assert {e.stream for e in await only_new.read_events(T, "run-s1")} == {"tool", "s"}
 
 
 async def test_reseal_seals_rows_from_before_encryption(sealed_store: SealedStore) -> None:
     plain = sealed_store.wrapped
     await plain.create_session(SessionRecord(id="old", tenant=T, title="plain", state={"a": 1}))
     await plain.put_record(T, "runs", "r1", {"v": 1})
+    await plain.append_entries(T, "old", [EntryDraft(id="e1", payload={"p": 1})])
+    await plain.append_events(T, "r1", [EventDraft(stream="s", kind="k", payload={"q": 1})])
     migrating = SealedStore(plain, sealed_store.keyring, allow_plain=True)
     report = await reseal(migrating, T)
     assert (report.sessions_resealed, report.records_resealed) == (1, 1)
-    assert report.entries == {}
+    assert (report.entries_resealed, report.events_resealed, report.left) == (1, 1, {})
     strict = SealedStore(plain, sealed_store.keyring)
     assert (await strict.get_session(T, "old")).title == "plain"
+    assert (await strict.get_entry(T, "old", "e1")).payload == {"p": 1}
+    assert [e.payload for e in await strict.read_events(T, "r1")] == [{"q": 1}]
     assert (await strict.get_record(T, "runs", "r1")).value == {"v": 1}
     raw = await plain.get_session(T, "old")
     assert raw.title is not None
     assert raw.title.startswith("~sealed:")
-    assert PLAIN not in report.entries

@@ -139,8 +139,10 @@ def test_bad_usage_exits_2_with_the_reason(tmp_path: Path) -> None:
     assert "no conformance scheme for 'nope'" in done.stderr
     listed = run_kit(tmp_path, "--list")
     assert listed.returncode == 0
-    assert re.search(r"^  sqlite +base, damage, processes, shared$", listed.stdout, re.MULTILINE)
-    assert re.search(r"^  memory +base$", listed.stdout, re.MULTILINE)
+    assert re.search(
+        r"^  sqlite +base, damage, processes, rewrite, shared$", listed.stdout, re.MULTILINE
+    )
+    assert re.search(r"^  memory +base, rewrite$", listed.stdout, re.MULTILINE)
 
 
 THIRD_PARTY = {

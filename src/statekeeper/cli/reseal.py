@@ -40,6 +40,15 @@ NamespaceOption = Annotated[
     ),
 ]
 
+EventLogOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--event-log",
+        metavar="ID",
+        help="Another event log to reseal (repeat it); the logs of the tenant's runs always are.",
+    ),
+]
+
 
 def reseal_command(
     ctx: typer.Context,
@@ -48,12 +57,14 @@ def reseal_command(
     allow_plain: Annotated[
         bool, typer.Option("--allow-plain", help="Also seal rows written before encryption.")
     ] = False,
+    event_log: EventLogOption = None,
     json_output: JsonFlag = False,
 ) -> None:
-    """Reseal the tenant's session heads and records with the current key.
+    """Reseal the tenant's session heads, transcript entries, events and records with
+    the current key.
 
-    Safe while the store is in use, and to run again. Transcript entries are append-only:
-    they are counted by key, and those keys must stay in the keyring.
+    Safe while the store is in use, and to run again. When it reports nothing left on an
+    old key, that key can be dropped from the keyring.
     """
     url = settings(ctx).store
     options = [f"keyring={quote(keyring, safe=':/')}"] if keyring else []
@@ -67,15 +78,20 @@ def reseal_command(
 
     async def work(store: Store, tenant: str) -> ResealReport:
         columns = (
-            TextColumn("sessions"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("sessions and event logs"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[rows]}"), TimeElapsedColumn(),
         )  # fmt: skip
         with Progress(*columns, console=console(stderr=True), disable=quiet) as bar:
-            task = bar.add_task("reseal", total=None)
+            task = bar.add_task("reseal", total=None, rows="")
 
-            def advance(done: int, total: int) -> None:
-                bar.update(task, completed=done, total=total)
+            def advance(done: int, total: int, report: ResealReport) -> None:
+                rows = f"{report.entries} entries, {report.events} events"
+                bar.update(task, completed=done, total=total, rows=rows)
 
-            return await reseal(store, tenant, namespaces=namespaces, progress=advance)
+            return await reseal(
+                store, tenant, namespaces=namespaces, event_logs=event_log or (),
+                progress=advance,
+            )  # fmt: skip
 
     _print_report(run(ctx, work), quiet)
 
@@ -86,18 +102,26 @@ def _print_report(report: ResealReport, as_json: bool) -> None:
             {
                 "sessions": report.sessions,
                 "sessions_resealed": report.sessions_resealed,
+                "entries": report.entries,
+                "entries_resealed": report.entries_resealed,
+                "events": report.events,
+                "events_resealed": report.events_resealed,
                 "records": report.records,
                 "records_resealed": report.records_resealed,
                 "raced": report.raced,
-                "entries_by_key": dict(report.entries),
+                "left_by_key": dict(report.left),
             }
         )
         return
     out = console()
     out.print(
-        f"resealed {report.sessions_resealed} of {report.sessions} session heads and "
+        f"resealed {report.sessions_resealed} of {report.sessions} session heads, "
+        f"{report.entries_resealed} of {report.entries} transcript entries, "
+        f"{report.events_resealed} of {report.events} events and "
         f"{report.records_resealed} of {report.records} records"
         + (f"; {report.raced} changed meanwhile (run again)" if report.raced else "")
     )
-    for key_id, count in sorted(report.entries.items()):
-        out.print(f"  {count} transcript entries sealed with {key_id}")
+    if not report.left:
+        out.print("  every entry and event is on the current key")
+    for key_id, count in sorted(report.left.items()):
+        out.print(f"  {count} entries and events left on {key_id}")

@@ -1,12 +1,13 @@
 """Moving a tenant's rows forward to the keyring's current key (after a key rotation, or
 to seal rows written before encryption was turned on).
 
-`reseal` rewrites, with compare-and-set, every session head and every record (of the
-namespaces named) whose sealed fields are not sealed with the current key, and counts the
-transcript entries by the key they are sealed with: entries are append-only on every
-backend (an entry is written once and never rewritten), so they stay sealed with the key
-they were written with, and that key must stay in the keyring while they exist (see
-``docs/encryption.md``). The ``statekeeper reseal`` command runs it with a progress bar.
+`reseal` rewrites every session head, transcript entry, event (of the tenant's runs'
+event logs) and record (of the namespaces named) that is not sealed with the current
+key: heads and records with compare-and-set, entries and events with the backends'
+payload rewrite (``rewrite_entry_payloads`` / ``rewrite_event_payloads``, see
+``docs/stores.md``), which replaces a payload only if it is still the one read. Nothing
+else about a row changes. When the report's ``left`` is empty, no row of the tenant
+needs an old key any more. The ``statekeeper reseal`` command runs it with a progress bar.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeGuard
 
-from statekeeper.errors import ConflictError, InvalidInputError
-from statekeeper.stores.base import SessionQuery, SessionRecord, Store
+from statekeeper.codec import StateTamperedError
+from statekeeper.errors import ConflictError, InvalidInputError, NotFoundError
+from statekeeper.stores.base import EntryKind, Event, SessionQuery, SessionRecord, Store
 from statekeeper.stores.sealed.fields import SEALED_KEY, SESSION_FIELDS, sealed_text
 from statekeeper.stores.sealed.store import SealedStore
 
-__all__ = ["BUILTIN_NAMESPACES", "PLAIN", "ResealReport", "reseal"]
+__all__ = ["BUILTIN_NAMESPACES", "DAMAGED", "PLAIN", "ResealReport", "reseal"]
 
 BUILTIN_NAMESPACES = (
     "runs",
@@ -36,17 +38,31 @@ run states of the OpenAI Agents adapter, scoped session state (a long-term store
 ``ltm.<name>``: name it too)."""
 PLAIN = "(plain)"
 """How a report names rows that are not sealed at all."""
+DAMAGED = "(damaged)"
+"""How a report names rows whose sealed value cannot be read (they are left as they are)."""
+RUNS = "runs"
+"""The namespace of run heads: each run's event log has its run id."""
 _RETRIES = 5
+_PAGE = 500
 
 
-class _HeadRewriter(Store, Protocol):
+class _Rewriter(Store, Protocol):
     async def rewrite_session_fields(
         self, tenant: str, session_id: str, fields: dict[str, Any], *, expected_version: int
     ) -> SessionRecord: ...
 
+    async def rewrite_entry_payloads(
+        self, tenant: str, session_id: str, payloads: dict[str, tuple[Any, Any]]
+    ) -> int: ...
 
-def _rewrites_heads(store: object) -> TypeGuard[_HeadRewriter]:
-    return callable(getattr(store, "rewrite_session_fields", None))
+    async def rewrite_event_payloads(
+        self, tenant: str, log_id: str, payloads: dict[int, tuple[Any, Any]]
+    ) -> int: ...
+
+
+def _rewrites(store: object) -> TypeGuard[_Rewriter]:
+    names = ("rewrite_session_fields", "rewrite_entry_payloads", "rewrite_event_payloads")
+    return all(callable(getattr(store, name, None)) for name in names)
 
 
 @dataclass
@@ -56,13 +72,20 @@ class ResealReport:
     sessions: int = 0
     """Session heads seen."""
     sessions_resealed: int = 0
+    entries: int = 0
+    """Transcript entries seen."""
+    entries_resealed: int = 0
+    events: int = 0
+    """Events seen (in the event logs of the tenant's runs, and those named)."""
+    events_resealed: int = 0
     records: int = 0
     """Records seen (in the namespaces asked for)."""
     records_resealed: int = 0
     raced: int = 0
     """Rows another writer changed meanwhile (they were left to that writer's key)."""
-    entries: Counter[str] = field(default_factory=Counter)
-    """Transcript entries by the key id they are sealed with (`PLAIN` for none)."""
+    left: Counter[str] = field(default_factory=Counter)
+    """Entries and events still not on the current key, by the key id they are sealed
+    with (`PLAIN`, `DAMAGED`): empty when every one was moved."""
 
 
 async def reseal(
@@ -70,28 +93,42 @@ async def reseal(
     tenant: str,
     *,
     namespaces: Iterable[str] = BUILTIN_NAMESPACES,
-    progress: Callable[[int, int], None] | None = None,
+    event_logs: Iterable[str] = (),
+    progress: Callable[[int, int, ResealReport], None] | None = None,
 ) -> ResealReport:
-    """Reseal ``tenant``'s session heads and records with the current key.
+    """Reseal ``tenant``'s session heads, transcript entries, events and records with the
+    current key.
 
     ``store`` is a `SealedStore` holding the new key as current and every older key (with
-    ``allow_plain=True`` to seal rows written before encryption). ``progress(done,
-    total)`` is called after each session. Safe to run while the store is in use, and to
-    run again: rows already on the current key are left alone.
+    ``allow_plain=True`` to seal rows written before encryption). Events are resealed in
+    the event log of each run (the keys of the ``runs`` records) and in ``event_logs``.
+    ``progress(done, total, report)`` is called after each session and each event log,
+    with the counts so far. Safe to run while the store is in use (appends meanwhile
+    are kept), and to run again: rows already on the current key are left alone.
     """
     if not isinstance(store, SealedStore):
         raise InvalidInputError(
             "reseal needs a sealed store: open it with keyring=... (the new key current, "
             "the old ones kept)"
         )
+    if not _rewrites(store.wrapped):
+        raise InvalidInputError(
+            f"{type(store.wrapped).__name__} cannot rewrite rows in place; reseal needs a "
+            "built-in backend (or one implementing the payload rewrites of docs/stores.md)"
+        )
     report = ResealReport()
     ids = await _session_ids(store, tenant)
+    logs = sorted({*await _record_keys(store, tenant, RUNS), *event_logs})
+    total = len(ids) + len(logs)
     for done, session_id in enumerate(ids, 1):
         await _reseal_head(store, tenant, session_id, report)
-        for entry in await store.wrapped.read_entries(tenant, session_id):
-            report.entries[_key_of(store, entry.payload)] += 1
+        await _reseal_entries(store, tenant, session_id, report)
         if progress is not None:
-            progress(done, len(ids))
+            progress(done, total, report)
+    for done, log_id in enumerate(logs, len(ids) + 1):
+        await _reseal_events(store, tenant, log_id, report)
+        if progress is not None:
+            progress(done, total, report)
     for namespace in namespaces:
         await _reseal_records(store, tenant, namespace, report)
     return report
@@ -110,7 +147,97 @@ async def _session_ids(store: SealedStore, tenant: str) -> list[str]:
 
 def _key_of(store: SealedStore, value: Any) -> str:
     envelope = sealed_text(value)
-    return PLAIN if envelope is None else store.keyring.key_id_of(envelope)
+    if envelope is None:
+        return PLAIN
+    try:
+        return store.keyring.key_id_of(envelope)
+    except StateTamperedError:
+        return DAMAGED
+
+
+async def _record_keys(store: SealedStore, tenant: str, namespace: str) -> list[str]:
+    keys: list[str] = []
+    while True:
+        page = await store.wrapped.list_records(
+            tenant, namespace, after_key=keys[-1] if keys else None, limit=_PAGE
+        )
+        keys += [record.key for record in page]
+        if len(page) < _PAGE:
+            return keys
+
+
+def _stale(store: SealedStore, payload: Any, kind_is_corrupt: bool) -> str | None:
+    """The key a stored payload is on when it should move (None: leave it)."""
+    key = _key_of(store, payload)
+    if key == store.keyring.current or kind_is_corrupt:
+        return None
+    return key
+
+
+async def _reseal_entries(
+    store: SealedStore, tenant: str, session_id: str, report: ResealReport
+) -> None:
+    inner = store.wrapped
+    assert _rewrites(inner)
+    after = 0
+    while page := await inner.read_entries(tenant, session_id, after_seq=after, limit=_PAGE):
+        after = page[-1].seq
+        report.entries += len(page)
+        rewrites: dict[str, tuple[Any, Any]] = {}
+        for raw in page:
+            key = _stale(store, raw.payload, raw.kind == EntryKind.CORRUPT)
+            if key is None:
+                continue
+            opened = store._open_entry(tenant, session_id, raw)  # WrongKeyError: a lost key
+            if opened.kind == EntryKind.CORRUPT:
+                report.left[PLAIN if key == PLAIN else DAMAGED] += 1
+                continue
+            _, sealed = store.seal_entry(tenant, session_id, raw.id, raw.kind, opened.payload)
+            rewrites[raw.id] = (raw.payload, sealed)
+        if not rewrites:
+            continue
+        done = await inner.rewrite_entry_payloads(tenant, session_id, rewrites)
+        report.entries_resealed += done
+        if done < len(rewrites):  # changed meanwhile (pruned, or resealed by another run)
+            report.raced += len(rewrites) - done
+            for entry_id in rewrites:
+                try:
+                    now = await inner.get_entry(tenant, session_id, entry_id)
+                except NotFoundError:
+                    continue
+                if _stale(store, now.payload, now.kind == EntryKind.CORRUPT) is not None:
+                    report.left[_key_of(store, now.payload)] += 1
+
+
+async def _reseal_events(
+    store: SealedStore, tenant: str, log_id: str, report: ResealReport
+) -> None:
+    inner = store.wrapped
+    assert _rewrites(inner)
+    after = 0
+    while page := await inner.read_events(tenant, log_id, after_seq=after, limit=_PAGE):
+        after = page[-1].seq
+        report.events += len(page)
+        rewrites: dict[int, tuple[Any, Any]] = {}
+        for raw in page:
+            stand_in = _corrupt_event(raw) and sealed_text(raw.payload) is None
+            key = _stale(store, raw.payload, stand_in)
+            if key is None:
+                continue
+            opened = store._open_event(tenant, raw)  # WrongKeyError: a lost key
+            if _corrupt_event(opened):
+                report.left[PLAIN if key == PLAIN else DAMAGED] += 1
+                continue
+            _, sealed = store.seal_event(tenant, log_id, raw, opened.payload)
+            rewrites[raw.seq] = (raw.payload, sealed)
+        if rewrites:
+            done = await inner.rewrite_event_payloads(tenant, log_id, rewrites)
+            report.events_resealed += done
+            report.raced += len(rewrites) - done  # events never change but by another reseal
+
+
+def _corrupt_event(event: Event) -> bool:
+    return (event.stream, event.kind) == ("error", "corrupt")
 
 
 def _stale_fields(store: SealedStore, raw: SessionRecord) -> list[str]:
@@ -140,11 +267,7 @@ async def _reseal_head(
     store: SealedStore, tenant: str, session_id: str, report: ResealReport
 ) -> None:
     inner = store.wrapped
-    if not _rewrites_heads(inner):
-        raise InvalidInputError(
-            f"{type(inner).__name__} cannot rewrite session heads in place; reseal needs "
-            "a built-in backend"
-        )
+    assert _rewrites(inner)
     report.sessions += 1
     for _ in range(_RETRIES):
         raw = await inner.get_session(tenant, session_id)

@@ -1,10 +1,9 @@
 """`SealedStore`: any store, with what a tenant stores sealed on the way in and opened on
-the way out (AES-SIV, bound to tenant and owner; see `statekeeper.stores.sealed`).
+the way out (AES-256-GCM, bound to tenant and owner; see ``docs/encryption.md``).
 
 It implements the whole `Store` protocol by delegating to the wrapped store, as
-`statekeeper.tracing.TracedStore` does; anything else (``url`` aside, a backend's own
-methods) passes through unchanged. What each row keeps clear, and why, is in
-``docs/encryption.md``.
+`statekeeper.tracing.TracedStore` does; anything else (a backend's own methods) passes
+through unchanged.
 
 A transcript entry that fails to open is reported like a row the backend cannot decode
 (a ``corrupt`` stand-in carrying the error, so one bad row never hides the rest), and so is
@@ -195,11 +194,9 @@ class SealedStore:
         sealed_drafts = []
         for draft in drafts:
             entry_id = validate_id(draft.id, "entry id")
-            text = encode_json(draft.payload, what=f"entry {entry_id!r}", limit=self._limit)
+            text, payload = self.seal_entry(tenant, session_id, entry_id, draft.kind, draft.payload)
             plain[entry_id] = text
-            binding = bindings("entry", tenant, session_id, entry_id, str(draft.kind))
-            envelope = self.keyring.seal(text.encode(), binding, deterministic=True)
-            sealed_drafts.append(draft.model_copy(update={"payload": {SEALED_KEY: envelope}}))
+            sealed_drafts.append(draft.model_copy(update={"payload": payload}))
         if patch is not None:
             patch = self._seal_patch(tenant, session_id, patch)
         result = await self.wrapped.append_entries(
@@ -245,6 +242,15 @@ class SealedStore:
         return await self.wrapped.prune_entries(
             tenant, session_id, kind=kind, before_seq=before_seq, id_prefix=id_prefix
         )
+
+    def seal_entry(
+        self, tenant: str, session_id: str, entry_id: str, kind: str, payload: Any
+    ) -> tuple[str, dict[str, Any]]:
+        """An entry payload's JSON and its stored form (sealed deterministically, so a
+        retried append stores the same bytes; used by appends and by reseal)."""
+        text = encode_json(payload, what=f"entry {entry_id!r}", limit=self._limit)
+        binding = bindings("entry", tenant, session_id, entry_id, str(kind))
+        return text, {SEALED_KEY: self.keyring.seal(text.encode(), binding, deterministic=True)}
 
     def _open_entries(self, tenant: str, session_id: str, entries: list[Entry]) -> list[Entry]:
         # The hot path of every transcript load: the binding is built from parts encoded
@@ -379,15 +385,9 @@ class SealedStore:
         texts: list[str] = []
         drafts: list[EventDraft] = []
         for event in events:
-            text = encode_json(
-                event.payload, what=f"event {event.stream}/{event.kind}", limit=self._limit
-            )
-            binding = bindings(
-                "event", tenant, log_id, event.stream, event.kind, to_micros(event.ts)
-            )
-            envelope = self.keyring.seal(text.encode(), binding, deterministic=False)
+            text, payload = self.seal_event(tenant, log_id, event, event.payload)
             texts.append(text)
-            drafts.append(event.model_copy(update={"payload": {SEALED_KEY: envelope}}))
+            drafts.append(event.model_copy(update={"payload": payload}))
         stored = await self.wrapped.append_events(tenant, log_id, drafts)
         return [
             Event(e.log_id, e.seq, e.stream, e.kind, e.ts, loads(text))
@@ -404,6 +404,14 @@ class SealedStore:
     async def delete_event_log(self, tenant: str, log_id: str) -> None:
         """See `statekeeper.stores.base.EventLogStore.delete_event_log`."""
         await self.wrapped.delete_event_log(tenant, log_id)
+
+    def seal_event(
+        self, tenant: str, log_id: str, event: Event | EventDraft, payload: Any
+    ) -> tuple[str, dict[str, Any]]:
+        """An event payload's JSON and its stored form (used by appends and by reseal)."""
+        text = encode_json(payload, what=f"event {event.stream}/{event.kind}", limit=self._limit)
+        binding = bindings("event", tenant, log_id, event.stream, event.kind, to_micros(event.ts))
+        return text, {SEALED_KEY: self.keyring.seal(text.encode(), binding, deterministic=False)}
 
     def _open_event(self, tenant: str, event: Event) -> Event:
         envelope = sealed_text(event.payload)
