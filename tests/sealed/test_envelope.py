@@ -153,3 +153,26 @@ def test_text_form_round_trips_and_errors_never_show_a_key(
 def test_bad_keyrings_are_refused(keys: Any, current: str | None, problem: str) -> None:
     with pytest.raises(InvalidInputError, match=problem):
         Keyring(keys, current)
+
+
+def test_the_fast_base64_reads_what_binascii_reads() -> None:
+    # Opening uses pybase64 when installed: it must accept and refuse what binascii does.
+    import binascii
+
+    from statekeeper.stores.sealed.keyring import _unbase64
+
+    data = bytes(range(256)) * 3
+    text = binascii.b2a_base64(data, newline=False).decode()
+    assert _unbase64(text) == data == binascii.a2b_base64(text)
+    spaced = text[:10] + "\n" + text[10:]
+    assert _unbase64(spaced) == binascii.a2b_base64(spaced)
+    for bad in ("abc", "a===="):
+        try:
+            expected: bytes | None = binascii.a2b_base64(bad)
+        except binascii.Error:
+            expected = None
+        try:
+            got: bytes | None = _unbase64(bad)
+        except binascii.Error:
+            got = None
+        assert got == expected, bad
