@@ -267,7 +267,8 @@ class SealedStore:
                     suffix = kinds.get(kind)
                     if suffix is None:
                         suffix = kinds[kind] = bindings(kind)
-                    binding = prefix + bindings(entry_id) + suffix
+                    name = entry_id.encode()  # bindings(entry_id), inlined: once per row
+                    binding = prefix + len(name).to_bytes(4, "big") + name + suffix
                     try:
                         text = unseal(envelope, binding)
                     except StateTamperedError:
