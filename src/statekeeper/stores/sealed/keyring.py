@@ -263,6 +263,21 @@ class Keyring:
                 "nothing of it was used - restore it from a backup"
             ) from None
 
+    def open_or_none(self, sealed: str, binding: bytes) -> bytes | None:
+        """`open` for the transcript load path: the plaintext, or None when the value
+        does not open on the first try (then `open` says why)."""
+        try:
+            data = _unbase64(sealed)
+            end = 3 + data[2]
+            key = self._by_header[data[:end]]
+            nonce_end = end + _NONCE_SIZE
+            if len(data) < nonce_end + _TAG_SIZE:
+                return None
+            view = memoryview(data)  # no copies of the ciphertext
+            return key.cipher.decrypt(view[end:nonce_end], view[nonce_end:], data[:end] + binding)
+        except Exception:  # any failure: `open` raises the error that fits
+            return None
+
     def _key_of(self, data: bytes) -> _Key:
         """The key of a value the fast path did not recognise, or the error it deserves."""
         key_id = _parse(data)[1]

@@ -257,7 +257,7 @@ class SealedStore:
         # once (per read, per kind), and entries are made without namedtuple._replace.
         prefix = bindings("entry", tenant, session_id)
         kinds: dict[str, bytes] = {}
-        unseal = self.keyring.open
+        unseal = self.keyring.open_or_none
         out: list[Entry] = []
         with gc_paused():
             for entry in entries:
@@ -269,11 +269,8 @@ class SealedStore:
                         suffix = kinds[kind] = bindings(kind)
                     name = entry_id.encode()  # bindings(entry_id), inlined: once per row
                     binding = prefix + len(name).to_bytes(4, "big") + name + suffix
-                    try:
-                        text = unseal(envelope, binding)
-                    except StateTamperedError:
-                        pass  # the slow path below reports it (or raises WrongKeyError)
-                    else:
+                    text = unseal(envelope, binding)
+                    if text is not None:  # else the slow path below reports it (or raises)
                         out.append(_entry((seq, entry_id, parent, kind, created, loads(text))))
                         continue
                 out.append(self._open_entry(tenant, session_id, entry))
