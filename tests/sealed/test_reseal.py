@@ -136,3 +136,27 @@ async def test_reseal_seals_rows_from_before_encryption(sealed_store: SealedStor
     raw = await plain.get_session(T, "old")
     assert raw.title is not None
     assert raw.title.startswith("~sealed:")
+
+
+async def test_a_session_deleted_during_a_reseal_is_passed_over(
+    sealed_store: SealedStore, monkeypatch: Any
+) -> None:
+    for n in range(3):
+        await fill(sealed_store, f"s{n}")
+    rotated = SealedStore(sealed_store.wrapped, sealed_store.keyring.rotated("k-new"))
+    inner = rotated.wrapped
+    read = inner.read_entries
+
+    async def deleted_first(tenant: str, session_id: str, **window: Any) -> Any:
+        if session_id == "s1":
+            await inner.delete_session(tenant, session_id)  # another writer, meanwhile
+        return await read(tenant, session_id, **window)
+
+    monkeypatch.setattr(inner, "read_entries", deleted_first)
+    report = await reseal(rotated, T)
+    assert (report.sessions_resealed, report.entries_resealed) == (3, 2)
+    assert report.events_resealed == 3
+    monkeypatch.undo()
+    only_new = SealedStore(rotated.wrapped, rotated.keyring.without(sealed_store.keyring.current))
+    for n in (0, 2):
+        assert (await everything(only_new, f"s{n}"))[1][0][4] == {"t": f"s{n}"}

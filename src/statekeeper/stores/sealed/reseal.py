@@ -121,8 +121,11 @@ async def reseal(
     logs = sorted({*await _record_keys(store, tenant, RUNS), *event_logs})
     total = len(ids) + len(logs)
     for done, session_id in enumerate(ids, 1):
-        await _reseal_head(store, tenant, session_id, report)
-        await _reseal_entries(store, tenant, session_id, report)
+        try:
+            await _reseal_head(store, tenant, session_id, report)
+            await _reseal_entries(store, tenant, session_id, report)
+        except NotFoundError:
+            pass  # deleted meanwhile: nothing of it is left to reseal
         if progress is not None:
             progress(done, total, report)
     for done, log_id in enumerate(logs, len(ids) + 1):
