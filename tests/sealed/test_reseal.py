@@ -160,3 +160,11 @@ async def test_a_session_deleted_during_a_reseal_is_passed_over(
     only_new = SealedStore(rotated.wrapped, rotated.keyring.without(sealed_store.keyring.current))
     for n in (0, 2):
         assert (await everything(only_new, f"s{n}"))[1][0][4] == {"t": f"s{n}"}
+
+
+async def test_payload_rewrites_are_not_offered_through_the_seal(
+    sealed_store: SealedStore,
+) -> None:
+    # They write raw payloads: through the wrapper they would bypass sealing.
+    for name in ("rewrite_entry_payloads", "rewrite_event_payloads", "rewrite_session_fields"):
+        assert not hasattr(sealed_store, name)
