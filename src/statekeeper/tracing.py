@@ -24,11 +24,17 @@ import importlib
 import inspect
 from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping
 from importlib import metadata
-from types import ModuleType, TracebackType
-from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from statekeeper.errors import InvalidInputError
-from statekeeper.stores.base import EventLogStore, RecordStore, SessionStore, TranscriptStore
+from statekeeper.stores.base import (
+    EventLogStore,
+    RecordStore,
+    SessionStore,
+    TranscriptStore,
+    WrappingStore,
+)
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -212,7 +218,7 @@ def current_span_id() -> str | None:
 # -- store operations ----------------------------------------------------------------
 
 
-class TracedStore:
+class TracedStore(WrappingStore):
     """A store whose operations (the methods of the `Store` protocol) each run in a span,
     ``statekeeper.store <operation>`` with ``db.system.name`` and ``db.operation.name``;
     anything else (``url``, a backend's own methods) passes through untraced.
@@ -226,25 +232,6 @@ class TracedStore:
         self._tracer = tracer
         module = type(store).__module__.split(".")
         self._system = module[2] if module[:2] == ["statekeeper", "stores"] else module[0]
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.wrapped, name)
-
-    async def close(self) -> None:
-        """Close the wrapped store."""
-        await self.wrapped.close()
-
-    async def __aenter__(self) -> Self:
-        await self.wrapped.__aenter__()
-        return self
-
-    async def __aexit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.wrapped.__aexit__(kind, exc, tb)
 
 
 def _operation(name: str) -> Callable[..., Awaitable[Any]]:

@@ -33,22 +33,6 @@ __all__ = ["fork", "history"]
 RunId = Annotated[str, typer.Argument(help="The run id.", show_default=False)]
 
 
-def _info_json(info: CheckpointInfo) -> dict[str, Any]:
-    return {
-        "step": info.step,
-        "id": info.id,
-        "seq": info.seq,
-        "status": info.status,
-        "turn": info.turn,
-        "agent": info.agent,
-        "at": info.at.isoformat(),
-        "added": info.added,
-        "message_count": info.message_count,
-        "cost": info.cost,
-        "corrupt": info.corrupt,
-    }
-
-
 def history(ctx: typer.Context, run_id: RunId, json_output: JsonFlag = False) -> None:
     """List a run's checkpoints: step, turn, status, time and what each step added.
 
@@ -60,7 +44,7 @@ def history(ctx: typer.Context, run_id: RunId, json_output: JsonFlag = False) ->
 
     rows = run(ctx, work)
     if wants_json(ctx, json_output):
-        print_json({"run_id": run_id, "items": [_info_json(info) for info in rows]})
+        print_json({"run_id": run_id, "items": [info.to_json() for info in rows]})
         return
     out = console()
     if not rows:

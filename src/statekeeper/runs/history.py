@@ -84,6 +84,22 @@ class CheckpointInfo:
         """How many messages the step added."""
         return len(self.added)
 
+    def to_json(self) -> dict[str, Any]:
+        """As the CLI's ``--json`` and the server answer it."""
+        return {
+            "step": self.step,
+            "id": self.id,
+            "seq": self.seq,
+            "status": self.status,
+            "turn": self.turn,
+            "agent": self.agent,
+            "at": self.at.isoformat(),
+            "added": self.added,
+            "message_count": self.message_count,
+            "cost": self.cost,
+            "corrupt": self.corrupt,
+        }
+
 
 async def checkpoint_history(runs: CheckpointReader, run_id: str) -> list[CheckpointInfo]:
     """See `RunStore.history`."""

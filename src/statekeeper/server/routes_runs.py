@@ -19,7 +19,7 @@ from statekeeper.runs.store import RunIndex, RunStore
 from statekeeper.runtime.events import EventBus
 from statekeeper.server.auth import Caller, Context, Operator, Reader
 from statekeeper.server.context import ServerContext
-from statekeeper.server.views import checkpoint_json, event_json, run_detail, run_summary
+from statekeeper.server.views import event_json, run_detail, run_summary
 
 __all__ = ["load_run", "router"]
 
@@ -180,7 +180,7 @@ async def show_run(run_id: str, caller: Reader, context: Context) -> dict[str, A
 async def checkpoints(run_id: str, caller: Reader, context: Context) -> dict[str, Any]:
     """The run's checkpoints, oldest first (fork from any ``step``)."""
     runs = (await context.runner(caller.tenant)).runs
-    return {"items": [checkpoint_json(info) for info in await runs.history(run_id)]}
+    return {"items": [info.to_json() for info in await runs.history(run_id)]}
 
 
 @router.get("/{run_id}/events")

@@ -13,14 +13,12 @@ from typing import Any
 from statekeeper.core.messages import Message, MessageCategory, stored_message, utcnow
 from statekeeper.core.metrics import Metrics
 from statekeeper.runs.approvals import settle
-from statekeeper.runs.history import CheckpointInfo
 from statekeeper.runs.operations import timeline
 from statekeeper.runs.state import ApprovalDecision, Interruption, RunState
 from statekeeper.runs.store import CHECKPOINT_KIND, RunIndex
 from statekeeper.stores.base import Entry, Event, SessionRecord
 
 __all__ = [
-    "checkpoint_json",
     "entry_json",
     "event_json",
     "metrics_json",
@@ -134,19 +132,6 @@ def run_detail(
         ),
     }
     return out
-
-
-def checkpoint_json(info: CheckpointInfo) -> dict[str, Any]:
-    """One checkpoint of a run's history."""
-    return {
-        "step": info.step,
-        "id": info.id,
-        "seq": info.seq,
-        "status": info.status,
-        "turn": info.turn,
-        "agent": info.agent,
-        "at": info.at.isoformat(),
-    }
 
 
 def event_json(event: Event, session_id: str | None) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 from types import TracebackType
-from typing import Protocol, Self, runtime_checkable
+from typing import Any, Protocol, Self, runtime_checkable
 
 from pydantic import JsonValue
 
@@ -70,6 +70,7 @@ __all__ = [
     "Store",
     "TranscriptStore",
     "VersionedRecord",
+    "WrappingStore",
 ]
 
 # -- the protocol ------------------------------------------------------------------------
@@ -269,3 +270,29 @@ class ClosingStore:
         tb: TracebackType | None,
     ) -> None:
         await self.close()
+
+
+class WrappingStore:
+    """Base of stores that wrap another (``wrapped``): what they do not define passes
+    through to it, and closing (or leaving ``async with``) closes it."""
+
+    wrapped: Store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.wrapped, name)
+
+    async def close(self) -> None:
+        """Close the wrapped store."""
+        await self.wrapped.close()
+
+    async def __aenter__(self) -> Self:
+        await self.wrapped.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.wrapped.__aexit__(kind, exc, tb)

@@ -16,8 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from functools import partial
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 from pydantic import JsonValue
 
@@ -40,6 +39,7 @@ from statekeeper.stores.base import (
     SessionRecord,
     Store,
     VersionedRecord,
+    WrappingStore,
 )
 from statekeeper.stores.rules import (
     check_record_ids,
@@ -54,7 +54,7 @@ from statekeeper.stores.sealed.listing import list_opened
 __all__ = ["SealedStore", "sealed"]
 
 
-class SealedStore:
+class SealedStore(WrappingStore):
     """A store whose tenants' data is sealed at rest with a `Keyring`.
 
     Args:
@@ -102,26 +102,10 @@ class SealedStore:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("rewrite_"):  # raw payloads below the seal: reseal's, on .wrapped
             raise AttributeError(f"{name} is not offered through a sealed store")
-        return getattr(self.wrapped, name)
+        return super().__getattr__(name)
 
     def __repr__(self) -> str:
         return f"SealedStore({self.wrapped!r}, {self.keyring!r})"
-
-    async def close(self) -> None:
-        """Close the wrapped store."""
-        await self.wrapped.close()
-
-    async def __aenter__(self) -> Self:
-        await self.wrapped.__aenter__()
-        return self
-
-    async def __aexit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.wrapped.__aexit__(kind, exc, tb)
 
     # -- sessions ------------------------------------------------------------------------
 
