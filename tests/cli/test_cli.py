@@ -654,3 +654,21 @@ def test_without_the_cli_extra_one_clear_line_and_exit_code_1(entry: str) -> Non
         "error: the statekeeper command line requires the 'cli' extra. "
         "Install it with: pip install 'statekeeper[cli]'\n"
     )
+
+
+def test_a_session_an_unfinished_run_uses_is_not_deleted_unless_forced(
+    cli: Cli, cli_app: ModuleType
+) -> None:
+    run_id = start_run(cli, cli_app, "support", "refund please")  # waits for approval
+    [listed] = cli.json("runs", "list")["items"]
+    session_id = listed["session_id"]
+    refused = cli("sessions", "delete", session_id, "--yes", code=1)
+    assert run_id in refused.output
+    assert "--force" in refused.output
+    assert cli.json("sessions", "show", session_id)  # still there
+    cli("runs", "cancel", run_id)
+    cli("sessions", "delete", session_id, "--yes")  # a finished run no longer holds it
+    other = start_run(cli, cli_app, "support", "refund again")
+    [held] = [r for r in cli.json("runs", "list")["items"] if r["run_id"] == other]
+    cli("sessions", "delete", held["session_id"], "--yes", "--force")
+    cli("sessions", "show", held["session_id"], code=1)

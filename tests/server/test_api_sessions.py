@@ -269,3 +269,24 @@ async def test_a_run_whose_session_was_deleted_is_reported_not_hidden(
     assert "was deleted" in reported["error"]
     assert shown.status_code == 404
     assert "was deleted" in shown.json()["error"]["message"]
+
+
+async def test_a_session_a_waiting_run_uses_is_kept_unless_forced(
+    live: Live, db: tuple[str, Store]
+) -> None:
+    from .test_api_runs import start_waiting_run
+
+    store = db[1]
+    run_id = await start_waiting_run(store)
+    session_id = (await store.get_record("acme", "runs", run_id)).value["session_id"]
+    async with live.client("admin") as admin:
+        refused = await admin.delete(f"/api/v1/sessions/{session_id}")
+        kept = await admin.get(f"/api/v1/sessions/{session_id}")
+        forced = await admin.delete(f"/api/v1/sessions/{session_id}", params={"force": "true"})
+        gone = await admin.get(f"/api/v1/sessions/{session_id}")
+    assert refused.status_code == 409
+    assert refused.json()["error"]["type"] == "ConflictError"
+    assert run_id in refused.json()["error"]["message"]
+    assert kept.status_code == 200
+    assert forced.status_code == 204
+    assert gone.status_code == 404

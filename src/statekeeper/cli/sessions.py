@@ -30,6 +30,7 @@ from statekeeper.cli._common import (
 from statekeeper.core.messages import Message
 from statekeeper.errors import AlreadyExistsError, StoreCorruptError
 from statekeeper.runs import RunStore, SessionStats, session_stats
+from statekeeper.runs.operations import check_no_live_runs
 from statekeeper.sessions import SessionManager
 from statekeeper.sessions.basics import branch_origins, message_origins
 from statekeeper.sessions.view import TranscriptView
@@ -386,10 +387,16 @@ def delete(
     ctx: typer.Context,
     session_id: SessionId,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Delete it even while unfinished runs use it.")
+    ] = False,
 ) -> None:
-    """Delete a session and its whole transcript (asks first unless --yes)."""
+    """Delete a session and its whole transcript (asks first unless --yes; refuses while
+    a run that has not finished uses it, unless --force)."""
 
     async def work(store: Store, tenant: str) -> bool:
+        if not force:
+            await check_no_live_runs(store, tenant, session_id)
         manager = SessionManager(store, tenant)
         try:
             record: SessionRecord | None = (await manager.get(session_id)).record

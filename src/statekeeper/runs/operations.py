@@ -35,6 +35,7 @@ __all__ = [
     "Lanes",
     "Steered",
     "build_runner",
+    "check_no_live_runs",
     "held_json",
     "kill_subagent",
     "lanes_json",
@@ -278,3 +279,21 @@ def status_filter(value: str | None) -> str | None:
         return str(parse_status(value))
     except InvalidInputError:
         return value.lower()
+
+
+async def check_no_live_runs(store: Store, tenant: str, session_id: str) -> None:
+    """`ConflictError` if a run that has not finished uses the session: deleting it would
+    strand the run (a waiting approval could never be decided)."""
+    live = [
+        index
+        for index in await RunStore(store, tenant).list(session_id=session_id, limit=10**9)
+        if index.status not in FINISHED
+    ]
+    if live:
+        named = ", ".join(f"{i.run_id} ({i.status})" for i in live[:3])
+        more = f" and {len(live) - 3} more" if len(live) > 3 else ""
+        raise ConflictError(
+            f"session {session_id!r} is used by runs that have not finished: {named}{more}; "
+            "cancel or delete them first (statekeeper runs cancel / runs delete), or force it "
+            "(--force; force=true over HTTP)"
+        )

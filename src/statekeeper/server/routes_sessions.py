@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from statekeeper.core.messages import Message
 from statekeeper.errors import InvalidPayloadError
+from statekeeper.runs.operations import check_no_live_runs
 from statekeeper.runs.store import RunStore
 from statekeeper.server.auth import Admin, Context, Operator, Reader
 from statekeeper.server.routes_runs import load_run
@@ -188,7 +189,10 @@ async def import_(
 
 
 @router.delete("/{session_id}", status_code=204)
-async def delete(session_id: str, caller: Admin, context: Context) -> Response:
-    """Delete the session and its transcript."""
+async def delete(session_id: str, caller: Admin, context: Context, force: bool = False) -> Response:
+    """Delete the session and its transcript; 409 while a run that has not finished uses
+    it, unless ``force``."""
+    if not force:
+        await check_no_live_runs(context.store, caller.tenant, session_id)
     await _manager(context, caller.tenant).delete(session_id)
     return Response(status_code=204)
