@@ -17,9 +17,8 @@ import pytest
 import typer
 from typer.testing import CliRunner, Result
 
+from statekeeper.cli import _common as common_cli
 from statekeeper.cli import app
-from statekeeper.cli import runs as runs_cli
-from statekeeper.cli import sessions as sessions_cli
 from statekeeper.cli._common import parse_when
 from statekeeper.core.messages import Message
 from statekeeper.runs import RunStore
@@ -245,7 +244,7 @@ def test_sessions_delete_needs_confirmation(cli: Cli, monkeypatch: pytest.Monkey
     assert "--yes" in refused.stderr
     assert session_ids(cli) == {"ses-a", "ses-b"}
 
-    monkeypatch.setattr(sessions_cli, "stdin_is_interactive", lambda: True)
+    monkeypatch.setattr(common_cli, "stdin_is_interactive", lambda: True)
     declined = cli("sessions", "delete", "ses-a", input="n\n", code=1)
     assert "Delete session ses-a 'Order 1042' and its 4 messages?" in declined.output
     assert "Nothing deleted." in declined.stdout
@@ -254,7 +253,7 @@ def test_sessions_delete_needs_confirmation(cli: Cli, monkeypatch: pytest.Monkey
     cli("sessions", "delete", "ses-a", input="y\n")
     assert session_ids(cli) == {"ses-b"}
 
-    monkeypatch.setattr(sessions_cli, "stdin_is_interactive", lambda: False)
+    monkeypatch.setattr(common_cli, "stdin_is_interactive", lambda: False)
     assert "deleted session ses-b" in cli("sessions", "delete", "ses-b", "--yes").stdout
     assert session_ids(cli) == set()
 
@@ -326,7 +325,7 @@ def test_a_damaged_run_is_deleted_from_the_cli(
     [reported] = cli.json("runs", "list")["corrupt"]
     assert f"statekeeper runs delete {damaged}" in reported["error"]
 
-    monkeypatch.setattr(runs_cli, "stdin_is_interactive", lambda: False)
+    monkeypatch.setattr(common_cli, "stdin_is_interactive", lambda: False)
     refused = cli("runs", "delete", damaged, code=1)
     assert "--yes" in refused.output
     assert len(cli.json("runs", "list")["corrupt"]) == 1  # nothing deleted

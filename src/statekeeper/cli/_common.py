@@ -163,6 +163,35 @@ def fail(message: str) -> NoReturn:
     raise typer.Exit(1)
 
 
+YesFlag = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
+
+
+def stdin_is_interactive() -> bool:
+    """Whether a confirmation can be asked (tests replace this)."""
+    return sys.stdin.isatty()
+
+
+def confirm_delete(what: str, question: str, yes: bool) -> bool:
+    """Whether to delete ``what`` ("run r1"): yes with ``--yes``, else the user's answer
+    to ``question``; fails when no one can be asked (stdin is not a terminal)."""
+    if yes:
+        return True
+    if not stdin_is_interactive():
+        fail(
+            f"not deleting {what}: stdin is not a terminal, so no confirmation can be "
+            "asked; pass --yes to delete without asking"
+        )
+    return typer.confirm(question, default=False)
+
+
+def report_deleted(what: str, deleted: bool) -> None:
+    """Say what a delete command did; exit 1 when the user said no."""
+    if not deleted:
+        console().print("Nothing deleted.")
+        raise typer.Exit(1)
+    console().print(Text(f"deleted {what}"))
+
+
 def print_json(data: Any) -> None:
     """Print plain JSON on stdout (no colours, no wrapping)."""
     typer.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))

@@ -16,18 +16,20 @@ from statekeeper.cli._common import (
     FINISHED_RUNS,
     JsonFlag,
     OutputFile,
+    YesFlag,
+    confirm_delete,
     console,
     fail,
     message_text,
     print_corrupt,
     print_json,
     read_input,
+    report_deleted,
     run,
     wants_json,
     write_output,
 )
 from statekeeper.cli.runview import RunView, print_run, recoveries, runs_table, timeline
-from statekeeper.cli.sessions import stdin_is_interactive
 from statekeeper.errors import (
     InvalidInputError,
     NotFoundError,
@@ -349,11 +351,7 @@ def cancel(
 
 
 @app.command("delete")
-def delete(
-    ctx: typer.Context,
-    run_id: RunId,
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
-) -> None:
+def delete(ctx: typer.Context, run_id: RunId, yes: YesFlag = False) -> None:
     """Delete a run's index, events and checkpoints (asks first unless --yes); its messages
     stay in its session. A damaged run is deleted like any other: how to clean up."""
 
@@ -363,22 +361,12 @@ def delete(
             question = f"Delete run {run_id} ({(await runs.index(run_id))[0].status})?"
         except StoreCorruptError:
             question = f"Run {run_id} is damaged (its index cannot be read). Delete it?"
-        if not yes:
-            if not stdin_is_interactive():
-                fail(
-                    f"not deleting run {run_id}: stdin is not a terminal, so no confirmation "
-                    "can be asked; pass --yes to delete without asking"
-                )
-            if not typer.confirm(question, default=False):
-                return False
+        if not confirm_delete(f"run {run_id}", question, yes):
+            return False
         await runs.delete(run_id)
         return True
 
-    if run(ctx, work):
-        console().print(Text(f"deleted run {run_id}"))
-    else:
-        console().print("Nothing deleted.")
-        raise typer.Exit(1)
+    report_deleted(f"run {run_id}", run(ctx, work))
 
 
 @app.command("export")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -14,6 +13,8 @@ from rich.text import Text
 from statekeeper.cli._common import (
     JsonFlag,
     OutputFile,
+    YesFlag,
+    confirm_delete,
     console,
     fail,
     fields_table,
@@ -22,6 +23,7 @@ from statekeeper.cli._common import (
     print_corrupt,
     print_json,
     read_input,
+    report_deleted,
     run,
     stamp,
     wants_json,
@@ -377,16 +379,11 @@ def import_(
     console().print(Text(f"imported session {record.id} ({record.message_count} messages)"))
 
 
-def stdin_is_interactive() -> bool:
-    """Whether a confirmation can be asked (tests replace this)."""
-    return sys.stdin.isatty()
-
-
 @app.command("delete")
 def delete(
     ctx: typer.Context,
     session_id: SessionId,
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+    yes: YesFlag = False,
     force: Annotated[
         bool, typer.Option("--force", help="Delete it even while unfinished runs use it.")
     ] = False,
@@ -402,26 +399,16 @@ def delete(
             record: SessionRecord | None = (await manager.get(session_id)).record
         except StoreCorruptError:
             record = None  # a damaged session is deleted like any other: how to clean up
-        if not yes:
-            if not stdin_is_interactive():
-                fail(
-                    f"not deleting session {session_id}: stdin is not a terminal, so "
-                    "no confirmation can be asked; pass --yes to delete without asking"
-                )
-            if record is None:
-                question = f"Session {session_id} is damaged (it cannot be read). Delete it?"
-            else:
-                title = f" {record.title!r}" if record.title else ""
-                question = (
-                    f"Delete session {session_id}{title} and its {record.message_count} messages?"
-                )
-            if not typer.confirm(question, default=False):
-                return False
+        if record is None:
+            question = f"Session {session_id} is damaged (it cannot be read). Delete it?"
+        else:
+            title = f" {record.title!r}" if record.title else ""
+            question = (
+                f"Delete session {session_id}{title} and its {record.message_count} messages?"
+            )
+        if not confirm_delete(f"session {session_id}", question, yes):
+            return False
         await manager.delete(session_id)
         return True
 
-    if run(ctx, work):
-        console().print(Text(f"deleted session {session_id}"))
-    else:
-        console().print("Nothing deleted.")
-        raise typer.Exit(1)
+    report_deleted(f"session {session_id}", run(ctx, work))
