@@ -161,12 +161,10 @@ async def list_runs(
     page = await runs.list(status=wanted, session_id=session_id, after=cursor, limit=limit)
     unreadable: list[dict[str, Any]] = []
     items = await _summaries(runs, page, unreadable)
-    # By id once: RunStore.list can report a damaged index that ends a page twice.
-    corrupt = {c["id"]: c for c in context.reported([*page.corrupt, *unreadable])}
     return {
         "items": items,
         "next_cursor": page[-1].run_id if len(page) == limit else None,
-        "corrupt": list(corrupt.values()),
+        "corrupt": context.reported([*page.corrupt, *unreadable]),
     }
 
 
