@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import json
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import ModuleType
@@ -15,7 +13,8 @@ from typing import Any, TypeVar
 
 import pytest
 import typer
-from typer.testing import CliRunner, Result
+from cli_harness import Cli
+from typer.testing import CliRunner
 
 from statekeeper.cli import _common as common_cli
 from statekeeper.cli import app
@@ -23,39 +22,11 @@ from statekeeper.cli._common import parse_when
 from statekeeper.core.messages import Message
 from statekeeper.runs import RunStore
 from statekeeper.sessions import SessionManager
-from statekeeper.stores import Store, open_store
+from statekeeper.stores import Store
 from statekeeper.testing.damage import damage_record, damage_session
 
 T = TypeVar("T")
 HERE = Path(__file__).parent
-
-
-class Cli:
-    """Runs the app against one store URL, and the Python API against the same store."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.runner = CliRunner()
-
-    def __call__(self, *args: str, input: str | None = None, code: int | None = 0) -> Result:
-        result = self.runner.invoke(app, ["--store", self.url, *args], input=input)
-        if code is not None:
-            assert result.exit_code == code, (result.exit_code, result.output, result.exception)
-        assert "Traceback" not in result.output
-        return result
-
-    def json(self, *args: str, input: str | None = None) -> Any:
-        return json.loads(self("--json", *args, input=input).stdout)
-
-    def api(self, work: Callable[[Store], Awaitable[T]]) -> T:
-        async def main() -> T:
-            store = await open_store(self.url)
-            try:
-                return await work(store)
-            finally:
-                await store.close()
-
-        return asyncio.run(main())
 
 
 @pytest.fixture

@@ -7,7 +7,8 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from test_cli import HERE, Cli, run_status
+from cli_harness import Cli
+from test_cli import HERE, run_status
 
 from statekeeper.core.limits import BudgetFlag, IterationFlag, Limits, TimeFlag
 from statekeeper.errors import LimitReachedError

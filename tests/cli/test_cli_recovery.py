@@ -3,52 +3,26 @@
 
 from __future__ import annotations
 
-import asyncio
 import importlib
-import json
 import sqlite3
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import pytest
-from typer.testing import CliRunner, Result
+from cli_harness import Cli
 
-from statekeeper.cli import app
 from statekeeper.runs import RunStore
 from statekeeper.runs.store import CHECKPOINT_KIND
-from statekeeper.stores import Store, open_store
+from statekeeper.stores import Store
 
 T = TypeVar("T")
 HERE = Path(__file__).parent
 
 
-class Cli:
-    def __init__(self, db: Path) -> None:
-        self.db = db
-        self.url = f"sqlite:///{db}"
-
-    def __call__(self, *args: str, code: int = 0) -> Result:
-        result = CliRunner().invoke(app, ["--store", self.url, *args])
-        assert result.exit_code == code, (result.exit_code, result.output, result.exception)
-        assert "Traceback" not in result.output
-        return result
-
-    def json(self, *args: str) -> Any:
-        return json.loads(self("--json", *args).stdout)
-
-    def api(self, work: Callable[[Store], Awaitable[T]]) -> T:
-        async def main() -> T:
-            async with await open_store(self.url) as store:
-                return await work(store)
-
-        return asyncio.run(main())
-
-
 @pytest.fixture
 def cli(tmp_path: Path) -> Cli:
-    return Cli(tmp_path / "state.db")
+    return Cli(f"sqlite:///{tmp_path / 'state.db'}")
 
 
 @pytest.fixture
@@ -96,7 +70,7 @@ def test_show_reports_a_corrupt_checkpoint_and_what_it_loaded(
         return [e.id for e in entries if e.kind == CHECKPOINT_KIND]
 
     ids = cli.api(checkpoints)
-    with sqlite3.connect(cli.db) as conn:
+    with sqlite3.connect(cli.url.removeprefix("sqlite:///")) as conn:
         conn.execute("UPDATE entries SET payload='{not json' WHERE id=?", (ids[-1],))
     conn.close()
 

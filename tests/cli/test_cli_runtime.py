@@ -9,17 +9,15 @@ import re
 import socket
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
 
 import pytest
+from cli_harness import Cli
 from pydantic import JsonValue
-from typer.testing import CliRunner, Result
 
-from statekeeper.cli import app
 from statekeeper.cli import events as runtime_cli
 from statekeeper.core.messages import Message
 from statekeeper.runs import Action, Finish, Respond, Runner, RunStore, StepInput
@@ -35,37 +33,6 @@ from statekeeper.stores import Store, open_store
 T = TypeVar("T")
 HERE = Path(__file__).parent
 TENANT = "default"
-
-
-class Cli:
-    """Runs the app against one store URL, and the Python API against the same store."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.runner = CliRunner()
-
-    def __call__(self, *args: str, code: int | None = 0) -> Result:
-        result = self.runner.invoke(app, ["--store", self.url, *args])
-        if code is not None:
-            assert result.exit_code == code, (result.exit_code, result.output, result.exception)
-        assert "Traceback" not in result.output
-        return result
-
-    def json(self, *args: str) -> Any:
-        return json.loads(self("--json", *args).stdout)
-
-    def json_lines(self, *args: str) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in self("--json", *args).stdout.splitlines()]
-
-    def api(self, work: Callable[[Store], Awaitable[T]]) -> T:
-        async def main() -> T:
-            store = await open_store(self.url)
-            try:
-                return await work(store)
-            finally:
-                await store.close()
-
-        return asyncio.run(main())
 
 
 @pytest.fixture

@@ -3,47 +3,20 @@ importing a duplicate, and how a fork's view numbers its entries."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import pytest
-from typer.testing import CliRunner, Result
+from cli_harness import Cli
+from typer.testing import CliRunner
 
 from statekeeper.cli import app
 from statekeeper.core.messages import Message
 from statekeeper.sessions import SessionManager
-from statekeeper.stores import Store, open_store
+from statekeeper.stores import Store
 
 T = TypeVar("T")
-
-
-class Cli:
-    """The app against one store URL, and the Python API against the same store."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-
-    def __call__(self, *args: str, code: int = 0) -> Result:
-        result = CliRunner().invoke(app, ["--store", self.url, *args])
-        assert result.exit_code == code, (result.exit_code, result.output, result.exception)
-        assert "Traceback" not in result.output
-        return result
-
-    def json(self, *args: str) -> Any:
-        return json.loads(self("--json", *args).stdout)
-
-    def api(self, work: Callable[[Store], Awaitable[T]]) -> T:
-        async def main() -> T:
-            store = await open_store(self.url)
-            try:
-                return await work(store)
-            finally:
-                await store.close()
-
-        return asyncio.run(main())
 
 
 def invoke(*args: str) -> tuple[int, str, str]:

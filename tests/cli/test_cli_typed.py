@@ -11,24 +11,12 @@ from typing import Any
 
 import pytest
 import typer
-from typer.testing import CliRunner, Result
+from cli_harness import Cli
 
-from statekeeper.cli import app
 from statekeeper.cli._common import parse_when
 from statekeeper.stores import open_store
 
 HERE = Path(__file__).parent
-
-
-class Cli:
-    def __init__(self, url: str) -> None:
-        self.url = url
-
-    def __call__(self, *args: str, code: int = 0) -> Result:
-        result = CliRunner().invoke(app, ["--store", self.url, *args])
-        assert result.exit_code == code, (result.exit_code, result.output, result.exception)
-        assert "Traceback" not in result.output
-        return result
 
 
 @pytest.fixture
