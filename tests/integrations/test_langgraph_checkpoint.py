@@ -4,6 +4,7 @@ delta layout; pickle refused. Every test that takes ``store`` runs on each backe
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sqlite3
 import subprocess
@@ -22,7 +23,7 @@ from pydantic import BaseModel
 
 import statekeeper
 from statekeeper import open_store
-from statekeeper.errors import StatekeeperError, StoreCorruptError
+from statekeeper.errors import InvalidInputError, StatekeeperError, StoreCorruptError
 from statekeeper.integrations.langgraph._layout import (
     BLOB,
     WRITE,
@@ -250,7 +251,6 @@ async def test_tenants_do_not_see_each_others_threads(store: Store) -> None:
 
 
 def test_a_saver_needs_a_loop_or_from_url(tmp_path: Path) -> None:
-    from statekeeper.errors import InvalidInputError
 
     with pytest.raises(InvalidInputError, match="from_url"):
         StatekeeperSaver(open_store(f"sqlite:///{tmp_path / 'x.db'}"))  # type: ignore[arg-type]
@@ -270,6 +270,19 @@ async def test_prune_keeps_the_latest_state_whole_and_the_thread_usable(store: S
     assert contents(await fresh.aget_state(config("pr"))) == before
     await fresh.ainvoke({"messages": [HumanMessage("d", id="h-d")]}, config("pr"))
     assert contents(await fresh.aget_state(config("pr"))) == [*before, "d", "reply to d"]
+
+
+def test_an_unknown_prune_strategy_is_refused_sync_and_async(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'lg.db'}"
+    with StatekeeperSaver.from_url(url) as saver:
+        with pytest.raises(InvalidInputError, match="keep_latest or delete"):
+            saver.prune(["t"], strategy="everything")
+
+        async def refused() -> None:
+            await saver.aprune(["t"], strategy="everything")
+
+        with pytest.raises(InvalidInputError, match="keep_latest or delete"):
+            asyncio.run(refused())
 
 
 async def test_deleting_an_earlier_run_keeps_what_later_checkpoints_need(store: Store) -> None:

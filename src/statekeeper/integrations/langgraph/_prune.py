@@ -6,7 +6,7 @@ import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from statekeeper.errors import NotFoundError
+from statekeeper.errors import InvalidInputError, NotFoundError
 from statekeeper.integrations.langgraph._layout import (
     BLOB,
     CHECKPOINT,
@@ -60,6 +60,8 @@ def _not_of_run(run_id: str) -> Callable[[dict[str, Any]], bool]:
 
 async def prune(log: CheckpointLog, thread_ids: Sequence[str], strategy: str) -> None:
     """``keep_latest`` per namespace (with the values it needs), or ``delete``."""
+    if strategy not in ("keep_latest", "delete"):
+        raise InvalidInputError(f"unknown prune strategy {strategy!r}; use keep_latest or delete")
     for thread_id in thread_ids:
         if strategy == "delete":
             await delete_thread(log, thread_id)

@@ -187,10 +187,6 @@ class StatekeeperSaver(BaseCheckpointSaver[str]):
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """``keep_latest``: keep each namespace's latest checkpoint (and the values it
         needs); ``delete``: delete the threads."""
-        if strategy not in ("keep_latest", "delete"):
-            raise InvalidInputError(
-                f"unknown prune strategy {strategy!r}; use keep_latest or delete"
-            )
         await self._on_loop(_prune.prune(self._log, thread_ids, strategy))
 
     # -- sync API ------------------------------------------------------------------------
@@ -245,10 +241,6 @@ class StatekeeperSaver(BaseCheckpointSaver[str]):
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Sync `aprune`."""
-        if strategy not in ("keep_latest", "delete"):
-            raise InvalidInputError(
-                f"unknown prune strategy {strategy!r}; use keep_latest or delete"
-            )
         self._block(_prune.prune(self._log, thread_ids, strategy))
 
     def with_allowlist(self, extra_allowlist: Collection[tuple[str, ...]]) -> StatekeeperSaver:
