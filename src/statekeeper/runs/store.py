@@ -46,6 +46,7 @@ from statekeeper.stores.base import Entry, EntryDraft, EventDraft, SessionRecord
 __all__ = ["CHECKPOINT_KIND", "RUNS_NAMESPACE", "Loaded", "RunIndex", "RunStore", "Saved"]
 
 RUNS_NAMESPACE = "runs"
+_LIST_PAGE = 200
 CHECKPOINT_KIND = "checkpoint"
 
 
@@ -129,20 +130,19 @@ class RunStore:
         cursor = after
         while len(out) < limit:
             page = await self.store.list_records(
-                self.tenant, RUNS_NAMESPACE, after_key=cursor, limit=200
+                self.tenant, RUNS_NAMESPACE, after_key=cursor, limit=_LIST_PAGE
             )
             found = read_indexes(page)
             out.corrupt += found.corrupt
-            seen = [record.key for record in page] + [item.id for item in page.corrupt]
-            if not seen:
-                break
             out += [
                 index
                 for index in found
                 if (status is None or index.status == status)
                 and (session_id is None or index.session_id == session_id)
             ]
-            cursor = max(seen)  # past a damaged last row too, or it is read (and reported) again
+            if len(page) < _LIST_PAGE:  # the end (damaged rows fill no places)
+                break
+            cursor = page[-1].key
         del out[limit:]
         return out
 
