@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from statekeeper.core.lifecycle import AgentStatus, TransitionTable
 from statekeeper.errors import InvalidTransitionError
 from statekeeper.runs.results import EventSink
 from statekeeper.runs.state import RunState
-from statekeeper.tracing import current_span_id
+from statekeeper.runtime.events import EventBus
+from statekeeper.stores.base import Event, EventBatch
+from statekeeper.tracing import TracedStore, current_span_id
 
 __all__ = ["FINISHED", "RunLifecycle"]
 
 FINISHED = frozenset({AgentStatus.COMPLETED, AgentStatus.CANCELLED, AgentStatus.ERROR})
 """Statuses a run never leaves (the runner publishes ``lifecycle/end`` on reaching one)."""
+
+_Queued = tuple[str, str, str, dict[str, Any]]  # run id, stream, kind, payload
 
 
 class RunLifecycle:
@@ -21,13 +26,15 @@ class RunLifecycle:
 
     A move is synchronous (it only changes the state in memory); its ``status`` event is
     queued and published before the next event, or by `flush`, so subscribers see status
-    changes in the order they happened and interleaved correctly with the rest.
+    changes in the order they happened and interleaved correctly with the rest. An event
+    published with ``hold=True`` waits in the same queue; `publish_with` logs the run's
+    queued events in the run's next checkpoint append (one transaction for both).
     """
 
     def __init__(self, transitions: TransitionTable, events: EventSink) -> None:
         self.transitions = transitions
         self.events = events
-        self._pending: list[tuple[str, dict[str, Any]]] = []
+        self._pending: list[_Queued] = []
 
     def move(self, state: RunState, target: str, **details: Any) -> None:
         """Set ``state.status`` to ``target``; `InvalidTransitionError` (no change) if the
@@ -38,7 +45,7 @@ class RunLifecycle:
             )
         source, state.status = state.status, target
         payload = {"status": target, "from": source, "to": target, **details}
-        self._pending.append((state.run_id, _traced(state, payload)))
+        self._pending.append((state.run_id, "lifecycle", "status", _traced(state, payload)))
 
     def cancel(self, state: RunState, reason: str | None) -> None:
         """Move to CANCELLED (through PAUSED when the table wants it) and say why."""
@@ -49,19 +56,60 @@ class RunLifecycle:
         state.metadata = {**state.metadata, "cancel_reason": reason or "cancelled"}
 
     async def publish(
-        self, state: RunState, stream: str, kind: str, payload: dict[str, Any]
+        self,
+        state: RunState,
+        stream: str,
+        kind: str,
+        payload: dict[str, Any],
+        *,
+        hold: bool = False,
     ) -> None:
-        """Publish an event of the run (after the queued status events), with its trace
-        id and, when traced, ``span_id``: the span it happened in."""
-        await self.flush()
+        """Publish an event of the run (after the queued events), with its trace id and,
+        when traced, ``span_id``: the span it happened in.
+
+        ``hold`` queues it instead, to go with the run's next checkpoint (`publish_with`)
+        or the next event published, whichever comes first: for an event that describes
+        the step being written (what the agent said), not one a watcher waits for live.
+        """
         payload = _traced(state, {**payload, "turn": state.turn})
+        if hold:
+            self._pending.append((state.run_id, stream, kind, payload))
+            return
+        await self.flush()
         await self.events.publish(state.run_id, stream, kind, payload)
 
     async def flush(self) -> None:
-        """Publish the queued status events."""
+        """Publish the queued events."""
         pending, self._pending = self._pending, []
-        for run_id, payload in pending:
-            await self.events.publish(run_id, "lifecycle", "status", payload)
+        for run_id, stream, kind, payload in pending:
+            await self.events.publish(run_id, stream, kind, payload)
+
+    async def publish_with(
+        self,
+        state: RunState,
+        store: object,
+        tenant: str,
+        write: Callable[[EventBatch | None], Awaitable[Sequence[Event]]],
+    ) -> None:
+        """Run ``write`` (an append to ``store`` for ``tenant``) with the run's queued
+        events in it, when the sink is an `EventBus` logging to that store and tenant
+        (`EventBus.publish_with`); otherwise publish them first and ``write(None)``."""
+        bus = self.events
+        if not isinstance(bus, EventBus) or bus.tenant != tenant or not _same(bus.store, store):
+            await self.flush()
+            await write(None)
+            return
+        mine = [(s, k, p) for run_id, s, k, p in self._pending if run_id == state.run_id]
+        # Other runs' queued events wait for their own runs' next write or publish.
+        self._pending = [queued for queued in self._pending if queued[0] != state.run_id]
+        await bus.publish_with(state.run_id, mine, write)
+
+
+def _same(a: object, b: object) -> bool:
+    """Whether two stores are one (a traced store logs what the store it traces does)."""
+    a = a.wrapped if isinstance(a, TracedStore) else a
+    b = b.wrapped if isinstance(b, TracedStore) else b
+    return a is b
 
 
 def _traced(state: RunState, payload: dict[str, Any]) -> dict[str, Any]:

@@ -300,10 +300,11 @@ class RunLoop:
         return action
 
     async def _say(self, active: ActiveRun, action: Action, messages: list[Message]) -> None:
-        """Publish what the agent said in this step (see `statekeeper.runs.step.said`)."""
-        state = active.state
+        """Publish what the agent said in this step (see `statekeeper.runs.step.said`):
+        with the step's checkpoint, when the writer logs events with it."""
+        state, hold = active.state, active.writer.joins_events
         for payload in said(action, messages, state.agent, active.profile):
-            await self.lifecycle.publish(state, "assistant", "complete", payload)
+            await self.lifecycle.publish(state, "assistant", "complete", payload, hold=hold)
 
     async def _apply(self, active: ActiveRun, action: Action) -> list[Message]:
         """Carry out ``action``; the messages the step writes."""
@@ -334,7 +335,8 @@ class RunLoop:
             )
             await self._say(active, action, [marker])
             payload = {"status": state.status, "handoff": action.to}
-            await self.lifecycle.publish(state, "lifecycle", "status", payload)
+            hold = active.writer.joins_events
+            await self.lifecycle.publish(state, "lifecycle", "status", payload, hold=hold)
             state.agent = action.to
             return [marker]
         raise InvalidPayloadError(

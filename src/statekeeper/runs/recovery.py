@@ -43,6 +43,7 @@ __all__ = [
 ]
 
 CHECKPOINT_KIND = "checkpoint"
+_PAGE = 64  # entries read at a time, back from the session's end
 CORRUPT_EVENT_TYPE = "checkpoint_corrupt"
 """``payload["type"]`` of the ``error/error`` event that reports a skipped checkpoint."""
 
@@ -146,12 +147,18 @@ async def load_latest(runs: CheckpointReader, run_id: str) -> Loaded:
     scan = Scan(run_id, lambda e: runs.decode(e, run_id), at_seq=at_seq)
     since = max(index.checkpoint_seq - 1, 0)
     read, tenant, session_id = runs.store.read_entries, runs.tenant, index.session_id
-    # Normally the newest checkpoint is at or after the one the index names; older
-    # entries are read only when nothing intact is there.
-    found = scan.look(await read(tenant, session_id, after_seq=since))
+    session = await runs.store.get_session(tenant, session_id)
+    # Normally the newest checkpoint is at or after the one the index names, and among
+    # the session's last entries (a running run's index is written only now and then):
+    # read back from the end a page at a time, so a stale index costs no long scan.
+    # Older entries are read only when nothing intact is there.
+    top, found = session.last_seq, False
+    while not found and top > since:
+        low = max(since, top - _PAGE)
+        found = scan.look(await read(tenant, session_id, after_seq=low, until_seq=top))
+        top = low
     if not found and since and index.revision:
         scan.look(await read(tenant, session_id, until_seq=since))
-    session = await runs.store.get_session(tenant, session_id)
     if scan.entry is None or scan.state is None:
         if scan.skipped:
             raise CheckpointCorruptError(run_id, scan.skipped)

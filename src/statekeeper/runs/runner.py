@@ -273,6 +273,7 @@ class Runner:
             index_version=index_version,
             owner=self.owner,
             lease_ttl=self.coordination.lease_ttl,
+            lifecycle=self.lifecycle,
         )
         active = ActiveRun(state, writer, await session.messages(), context, trace=trace)
         active.seen_seq = session.record.last_seq

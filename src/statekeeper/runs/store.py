@@ -2,7 +2,9 @@
 
 A step's messages and its checkpoint are written in one append (one transaction): the
 checkpoint is a *side* entry hanging off the last message, so the transcript position
-of a checkpoint is its parent. Nothing of a step is ever stored without the rest.
+of a checkpoint is its parent. Nothing of a step is ever stored without the rest; the
+step's events may go in the same append too (``save(events=...)``, what a runner in
+write mode ``step`` does).
 
 The index record (namespace ``runs``) is a cache for listing and lookup, updated after
 the append. If a process dies between the two writes, loading rolls forward: it looks
@@ -41,7 +43,15 @@ from statekeeper.runs.sealing import CheckpointSeal
 from statekeeper.runs.state import RunState
 from statekeeper.sessions.manager import SessionManager
 from statekeeper.sessions.view import appended_counters, build_view, message_draft
-from statekeeper.stores.base import Entry, EntryDraft, EventDraft, SessionRecord, Store
+from statekeeper.stores.base import (
+    Entry,
+    EntryDraft,
+    Event,
+    EventBatch,
+    EventDraft,
+    SessionRecord,
+    Store,
+)
 
 __all__ = ["CHECKPOINT_KIND", "RUNS_NAMESPACE", "Loaded", "RunIndex", "RunStore", "Saved"]
 
@@ -59,6 +69,8 @@ class Saved(BaseModel):
     session: SessionRecord
     index_version: int
     checkpoint_seq: int
+    events: list[Event] = []
+    """The events logged with the checkpoint (``save(events=...)``), in seq order."""
 
 
 def checkpoint_id(run_id: str, revision: int) -> str:
@@ -158,13 +170,16 @@ class RunStore:
         owner: str | None = None,
         lease_until: datetime | None = None,
         update_index: bool = True,
+        events: EventBatch | None = None,
     ) -> Saved:
         """Append ``messages`` and the checkpoint atomically, then update the index.
 
         ``state.revision`` is advanced here. ``session_version`` makes the append a
         compare-and-set on the session (for decisions made outside a running runner).
-        ``update_index=False`` skips the index write (a running runner batches them:
-        `load` rolls forward past the index to the newest checkpoint anyway).
+        ``update_index=False`` skips the index write (a running runner writes it only
+        when its status or lease changes: `load` finds the newest checkpoint past the
+        index anyway; `index_saved` writes it later). ``events`` are logged in the same
+        append (`Saved.events`).
         """
         with_tokens = [counted(m, self.counter) for m in messages]
         state.revision += 1
@@ -186,6 +201,7 @@ class RunStore:
                 drafts,
                 expected_version=session_version,
                 patch=patch,
+                **({} if events is None else {"events": events}),
             )
         except BaseException:
             state.revision -= 1
@@ -194,16 +210,32 @@ class RunStore:
         state.transcript_seq = checkpoint.parent_seq or 0
         version = index_version or 0
         if update_index:
-            index = _index_of(state, checkpoint_seq=checkpoint.seq)
-            index.owner, index.lease_until = owner, lease_until
-            version = await self._put_keeping_cancel(index, index_version)
+            version = await self.index_saved(
+                state, checkpoint.seq, index_version, owner=owner, lease_until=lease_until
+            )
         return Saved(
             state=state,
             entries=result.entries[:-1],
             session=result.session,
             index_version=version,
             checkpoint_seq=checkpoint.seq,
+            events=result.events,
         )
+
+    async def index_saved(
+        self,
+        state: RunState,
+        checkpoint_seq: int,
+        index_version: int | None,
+        *,
+        owner: str | None,
+        lease_until: datetime | None,
+    ) -> int:
+        """Point the run's index at its checkpoint at ``checkpoint_seq`` (a write of its
+        own, after the append: the index is a cache); the index's new version."""
+        index = _index_of(state, checkpoint_seq=checkpoint_seq)
+        index.owner, index.lease_until = owner, lease_until
+        return await self._put_keeping_cancel(index, index_version)
 
     async def _put_keeping_cancel(self, index: RunIndex, expected_version: int | None) -> int:
         try:

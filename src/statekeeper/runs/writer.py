@@ -4,6 +4,16 @@ Whatever the mode, each write is one atomic append (the step's messages plus its
 checkpoint), so a crash never leaves half a step behind. The modes differ in what a
 crash can lose: nothing that was acknowledged (``step``), the steps still queued
 (``background``), or everything since the run last stopped (``exit``).
+
+In mode ``step`` the append also logs the run's events queued since its last write (the
+status moves, what the agent said: `RunLifecycle.publish_with`), when the runner's
+event bus logs to the same store: one transaction, one fsync, per step. The other modes
+publish events on their own, as they happen.
+
+The run's index record is written with its own compare-and-set after the append, only
+when something others look at changed (the status, the lease running low, the run
+stopping): loading finds the newest checkpoint past the index anyway, reading back from
+the end of the session.
 """
 
 from __future__ import annotations
@@ -14,15 +24,14 @@ from datetime import timedelta
 from typing import Literal
 
 from statekeeper.core.messages import Message, utcnow
+from statekeeper.runs.lifecycle import RunLifecycle
 from statekeeper.runs.state import RunState
-from statekeeper.runs.store import RunStore
+from statekeeper.runs.store import RunStore, Saved
+from statekeeper.stores.base import Event, EventBatch
 
 __all__ = ["CheckpointWriter", "WriteMode"]
 
 WriteMode = Literal["step", "background", "exit"]
-
-INDEX_EVERY = 64
-"""Checkpoints between index writes of a running run (status changes always write)."""
 
 
 class CheckpointWriter:
@@ -37,6 +46,7 @@ class CheckpointWriter:
         index_version: int | None,
         owner: str | None,
         lease_ttl: float,
+        lifecycle: RunLifecycle | None = None,
     ) -> None:
         if mode not in ("step", "background", "exit"):
             raise ValueError(f"unknown write mode {mode!r}: use step, background or exit")
@@ -46,6 +56,7 @@ class CheckpointWriter:
         self.index_version = index_version
         self.owner = owner
         self.lease_ttl = lease_ttl
+        self.lifecycle = lifecycle
         self._held: list[Message] = []
         self._latest: RunState | None = None
         self._queue: asyncio.Queue[tuple[RunState, list[Message]] | None] | None = None
@@ -56,8 +67,12 @@ class CheckpointWriter:
         self._indexed_status: str | None = None
         self._checkpoint_seq: int | None = None
         self._latest_written: RunState | None = None
-        self._indexed_revision = revision
         self._lease_due = utcnow()
+
+    @property
+    def joins_events(self) -> bool:
+        """Whether a checkpoint write carries the run's queued events (mode ``step``)."""
+        return self.mode == "step" and self.lifecycle is not None
 
     async def save(self, state: RunState, messages: Sequence[Message] = ()) -> None:
         """Record a checkpoint of ``state`` after ``messages`` (written per the mode)."""
@@ -107,15 +122,10 @@ class CheckpointWriter:
                     self._failure = exc
 
     def _index_due(self, snapshot: RunState, final: bool) -> bool:
-        # The index is a cache (loading rolls forward past it), so a running run writes
-        # it only when something others look at changed: the status, the lease running
-        # low, or every INDEX_EVERY checkpoints to keep roll-forward scans short.
-        return (
-            final
-            or snapshot.status != self._indexed_status
-            or snapshot.revision - self._indexed_revision >= INDEX_EVERY
-            or utcnow() >= self._lease_due
-        )
+        # The index is a cache (loading reads back from the session's end to the newest
+        # checkpoint, however stale the index is), so a running run writes it only when
+        # something others look at changed: the status, or the lease running low.
+        return final or snapshot.status != self._indexed_status or utcnow() >= self._lease_due
 
     async def _write(
         self, snapshot: RunState, messages: list[Message], *, final: bool = False
@@ -124,14 +134,26 @@ class CheckpointWriter:
         update = self._index_due(snapshot, final)
         now = utcnow()
         lease = now + timedelta(seconds=self.lease_ttl) if self.owner else None
-        saved = await self.runs.save(
-            snapshot,
-            messages,
-            index_version=self.index_version,
-            owner=self.owner,
-            lease_until=lease,
-            update_index=update,
-        )
+        if self.joins_events:
+            saved = await self._save_with_events(snapshot, messages)
+            if update:
+                version = await self.runs.index_saved(
+                    snapshot,
+                    saved.checkpoint_seq,
+                    self.index_version,
+                    owner=self.owner,
+                    lease_until=lease,
+                )
+                saved = saved.model_copy(update={"index_version": version})
+        else:
+            saved = await self.runs.save(
+                snapshot,
+                messages,
+                index_version=self.index_version,
+                owner=self.owner,
+                lease_until=lease,
+                update_index=update,
+            )
         self.revision = snapshot.revision
         self.written.update(e.seq for e in saved.entries)
         self.written.add(saved.checkpoint_seq)
@@ -140,5 +162,24 @@ class CheckpointWriter:
         if update:
             self.index_version = saved.index_version
             self._indexed_status = snapshot.status
-            self._indexed_revision = snapshot.revision
             self._lease_due = now + timedelta(seconds=self.lease_ttl / 2)
+
+    async def _save_with_events(self, snapshot: RunState, messages: list[Message]) -> Saved:
+        """The checkpoint append, logging the run's queued events with it."""
+        assert self.lifecycle is not None
+        done: list[Saved] = []
+
+        async def write(events: EventBatch | None) -> list[Event]:
+            saved = await self.runs.save(
+                snapshot,
+                messages,
+                index_version=self.index_version,
+                update_index=False,
+                events=events,
+            )
+            done.append(saved)
+            return saved.events
+
+        runs = self.runs
+        await self.lifecycle.publish_with(snapshot, runs.store, runs.tenant, write)
+        return done[-1]

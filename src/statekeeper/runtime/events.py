@@ -9,7 +9,9 @@ other two are re-exported here.
 = run id, shared by every process on the store), or with ``persist=False`` from an
 in-memory log per run. A non-JSON payload raises `InvalidPayloadError` before anything is
 stored and uses no seq. Publishes to a run that arrive while a write to it is under way
-are written together, as one batch.
+are written together, as one batch. `EventBus.publish_with` logs a run's events in
+another write of the store instead (the runner's checkpoint append: one transaction
+for a step's entries and its events) and fans them out once it lands.
 
 **Other processes'** events reach a run subscriber here when it sees a gap in the seqs
 (this process published after them), on `Subscription.poll` / `EventBus.refresh`, with
@@ -24,13 +26,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
 from statekeeper.core.messages import utcnow
-from statekeeper.errors import InvalidInputError, StatekeeperError
+from statekeeper.errors import ConflictError, InvalidInputError, NotFoundError, StatekeeperError
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import encode_json, loads
 from statekeeper.runtime.event_types import (
@@ -43,7 +45,7 @@ from statekeeper.runtime.event_types import (
     check_event,
 )
 from statekeeper.runtime.subscriptions import Subscription, poll_every
-from statekeeper.stores.base import Event, EventDraft, EventLogStore
+from statekeeper.stores.base import Event, EventBatch, EventDraft, EventLogStore
 
 __all__ = [
     "STREAM_KINDS",
@@ -60,6 +62,8 @@ __all__ = [
 _PAGE = 256
 
 _Pending = list[tuple[EventDraft, asyncio.Future[BusEvent]]]
+_REFUSED = (InvalidInputError, ConflictError, NotFoundError)
+"""Errors of a write that wrote nothing (the store checks before it writes)."""
 
 
 def _from_store(event: Event) -> BusEvent:
@@ -100,6 +104,11 @@ class EventBus:
         self._by_run: dict[str, set[Subscription]] = {}
         self._all: set[Subscription] = set()
         self._snapshots: OrderedDict[str, RunSnapshot] = OrderedDict()
+
+    @property
+    def store(self) -> EventLogStore | None:
+        """Where the bus logs events (None: nowhere, with ``persist=False``)."""
+        return self._store if self.persist else None
 
     # -- publishing -----------------------------------------------------------------------
 
@@ -146,12 +155,67 @@ class EventBus:
             self.refresh(run_id)  # it may be logged anyway: the run's subscribers re-read
             raise
         finally:
-            if self._pending[run_id]:  # publishes that arrived meanwhile: one batch
-                task = asyncio.create_task(self._drain(run_id))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-            else:
-                del self._pending[run_id]
+            self._written(run_id)
+
+    async def publish_with(
+        self,
+        run_id: str,
+        events: Sequence[tuple[str, str, Mapping[str, Any]]],
+        write: Callable[[EventBatch | None], Awaitable[Sequence[Event]]],
+    ) -> list[BusEvent]:
+        """Publish the run's ``events`` (stream, kind, payload) in a write that logs them
+        with something else: ``write`` gets the batch for ``append_entries(events=...)``
+        and returns the events it logged (`AppendResult.events`); they are fanned out
+        in seq order once it lands, so they are logged with what it writes or not at all.
+
+        When the bus cannot join them to the write (it does not persist, or a write to
+        the run is under way, whose events must come first), it publishes them as
+        `publish` does and then calls ``write(None)``. A write refused before it wrote
+        (`InvalidInputError`, `ConflictError`, `NotFoundError`) re-raises after the
+        events are published on their own, as if they had been published before it.
+        """
+        if type(run_id) is not str or run_id not in self._snapshots:
+            validate_id(run_id, "run id")
+        for stream, kind, payload in events:
+            check_event(stream, kind, payload)
+        if not events or not self.persist or run_id in self._pending:
+            published = [await self.publish(run_id, *event) for event in events]
+            await write(None)
+            return published
+        ts = self._clock()
+        drafts = [
+            EventDraft.model_construct(stream=stream, kind=kind, payload=dict(payload), ts=ts)
+            for stream, kind, payload in events
+        ]
+        self._pending[run_id] = []  # publishes meanwhile queue behind the write
+        try:
+            try:
+                logged = [_from_store(e) for e in await write(EventBatch(run_id, drafts))]
+            except _REFUSED:
+                # Nothing written: the events go on their own (an error of theirs first).
+                loop = asyncio.get_running_loop()
+                alone: _Pending = [(d, loop.create_future()) for d in drafts]
+                await self._write_batch(run_id, alone)
+                for _, future in alone:
+                    future.result()
+                raise
+            for event in logged:
+                self._fan_out(event)
+            return logged
+        except asyncio.CancelledError:
+            self.refresh(run_id)  # the write may land anyway: the run's subscribers re-read
+            raise
+        finally:
+            self._written(run_id)
+
+    def _written(self, run_id: str) -> None:
+        """A write to the run is done: publishes that arrived meanwhile go as one batch."""
+        if self._pending[run_id]:
+            task = asyncio.create_task(self._drain(run_id))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        else:
+            del self._pending[run_id]
 
     def refresh(self, run_id: str | None = None) -> None:
         """Make the run's subscribers (None: every run's) read what other processes

@@ -35,6 +35,7 @@ from statekeeper.stores.types import (
     EntryDraft,
     EntryKind,
     Event,
+    EventBatch,
     EventDraft,
     EventNotice,
     ForkPoint,
@@ -56,6 +57,7 @@ __all__ = [
     "EntryDraft",
     "EntryKind",
     "Event",
+    "EventBatch",
     "EventDraft",
     "EventLogStore",
     "EventNotice",
@@ -130,11 +132,17 @@ class TranscriptStore(Protocol):
         expected_version: int | None = None,
         patch: SessionPatch | None = None,
         move_head: bool = True,
+        events: EventBatch | None = None,
     ) -> AppendResult:
         """Append all drafts and update the head atomically (all or nothing).
 
         Drafts whose id is already stored with the same content are not written again
         (idempotent retries); the same id with other content is a `ConflictError`.
+
+        ``events`` are logged in the same atomic write (to ``events.log_id`` of this
+        tenant, with that log's next seqs, returned in `AppendResult.events`): the
+        entries and the events are stored together or not at all. They are checked as
+        `append_events` checks them; a replayed append logs them no second time.
         """
         ...
 

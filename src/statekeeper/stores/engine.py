@@ -4,10 +4,12 @@ A backend supplies two primitives (`HeadBackend`):
 
 - ``load_head(tenant, session_id, ids)``: the stored head and, among ``ids``, the entries
   already stored, read atomically (a `Snapshot`);
-- ``commit_head(tenant, session_id, base, head, writes, ids)``: in one atomic step, check
-  that the stored head is still ``base`` (same token, same version) and that none of
-  ``ids`` is stored yet, then write ``head`` and the new entries. It returns None when it
-  wrote, or the current `Snapshot` when the check failed (nothing written).
+- ``commit_head(tenant, session_id, base, head, writes, ids, events=...)``: in one atomic
+  step, check that the stored head is still ``base`` (same token, same version) and that
+  none of ``ids`` is stored yet, then write ``head``, the new entries and the events of
+  ``events`` (each `EventWrite` with the next seqs of its log, in order; the backend
+  fills `EventWrite.logged`). It returns None when it wrote, or the current `Snapshot`
+  when the check failed (nothing written, no event logged).
 
 The engine does the rest, the same way for all of them:
 
@@ -38,16 +40,37 @@ from typing import Any, NamedTuple, Protocol
 from statekeeper.core.messages import utcnow
 from statekeeper.errors import InvalidInputError
 from statekeeper.ids import validate_id
-from statekeeper.stores.base import AppendResult, Entry, EntryDraft, SessionPatch, SessionRecord
+from statekeeper.jsoncodec import loads
+from statekeeper.stores.base import (
+    AppendResult,
+    Entry,
+    EntryDraft,
+    Event,
+    EventBatch,
+    EventDraft,
+    SessionPatch,
+    SessionRecord,
+)
 from statekeeper.stores.rules import (
     apply_patch,
     check_session_record,
     check_tenant_and_id,
     check_version,
+    event_texts,
+    from_micros,
     plan_append,
+    to_micros,
 )
 
-__all__ = ["AppendEngine", "EngineWrites", "HeadBackend", "Planned", "Snapshot", "Write"]
+__all__ = [
+    "AppendEngine",
+    "EngineWrites",
+    "EventWrite",
+    "HeadBackend",
+    "Planned",
+    "Snapshot",
+    "Write",
+]
 
 _MAX_CACHED_HEADS = 10_000
 
@@ -68,6 +91,26 @@ class Write(NamedTuple):
     side: bool
 
 
+@dataclass(eq=False, slots=True)
+class EventWrite:
+    """Events to log in a commit: the log, the drafts and their payloads as JSON text
+    (checked). The backend that commits them sets ``logged`` (see `stored`)."""
+
+    log_id: str
+    drafts: Sequence[EventDraft]
+    texts: Sequence[str]
+    logged: list[Event] = field(default_factory=list)
+
+    def stored(self, first_seq: int) -> list[Event]:
+        """Record that the events were logged with seqs from ``first_seq`` on; the
+        events as a read returns them (times to the microsecond, in UTC)."""
+        self.logged = [
+            Event(self.log_id, first_seq + i, d.stream, d.kind, from_micros(to_micros(d.ts)), p)
+            for i, (d, p) in enumerate(zip(self.drafts, map(loads, self.texts), strict=True))
+        ]
+        return self.logged
+
+
 class HeadBackend(Protocol):
     """The primitives a backend gives the engine (see the module docstring)."""
 
@@ -83,18 +126,29 @@ class HeadBackend(Protocol):
         head: SessionRecord,
         writes: Sequence[Write],
         ids: Sequence[str],
+        *,
+        events: Sequence[EventWrite] = (),
     ) -> Snapshot | None:
-        """Write ``head`` and ``writes`` over ``base``; None, or the current snapshot."""
+        """Write ``head``, ``writes`` and ``events`` over ``base``; None, or the current
+        snapshot."""
         ...
 
 
 @dataclass(frozen=True, slots=True)
 class Planned:
-    """A change planned against a head: the head after it, what it writes, its result."""
+    """A change planned against a head: the head after it, what it writes, its result
+    (an `AppendResult` gets the events of ``events`` once they are logged)."""
 
     session: SessionRecord
     writes: Sequence[Write] = ()
     result: Any = None
+    events: EventWrite | None = None
+
+    def outcome(self) -> Any:
+        """The result, once committed."""
+        if self.events is None:
+            return self.result
+        return self.result.model_copy(update={"events": self.events.logged})
 
 
 Plan = Callable[[SessionRecord, dict[str, Entry]], Planned]
@@ -157,9 +211,16 @@ class AppendEngine:
         expected_version: int | None,
         patch: SessionPatch | None,
         move_head: bool,
+        events: EventBatch | None = None,
     ) -> AppendResult:
         """`TranscriptStore.append_entries`, for any backend."""
         limit = self.max_payload_bytes
+        logged: EventWrite | None = None
+        if events is not None:
+            # Checked before anything is planned or written, as append_events checks them.
+            texts = event_texts(tenant, events.log_id, events.events, limit)
+            if texts:
+                logged = EventWrite(events.log_id, events.events, texts)
 
         def plan(record: SessionRecord, existing: dict[str, Entry]) -> Planned:
             planned = plan_append(
@@ -173,6 +234,7 @@ class AppendEngine:
                 now=utcnow(),
             )
             if planned.replayed:
+                # Its events were logged with the first attempt: never twice.
                 replay = AppendResult(session=record, entries=planned.replayed, replayed=True)
                 return Planned(record, result=replay)
             if patch is not None and patch.set:
@@ -184,9 +246,9 @@ class AppendEngine:
             ]
             # Built from checked parts: nothing to validate again.
             result = AppendResult.model_construct(
-                session=planned.session, entries=planned.entries, replayed=False
+                session=planned.session, entries=planned.entries, replayed=False, events=[]
             )
-            return Planned(planned.session, writes, result)
+            return Planned(planned.session, writes, result, logged)
 
         # Checked before anything is read with them (a backend may refuse them untyped).
         ids = [validate_id(d.id, "entry id") for d in drafts]
@@ -292,11 +354,12 @@ class AppendEngine:
                 state, proved = await self._load(tenant, session_id, ids), True
                 continue
             unknown = [i for i in ids if i not in state.existing]
+            logs = () if planned.events is None else (planned.events,)
             current = await self._commit(
-                tenant, session_id, state, planned.session, planned.writes, unknown
+                tenant, session_id, state, planned.session, planned.writes, unknown, logs
             )
             if current is None:
-                return planned.result
+                return planned.outcome()
             state, proved = current, True
 
     async def _apply(self, tenant: str, session_id: str, batch: list[_Change]) -> None:
@@ -316,35 +379,38 @@ class AppendEngine:
         state, proved = await self._start(tenant, session_id, ids)
         while True:
             head, known = state.record, dict(state.existing)
-            outcomes: list[tuple[_Change, Any, bool]] = []
+            outcomes: list[tuple[_Change, Planned | Exception]] = []
             writes: list[Write] = []
+            logs: list[EventWrite] = []
             for change in batch:
                 if change.done.done():
                     continue  # its caller was cancelled before it was planned
                 try:
                     planned = change.plan(head, known)
                 except Exception as exc:
-                    outcomes.append((change, exc, False))
+                    outcomes.append((change, exc))
                     continue
                 for write in planned.writes:
                     known[write.entry.id] = write.entry
                 writes.extend(planned.writes)
+                if planned.events is not None:
+                    logs.append(planned.events)
                 head = planned.session
-                outcomes.append((change, planned.result, True))
+                outcomes.append((change, planned))
             if head is state.record:
                 if not proved:  # nothing to write, judged on a cached head: check it
                     state, proved = await self._load(tenant, session_id, ids), True
                     continue
             else:
                 unknown = [i for i in ids if i not in state.existing]
-                current = await self._commit(tenant, session_id, state, head, writes, unknown)
+                current = await self._commit(tenant, session_id, state, head, writes, unknown, logs)
                 if current is not None:
                     state, proved = current, True
                     continue
-            for change, outcome, ok in outcomes:
+            for change, outcome in outcomes:
                 if not change.done.done():
-                    if ok:
-                        change.done.set_result(outcome)
+                    if isinstance(outcome, Planned):
+                        change.done.set_result(outcome.outcome())
                     else:
                         change.done.set_exception(outcome)
             return
@@ -378,9 +444,17 @@ class AppendEngine:
         head: SessionRecord,
         writes: Sequence[Write],
         ids: Sequence[str],
+        events: Sequence[EventWrite] = (),
     ) -> Snapshot | None:
         try:
-            current = await self._backend.commit_head(tenant, session_id, base, head, writes, ids)
+            if events:
+                current = await self._backend.commit_head(
+                    tenant, session_id, base, head, writes, ids, events=events
+                )
+            else:  # the usual call, as every backend has always taken it
+                current = await self._backend.commit_head(
+                    tenant, session_id, base, head, writes, ids
+                )
         except Exception:
             self.forget(tenant, session_id)
             raise
@@ -405,6 +479,7 @@ class EngineWrites:
         expected_version: int | None = None,
         patch: SessionPatch | None = None,
         move_head: bool = True,
+        events: EventBatch | None = None,
     ) -> AppendResult:
         """See `statekeeper.stores.base.TranscriptStore.append_entries`."""
         check_tenant_and_id(tenant, session_id)
@@ -415,6 +490,7 @@ class EngineWrites:
             expected_version=expected_version,
             patch=patch,
             move_head=move_head,
+            events=events,
         )
 
     async def update_session(

@@ -17,7 +17,7 @@ from pydantic import JsonValue
 from statekeeper.core.messages import utcnow
 from statekeeper.errors import AlreadyExistsError, NotFoundError
 from statekeeper.ids import validate_id
-from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES, decode_json, encode_json
+from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES, decode_json
 from statekeeper.stores.base import (
     ClosingStore,
     Entry,
@@ -30,7 +30,7 @@ from statekeeper.stores.base import (
     SessionRecord,
     VersionedRecord,
 )
-from statekeeper.stores.engine import AppendEngine, EngineWrites, Snapshot, Write
+from statekeeper.stores.engine import AppendEngine, EngineWrites, EventWrite, Snapshot, Write
 from statekeeper.stores.options import StoreOptions
 from statekeeper.stores.rules import (
     apply_patch,
@@ -44,6 +44,7 @@ from statekeeper.stores.rules import (
     check_tenant_and_id,
     decode_cursor,
     encode_cursor,
+    event_texts,
     matches_query,
     new_session_record,
     prunable,
@@ -154,6 +155,8 @@ class MemoryStore(EngineWrites, ClosingStore):
         head: SessionRecord,
         writes: Sequence[Write],
         ids: Sequence[str],
+        *,
+        events: Sequence[EventWrite] = (),
     ) -> Snapshot | None:
         """The engine's write primitive: compare-and-set on (generation, version)."""
         current = await self.load_head(tenant, session_id, ids)
@@ -172,6 +175,8 @@ class MemoryStore(EngineWrites, ClosingStore):
             )
             transcript.by_id[entry.id] = entry.seq
         self._sessions[tenant, session_id] = head
+        for log in events:
+            self._log_events(tenant, log)
         return None
 
     async def read_entries(
@@ -297,16 +302,15 @@ class MemoryStore(EngineWrites, ClosingStore):
     async def append_events(
         self, tenant: str, log_id: str, events: Sequence[EventDraft]
     ) -> list[Event]:
-        check_record_ids(tenant, log_id)
-        texts = [
-            encode_json(e.payload, what=f"event {e.stream}/{e.kind}", limit=self.max_payload_bytes)
-            for e in events
-        ]
-        log = self._events.setdefault((tenant, log_id), [])
+        texts = event_texts(tenant, log_id, events, self.max_payload_bytes)
+        return self._log_events(tenant, EventWrite(log_id, events, texts))
+
+    def _log_events(self, tenant: str, write: EventWrite) -> list[Event]:
+        log = self._events.setdefault((tenant, write.log_id), [])
         first = len(log) + 1
-        for event, text in zip(events, texts, strict=True):
+        for event, text in zip(write.drafts, write.texts, strict=True):
             log.append((event.stream, event.kind, event.ts, text))
-        return await self.read_events(tenant, log_id, after_seq=first - 1)
+        return write.stored(first)
 
     async def read_events(
         self, tenant: str, log_id: str, *, after_seq: int = 0, limit: int | None = None

@@ -31,6 +31,7 @@ from statekeeper.stores.base import (
     Entry,
     EntryDraft,
     EntryKind,
+    EventDraft,
     SessionPatch,
     SessionRecord,
 )
@@ -66,6 +67,7 @@ __all__ = [
     "decode_cursor",
     "decode_session",
     "encode_cursor",
+    "event_texts",
     "from_micros",
     "json_scalar_equal",
     "matches_query",
@@ -294,6 +296,13 @@ def check_record_ids(tenant: str, namespace: str, key: object = _NO_KEY) -> None
     validate_id(namespace, "namespace")
     if key is not _NO_KEY:
         validate_id(key, "record key")
+
+
+def event_texts(tenant: str, log_id: str, events: Sequence[EventDraft], limit: int) -> list[str]:
+    """Validate the arguments of ``append_events`` (or an append's events); the events'
+    payloads as JSON text."""
+    check_record_ids(tenant, log_id)
+    return [encode_json(e.payload, what=f"event {e.stream}/{e.kind}", limit=limit) for e in events]
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

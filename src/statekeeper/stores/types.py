@@ -7,7 +7,7 @@ protocol over them and re-exports them all.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -29,6 +29,7 @@ __all__ = [
     "EntryDraft",
     "EntryKind",
     "Event",
+    "EventBatch",
     "EventDraft",
     "EventNotice",
     "ForkPoint",
@@ -204,6 +205,9 @@ class AppendResult(BaseModel):
     entries: list[Entry]
     replayed: bool = False
     """True when every draft was already stored identically (an idempotent retry)."""
+    events: list[Event] = Field(default_factory=list)
+    """The events the append logged with its entries (``append_entries(events=...)``),
+    in seq order; empty when it was given none, and on a replay (logged once only)."""
 
 
 class SessionQuery(TypedModel):
@@ -321,6 +325,15 @@ class Event:
 
 
 @dataclass(frozen=True, slots=True)
+class EventBatch:
+    """Events to log in the same atomic write as an append of entries
+    (``append_entries(events=...)``): to the log ``log_id`` of the append's tenant."""
+
+    log_id: str
+    events: Sequence[EventDraft]
+
+
+@dataclass(frozen=True, slots=True)
 class EventNotice:
     """Events were appended to ``log_id`` of ``tenant``, up to ``last_seq`` (what an
     event feed, `statekeeper.runtime.EventFeed`, tells other processes).
@@ -342,3 +355,6 @@ class EventNotice:
     def resync(self) -> bool:
         """True when this notice says "appends may have been missed: re-read"."""
         return self.log_id is None
+
+
+AppendResult.model_rebuild()  # its ``events`` names `Event`, defined after it

@@ -12,8 +12,9 @@ from typing import Any, TypeVar
 from pydantic import JsonValue
 
 from statekeeper.core.messages import utcnow
-from statekeeper.jsoncodec import encode_json, loads
+from statekeeper.jsoncodec import loads
 from statekeeper.stores.base import Event, EventDraft, RecordList, VersionedRecord
+from statekeeper.stores.engine import EventWrite
 from statekeeper.stores.rules import (
     add_record,
     check_limit,
@@ -22,6 +23,7 @@ from statekeeper.stores.rules import (
     check_record_listing,
     check_record_version,
     check_rewrites,
+    event_texts,
     from_micros,
     record_not_found,
     record_text,
@@ -170,31 +172,27 @@ class SQLiteRecordsAndEvents(SQLiteConnection):
     async def append_events(
         self, tenant: str, log_id: str, events: Sequence[EventDraft]
     ) -> list[Event]:
-        check_record_ids(tenant, log_id)
-        texts = [
-            encode_json(e.payload, what=f"event {e.stream}/{e.kind}", limit=self.max_payload_bytes)
-            for e in events
-        ]
+        texts = event_texts(tenant, log_id, events, self.max_payload_bytes)
+        write = EventWrite(log_id, events, texts)
+        return await self._write(lambda db: self._log_events(db, tenant, write))
 
-        def append(db: sqlite3.Connection) -> list[Event]:
-            (last,) = db.execute(
-                "SELECT coalesce(max(seq), 0) FROM events WHERE tenant=? AND log_id=?",
-                (tenant, log_id),
-            ).fetchone()
-            db.executemany(
-                "INSERT INTO events (tenant, log_id, seq, stream, kind, ts_us, payload)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (tenant, log_id, last + i, e.stream, e.kind, _us(e.ts), text)
-                    for i, (e, text) in enumerate(zip(events, texts, strict=True), start=1)
-                ],
-            )
-            return [
-                Event(log_id, last + i, e.stream, e.kind, _dt(_us(e.ts)), loads(text))
-                for i, (e, text) in enumerate(zip(events, texts, strict=True), start=1)
-            ]
-
-        return await self._write(append)
+    @staticmethod
+    def _log_events(db: sqlite3.Connection, tenant: str, write: EventWrite) -> list[Event]:
+        """Insert ``write``'s events with the log's next seqs (inside the caller's
+        transaction: an append's events commit with its entries)."""
+        (last,) = db.execute(
+            "SELECT coalesce(max(seq), 0) FROM events WHERE tenant=? AND log_id=?",
+            (tenant, write.log_id),
+        ).fetchone()
+        db.executemany(
+            "INSERT INTO events (tenant, log_id, seq, stream, kind, ts_us, payload)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [
+                (tenant, write.log_id, last + i, e.stream, e.kind, _us(e.ts), text)
+                for i, (e, text) in enumerate(zip(write.drafts, write.texts, strict=True), 1)
+            ],
+        )
+        return write.stored(last + 1)
 
     async def read_events(
         self, tenant: str, log_id: str, *, after_seq: int = 0, limit: int | None = None

@@ -34,7 +34,7 @@ from statekeeper.stores.base import (
     SessionQuery,
     SessionRecord,
 )
-from statekeeper.stores.engine import AppendEngine, EngineWrites, Snapshot, Write
+from statekeeper.stores.engine import AppendEngine, EngineWrites, EventWrite, Snapshot, Write
 from statekeeper.stores.options import StoreOptions
 from statekeeper.stores.rules import (
     apply_patch,
@@ -230,9 +230,12 @@ class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
         head: SessionRecord,
         writes: Sequence[Write],
         ids: Sequence[str],
+        *,
+        events: Sequence[EventWrite] = (),
     ) -> Snapshot | None:
         """The engine's write primitive: the UPDATE's version check is the compare-and-set,
-        the entries' unique index refuses a taken id; either rolls the whole commit back."""
+        the entries' unique index refuses a taken id; either rolls the whole commit back.
+        ``events`` go in the same transaction (the events table is in the same file)."""
         sk = cast(int, base.token)
 
         def commit(db: sqlite3.Connection) -> None:
@@ -254,6 +257,8 @@ class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
                 )
             except sqlite3.IntegrityError:
                 raise _Stale from None
+            for log in events:
+                self._log_events(db, tenant, log)
 
         try:
             await self._write(commit)
