@@ -201,7 +201,7 @@ class RunStore:
                 drafts,
                 expected_version=session_version,
                 patch=patch,
-                **({} if events is None else {"events": events}),
+                events=events,
             )
         except BaseException:
             state.revision -= 1

@@ -249,7 +249,7 @@ class EventFiles:
         return remember(self.indexes, key, index)
 
     def append(
-        self, tenant: str, log_id: str, events: Sequence[EventDraft], texts: list[str]
+        self, tenant: str, log_id: str, events: Sequence[EventDraft], texts: Sequence[str]
     ) -> list[Event]:
         folder = self.files.directory(tenant, "events", create=True)
         assert folder is not None
@@ -273,7 +273,7 @@ class EventFiles:
         tenant: str,
         log_id: str,
         events: Sequence[EventDraft],
-        texts: list[str],
+        texts: Sequence[str],
         fd: int,
         path: str,
     ) -> int:

@@ -2,6 +2,11 @@
 
 A mixin of `FileStore`: each method runs under the session's lock on the store's worker
 (`FileStore._in_session`). The engine's token is the transcript's ``gen``.
+
+An append's events (``append_entries(events=...)``) are written to their event log right
+after the head is replaced (the append's commit point), still under the session's lock:
+two files cannot change in one step, so a crash between the two leaves the entries
+without their events, never events without their entries.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from statekeeper.core.messages import utcnow
 from statekeeper.errors import NotFoundError
 from statekeeper.ids import validate_id
 from statekeeper.stores.base import Entry, SessionPatch, SessionRecord
-from statekeeper.stores.engine import AppendEngine, EngineWrites, Snapshot, Write
+from statekeeper.stores.engine import AppendEngine, EngineWrites, EventWrite, Snapshot, Write
 from statekeeper.stores.files.layout import Layout, read_at
 from statekeeper.stores.files.logs import (
     EPOCH,
@@ -24,6 +29,7 @@ from statekeeper.stores.files.logs import (
     new_gen,
     with_payload,
 )
+from statekeeper.stores.files.records import EventFiles
 from statekeeper.stores.files.sessions import SessionCtx, SessionFiles
 from statekeeper.stores.rules import (
     apply_patch,
@@ -44,6 +50,7 @@ class FileTranscripts(EngineWrites):
 
     _files: Layout
     _sessions: SessionFiles
+    _events: EventFiles
     _engine: AppendEngine
 
     async def _in_session(self, tenant: str, session_id: str, fn: Callable[[SessionCtx], T]) -> T:
@@ -74,9 +81,17 @@ class FileTranscripts(EngineWrites):
         head: SessionRecord,
         writes: Sequence[Write],
         ids: Sequence[str],
+        *,
+        events: Sequence[EventWrite] = (),
     ) -> Snapshot | None:
-        """The engine's write primitive: compare (gen, version) and ids under the lock."""
+        """The engine's write primitive: compare (gen, version) and ids under the lock;
+        ``events`` are logged once the head is written (see the module docstring)."""
         sessions = self._sessions
+
+        def log(ctx: SessionCtx) -> None:
+            for write in events:
+                logged = self._events.append(ctx.tenant, write.log_id, write.drafts, write.texts)
+                write.stored(logged[0].seq)
 
         def commit(ctx: SessionCtx) -> Snapshot | None:
             stored = ctx.head
@@ -84,6 +99,7 @@ class FileTranscripts(EngineWrites):
                 return self._snapshot(ctx, ids)
             if not writes:
                 sessions.save_head(ctx, head, stored.gen, stored.size)
+                log(ctx)
                 return None
             fd, index = sessions.open_log(ctx, write=True)
             assert fd is not None
@@ -99,7 +115,10 @@ class FileTranscripts(EngineWrites):
                 raise
             finally:
                 os.close(fd)
-            return self._snapshot(ctx, ids) if taken else None
+            if taken:
+                return self._snapshot(ctx, ids)
+            log(ctx)
+            return None
 
         return await self._in_session(tenant, session_id, commit)
 

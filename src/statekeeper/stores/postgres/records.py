@@ -17,10 +17,11 @@ from pydantic import JsonValue
 
 from statekeeper.core.messages import utcnow
 from statekeeper.errors import StoreUnavailableError
-from statekeeper.jsoncodec import encode_json, loads
+from statekeeper.jsoncodec import loads
 from statekeeper.stores.base import Event, EventDraft, RecordList, VersionedRecord
+from statekeeper.stores.engine import EventWrite
 from statekeeper.stores.postgres.conn import ATTEMPTS, Connection, PostgresBase
-from statekeeper.stores.postgres.transcripts import KEY_END
+from statekeeper.stores.postgres.transcripts import KEY_END, log_events
 from statekeeper.stores.rules import (
     add_record,
     check_read,
@@ -28,6 +29,7 @@ from statekeeper.stores.rules import (
     check_record_listing,
     check_record_version,
     check_rewrites,
+    event_texts,
     record_not_found,
     record_text,
     record_value,
@@ -166,44 +168,11 @@ class PostgresRecordsAndEvents(PostgresBase):
     async def append_events(
         self, tenant: str, log_id: str, events: Sequence[EventDraft]
     ) -> list[Event]:
-        check_record_ids(tenant, log_id)
-        texts = [
-            encode_json(e.payload, what=f"event {e.stream}/{e.kind}", limit=self.max_payload_bytes)
-            for e in events
-        ]
+        texts = event_texts(tenant, log_id, events, self.max_payload_bytes)
         if not events:
             return []
-        count = len(events)
-        params = (
-            tenant,
-            log_id,
-            count,
-            tenant,
-            log_id,
-            count,
-            [e.stream for e in events],
-            [e.kind for e in events],
-            [e.ts for e in events],
-            texts,
-        )
-
-        channel = self.notify_channel
-
-        async def append(conn: Connection) -> int:
-            if channel is None:
-                cur = await conn.execute(self._q.append_events, params)
-                return min(int(seq) for (seq,) in await cur.fetchall())
-            notify = (channel, self.schema, tenant, log_id)
-            cur = await conn.execute(self._q.append_events_notify, (*params, *notify))
-            row = await cur.fetchone()
-            assert row is not None
-            return int(row[0])
-
-        first = await self._write(append)
-        return [
-            Event(log_id, first + i, e.stream, e.kind, e.ts, loads(text))
-            for i, (e, text) in enumerate(zip(events, texts, strict=True))
-        ]
+        write = EventWrite(log_id, events, texts)
+        return await self._write(lambda conn: log_events(self, conn, tenant, write))
 
     async def read_events(
         self, tenant: str, log_id: str, *, after_seq: int = 0, limit: int | None = None

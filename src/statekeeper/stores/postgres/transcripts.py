@@ -27,8 +27,8 @@ from statekeeper.errors import (
 )
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES, gc_paused, loads
-from statekeeper.stores.base import Entry, SessionPatch, SessionRecord
-from statekeeper.stores.engine import AppendEngine, EngineWrites, Snapshot, Write
+from statekeeper.stores.base import Entry, Event, SessionPatch, SessionRecord
+from statekeeper.stores.engine import AppendEngine, EngineWrites, EventWrite, Snapshot, Write
 from statekeeper.stores.postgres.conn import (
     Careful,
     Connection,
@@ -49,7 +49,7 @@ from statekeeper.stores.rules import (
     session_not_found,
 )
 
-__all__ = ["KEY_END", "PostgresTranscripts"]
+__all__ = ["KEY_END", "PostgresTranscripts", "log_events"]
 
 KEY_END = "\x7f"  # sorts after every character an id may contain
 _HEADS_KEPT = 4096  # cached session heads (a miss costs a locked read of the head)
@@ -131,24 +131,32 @@ class PostgresTranscripts(EngineWrites, PostgresBase):
         head: SessionRecord,
         writes: Sequence[Write],
         ids: Sequence[str],
+        *,
+        events: Sequence[EventWrite] = (),
     ) -> Snapshot | None:
-        """The engine's write primitive (see the module docstring)."""
+        """The engine's write primitive (see the module docstring); ``events`` are
+        logged in the same transaction, once the head has moved."""
         sk = cast(int, base.token)
         old = base.record
 
         async def write(conn: Connection) -> bool:
             if writes:
-                return await self._insert(conn, sk, old, head, writes)
-            changed = head.metadata is not old.metadata
-            params = self._head_params(head, metadata_changed=changed)
-            cur = await conn.execute(
-                self._q.save_head, (*params, tenant, session_id, sk, old.version)
-            )
-            return cur.rowcount == 1
+                moved = await self._insert(conn, sk, old, head, writes)
+            else:
+                changed = head.metadata is not old.metadata
+                params = self._head_params(head, metadata_changed=changed)
+                cur = await conn.execute(
+                    self._q.save_head, (*params, tenant, session_id, sk, old.version)
+                )
+                moved = cur.rowcount == 1
+            for log in events if moved else ():
+                await log_events(self, conn, tenant, log)
+            return moved
 
         try:
             # Idempotent: a retry after a lost commit finds its entries and replays them.
-            if await self._write(write, idempotent=True):
+            # With events, a transaction holds the head, the entries and the events.
+            if await self._write(write, tx=bool(events), idempotent=True):
                 return None
         except Careful:
             pass  # an entry id is already stored: look at it
@@ -287,3 +295,33 @@ class PostgresTranscripts(EngineWrites, PostgresBase):
             return done
 
         return await self._write(rewrite, tx=True)
+
+
+async def log_events(
+    store: PostgresBase, conn: Connection, tenant: str, write: EventWrite
+) -> list[Event]:
+    """Insert ``write``'s events with the log's next seqs, in the caller's transaction
+    (with a NOTIFY for event feeds when the store sends them)."""
+    count, log_id = len(write.drafts), write.log_id
+    params = (
+        tenant,
+        log_id,
+        count,
+        tenant,
+        log_id,
+        count,
+        [e.stream for e in write.drafts],
+        [e.kind for e in write.drafts],
+        [e.ts for e in write.drafts],
+        list(write.texts),
+    )
+    if store.notify_channel is None:
+        cur = await conn.execute(store._q.append_events, params)
+        first = min(int(seq) for (seq,) in await cur.fetchall())
+    else:
+        notify = (store.notify_channel, store.schema, tenant, log_id)
+        cur = await conn.execute(store._q.append_events_notify, (*params, *notify))
+        row = await cur.fetchone()
+        assert row is not None
+        first = int(row[0])
+    return write.stored(first)

@@ -15,7 +15,7 @@ from typing import Any
 
 from statekeeper.errors import PayloadTooLargeError
 from statekeeper.stores.base import SessionRecord
-from statekeeper.stores.engine import Snapshot, Write
+from statekeeper.stores.engine import EventWrite, Snapshot, Write
 from statekeeper.stores.redis.base import (
     RedisBase,
     decode_entry,
@@ -24,7 +24,8 @@ from statekeeper.stores.redis.base import (
     to_text,
     us,
 )
-from statekeeper.stores.redis.scripts import COMMIT
+from statekeeper.stores.redis.records import EVENT_NOTICES_KEPT
+from statekeeper.stores.redis.scripts import COMMIT, COMMIT_EVENTS
 from statekeeper.stores.rules import decode_session, session_not_found
 
 __all__ = ["RedisHeads"]
@@ -55,13 +56,16 @@ class RedisHeads:
         head: SessionRecord,
         writes: Sequence[Write],
         ids: Sequence[str],
+        *,
+        events: Sequence[EventWrite] = (),
     ) -> Snapshot | None:
-        """Write ``head`` and ``writes`` over ``base``; None, or the current snapshot."""
+        """Write ``head`` and ``writes`` over ``base``; None, or the current snapshot.
+        ``events`` are appended by the same script (`COMMIT_EVENTS`): atomically."""
         token = base.token
         assert isinstance(token, bytes)
         stored = [(w.entry.seq, w.entry.id, encode_entry(w.entry, w.text)) for w in writes]
         return await self._script(
-            tenant, session_id, (token, base.record.version), head, ids, stored
+            tenant, session_id, (token, base.record.version), head, ids, stored, events
         )
 
     async def _script(
@@ -72,6 +76,7 @@ class RedisHeads:
         record: SessionRecord | None,
         ids: Sequence[str] = (),
         entries: Sequence[tuple[int, str, bytes]] = (),
+        events: Sequence[EventWrite] = (),
     ) -> Snapshot | None:
         """Run ``commit``: None when written, else the current state. None ``record``: read."""
 
@@ -91,11 +96,24 @@ class RedisHeads:
             len(ids),
             *ids,
         ]
+        if events:
+            args.append(len(entries))
         for write in entries:
             args += write
         keys = self._base.keys.session_keys(tenant, session_id)
-        reply = await self._base._run(COMMIT, keys, args)
+        script = COMMIT
+        if events:
+            script = COMMIT_EVENTS
+            keys.append(self._base.keys.event_notices(tenant))
+            for log in events:
+                keys.append(self._base.keys.events(tenant, log.log_id))
+                args += [log.log_id, EVENT_NOTICES_KEPT, len(log.drafts)]
+                for draft, text in zip(log.drafts, log.texts, strict=True):
+                    args += [draft.stream, draft.kind, us(draft.ts), text]
+        reply = await self._base._run(script, keys, args)
         if reply[0] == 1:
+            for log, first in zip(events, reply[1:], strict=True):
+                log.stored(int(first))
             return None
         if reply[0] == 0:
             raise session_not_found(session_id)

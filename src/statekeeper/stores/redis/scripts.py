@@ -18,6 +18,7 @@ from dataclasses import dataclass
 __all__ = [
     "APPEND_EVENTS",
     "COMMIT",
+    "COMMIT_EVENTS",
     "CREATE_SESSION",
     "DELETE_RECORD",
     "DELETE_SESSION",
@@ -191,6 +192,67 @@ return {{1}}
 )
 """Compare-and-set a head (generation and version) and append entries with it."""
 
+_LOG_EVENTS = """
+local function log_events(key, notices, log, kept, from, to)
+  local last = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)
+  local seq = 0
+  if last[1] then seq = tonumber(string.match(last[1][1], '^(%d+)')) end
+  local first = seq + 1
+  for i = from, to, 4 do
+    seq = seq + 1
+    redis.call('XADD', key, seq .. '-0', 's', ARGV[i], 'k', ARGV[i + 1],
+               't', ARGV[i + 2], 'p', ARGV[i + 3])
+  end
+  redis.call('XADD', notices, 'MAXLEN', '~', kept, '*', 'log', log, 'first', first,
+             'last', seq)
+  return first
+end
+"""
+
+COMMIT_EVENTS = Script(
+    "commit_events",
+    f"""
+-- KEYS: head, entries, entry ids, sessions index, tenant's notice stream, then the event
+--       stream of each log to append to
+-- ARGV: as COMMIT's up to the n ids, then m and (seq, id, member) per entry to write,
+--       then per log: log id, notices kept, k and (stream, kind, ts_us, payload) per event
+-- Returns {{1, first seq of each log}} written, else as COMMIT (nothing written).
+{_LOG_EVENTS}
+{_CHECK_HEAD}
+local n = tonumber(ARGV[7])
+local out = {{2, g, false}}
+for i = 8, 7 + n do
+  local seq = redis.call('HGET', KEYS[3], ARGV[i])
+  if seq then
+    local rows = redis.call('ZRANGEBYSCORE', KEYS[2], seq, seq)
+    out[#out + 1] = ARGV[i]
+    out[#out + 1] = seq
+    out[#out + 1] = rows[1] or ''
+  end
+end
+if #out > 3 or g ~= ARGV[1] or redis.call('HGET', KEYS[1], 'v') ~= ARGV[2] then
+  out[3] = redis.call('HGET', KEYS[1], 'doc')
+  return out
+end
+local m = tonumber(ARGV[8 + n])
+for i = 9 + n, 8 + n + 3 * m, 3 do
+  redis.call('ZADD', KEYS[2], ARGV[i], ARGV[i + 2])
+  redis.call('HSET', KEYS[3], ARGV[i + 1], ARGV[i])
+end
+{_SAVE_HEAD}
+local firsts = {{1}}
+local at = 9 + n + 3 * m
+for key = 6, #KEYS do
+  local k = tonumber(ARGV[at + 2])
+  firsts[#firsts + 1] = log_events(KEYS[key], KEYS[5], ARGV[at], ARGV[at + 1], at + 3,
+                                   at + 2 + 4 * k)
+  at = at + 3 + 4 * k
+end
+return firsts
+""",
+)
+"""`COMMIT` that also appends events (`append_entries(events=...)`), in the same script."""
+
 LINKS = Script(
     "links",
     """
@@ -355,23 +417,13 @@ return out
 
 APPEND_EVENTS = Script(
     "append_events",
-    """
+    f"""
 -- KEYS: event stream, tenant's notice stream;  ARGV: log id, notices kept, then
 --       (stream, kind, ts_us, payload) per event
 -- Events are stream entries with the id '<seq>-0'; a notice (log, first, last) tells
 -- followers of the whole tenant which log grew. Returns the first new seq.
-local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
-local seq = 0
-if last[1] then seq = tonumber(string.match(last[1][1], '^(%d+)')) end
-local first = seq + 1
-for i = 3, #ARGV, 4 do
-  seq = seq + 1
-  redis.call('XADD', KEYS[1], seq .. '-0', 's', ARGV[i], 'k', ARGV[i + 1],
-             't', ARGV[i + 2], 'p', ARGV[i + 3])
-end
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'log', ARGV[1],
-           'first', first, 'last', seq)
-return first
+{_LOG_EVENTS}
+return log_events(KEYS[1], KEYS[2], ARGV[1], ARGV[2], 3, #ARGV)
 """,
 )
 """Append events with the next gap-free sequence numbers, and note it tenant-wide."""

@@ -31,6 +31,7 @@ from statekeeper.stores.base import (
     EntryDraft,
     EntryKind,
     Event,
+    EventBatch,
     EventDraft,
     Page,
     RecordList,
@@ -169,11 +170,13 @@ class SealedStore(WrappingStore):
         expected_version: int | None = None,
         patch: SessionPatch | None = None,
         move_head: bool = True,
+        events: EventBatch | None = None,
     ) -> AppendResult:
         """See `statekeeper.stores.base.TranscriptStore.append_entries`.
 
         Payloads are sealed deterministically (bound to tenant, session, entry id and
-        kind), so a retried append is recognised by the store as identical.
+        kind), so a retried append is recognised by the store as identical. Events are
+        sealed as `append_events` seals them.
         """
         check_tenant_and_id(tenant, session_id)
         plain: dict[str, str] = {}
@@ -185,9 +188,14 @@ class SealedStore(WrappingStore):
             sealed_drafts.append(draft.model_copy(update={"payload": payload}))
         if patch is not None:
             patch = self._seal_patch(tenant, session_id, patch)
+        texts: list[str] = []
+        if events is not None:
+            check_record_ids(tenant, events.log_id)
+            texts, sealed_events = self._seal_events(tenant, events.log_id, events.events)
+            events = EventBatch(events.log_id, sealed_events)
         result = await self.wrapped.append_entries(
             tenant, session_id, sealed_drafts,
-            expected_version=expected_version, patch=patch, move_head=move_head,
+            expected_version=expected_version, patch=patch, move_head=move_head, events=events,
         )  # fmt: skip
         entries = [
             e._replace(payload=loads(plain[e.id]))
@@ -199,6 +207,7 @@ class SealedStore(WrappingStore):
             session=self._fields.open_session(result.session),
             entries=entries,
             replayed=result.replayed,
+            events=_opened(result.events, texts) if result.events else [],
         )
 
     async def read_entries(
@@ -366,17 +375,20 @@ class SealedStore(WrappingStore):
     ) -> list[Event]:
         """See `statekeeper.stores.base.EventLogStore.append_events`."""
         check_record_ids(tenant, log_id)
+        texts, drafts = self._seal_events(tenant, log_id, events)
+        return _opened(await self.wrapped.append_events(tenant, log_id, drafts), texts)
+
+    def _seal_events(
+        self, tenant: str, log_id: str, events: Sequence[EventDraft]
+    ) -> tuple[list[str], list[EventDraft]]:
+        """The events' payloads as JSON text, and the drafts to store (sealed)."""
         texts: list[str] = []
         drafts: list[EventDraft] = []
         for event in events:
             text, payload = self.seal_event(tenant, log_id, event, event.payload)
             texts.append(text)
             drafts.append(event.model_copy(update={"payload": payload}))
-        stored = await self.wrapped.append_events(tenant, log_id, drafts)
-        return [
-            Event(e.log_id, e.seq, e.stream, e.kind, e.ts, loads(text))
-            for e, text in zip(stored, texts, strict=True)
-        ]
+        return texts, drafts
 
     async def read_events(
         self, tenant: str, log_id: str, *, after_seq: int = 0, limit: int | None = None
@@ -436,3 +448,11 @@ def sealed(
     if isinstance(store, SealedStore):
         raise InvalidInputError("this store is sealed already; wrap the plain store once")
     return SealedStore(store, keyring, clear_metadata=clear_metadata, allow_plain=allow_plain)
+
+
+def _opened(stored: Sequence[Event], texts: Sequence[str]) -> list[Event]:
+    """Events as stored (sealed), with the payloads they were sealed from."""
+    return [
+        Event(e.log_id, e.seq, e.stream, e.kind, e.ts, loads(text))
+        for e, text in zip(stored, texts, strict=True)
+    ]
