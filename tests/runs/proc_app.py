@@ -7,10 +7,12 @@ import json
 import sys
 from typing import Any
 
+from statekeeper.core.limits import IterationFlag, Limits
 from statekeeper.core.messages import Message, ToolCallBlock
 from statekeeper.runs import Finish, Respond, Runner, StepInput, Tool, ToolContext
 from statekeeper.runs.scripted import ScriptedAgent
 from statekeeper.stores import Store, open_store
+from statekeeper.stores.base import WrappingStore
 
 STEPS = 6
 
@@ -61,10 +63,35 @@ def make_runner(store: Store, tenant: str, hang_at: int | None = None) -> Runner
     return Runner(store, tenant, [agent, approver], tools)
 
 
+def talk(run: StepInput) -> Respond:
+    """A step that only says something: its message, checkpoint and ``assistant/complete``
+    event are written in one append."""
+    return Respond([Message.assistant(f"said {run.state.turn}")])
+
+
+class HangingStore(WrappingStore):
+    """Hangs in the append that writes the message ``said <hang_at>`` (the test kills the
+    process there: in the middle of that step's write)."""
+
+    def __init__(self, store: Store, hang_at: int) -> None:
+        self.wrapped, self.text = store, f"said {hang_at}"
+
+    async def append_entries(self, tenant: str, session_id: str, drafts: Any, **kw: Any) -> Any:
+        if any(self.text in json.dumps(d.payload) for d in drafts):
+            print(f"appending {self.text}", flush=True)
+            await asyncio.Event().wait()
+        return await self.wrapped.append_entries(tenant, session_id, drafts, **kw)
+
+
 async def main(url: str, command: str, run_id: str, *rest: str) -> None:
     store = await open_store(url)
     try:
-        if command == "start-hanging":
+        if command == "start-talking":  # hangs in the write of step 40
+            talking = HangingStore(store, 40)
+            runner = Runner(talking, "t", [ScriptedAgent("talker", [talk])])  # type: ignore[arg-type]
+            limits = Limits(iterations=IterationFlag(maximum=10**6))
+            await runner.start("talker", "go", run_id=run_id, limits=limits)
+        elif command == "start-hanging":
             runner = make_runner(store, "t", hang_at=4)
             await runner.start("worker", "go", run_id=run_id)
         elif command == "start-payer":

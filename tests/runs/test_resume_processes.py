@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from statekeeper.runs import Runner
 from statekeeper.sessions import SessionManager
 from statekeeper.stores import open_store
 
@@ -123,5 +124,30 @@ async def test_a_fork_made_in_one_process_resumes_in_another(tmp_path: Path) -> 
         origin = await SessionManager(store, "t").get((await runner.load("run-src")).session_id)
         assert not own & {m.id for m in await origin.messages()}  # nothing copied
         assert forked.tool_use == {"work": 6}
+    finally:
+        await store.close()
+
+
+@pytest.mark.slow
+async def test_sigkill_mid_run_leaves_each_step_with_its_events_or_neither(tmp_path: Path) -> None:
+    """A step's message, checkpoint and ``assistant/complete`` event are one append: a
+    process killed in the middle of writing step 40 leaves steps 1-39, each with its
+    event, and nothing of step 40 (its event was not logged ahead of its write)."""
+    db = tmp_path / "runs.db"
+    proc = spawn(db, "start-talking", "run-talk")
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "appending said 40", proc.communicate()[1]
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=30)
+
+    store = await open_store(f"sqlite:///{db}")
+    try:
+        state, _, _ = await Runner(store, "t", []).runs.load("run-talk")
+        session = await SessionManager(store, "t").get(state.session_id)
+        said = [m.id for m in await session.messages() if m.role == "assistant"]
+        events = await store.read_events("t", "run-talk")
+        told = [e.payload["id"] for e in events if (e.stream, e.kind) == ("assistant", "complete")]
+        assert len(said) == state.turn == 39
+        assert told == said  # every stored step has its event, in order, and no other has
     finally:
         await store.close()
