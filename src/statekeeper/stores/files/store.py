@@ -49,6 +49,7 @@ from statekeeper.stores.rules import (
     check_tenant_and_id,
     decode_cursor,
     encode_cursor,
+    event_texts,
     matches_query,
     new_session_record,
     record_text,
@@ -246,11 +247,7 @@ class FileStore(FileTranscripts, ClosingStore):
     async def append_events(
         self, tenant: str, log_id: str, events: Sequence[EventDraft]
     ) -> list[Event]:
-        check_record_ids(tenant, log_id)
-        texts = [
-            encode_json(e.payload, what=f"event {e.stream}/{e.kind}", limit=self.max_payload_bytes)
-            for e in events
-        ]
+        texts = event_texts(tenant, log_id, events, self.max_payload_bytes)
         if not events:
             return []
         return await self._call(lambda: self._events.append(tenant, log_id, events, texts))

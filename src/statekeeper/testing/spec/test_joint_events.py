@@ -170,7 +170,7 @@ async def test_a_writer_killed_mid_run_leaves_whole_rounds(
     finally:
         if proc.returncode is None:
             proc.kill()
-        await proc.wait()
+        await proc.communicate()  # reads the pipes to their end and closes them
 
     async with open_store(store_url) as later:  # as the next process would find it
         entries = await later.read_entries(TENANT, joint_writer.SESSION)
