@@ -200,6 +200,34 @@ async def test_an_append_whose_connection_is_killed_is_retried_once_and_whole(
     assert after.entries[0].seq == entries[-1].seq + 1
 
 
+async def test_a_cancelled_append_returns_only_when_its_write_has_ended(
+    store: PostgresStore, schema: str
+) -> None:
+    await store.create_session(SessionRecord(id="s1", tenant=TENANT))
+    await store.append_entries(TENANT, "s1", [draft("e0")])
+    blocker = await psycopg.AsyncConnection.connect(POSTGRES_URL)
+    watcher = await admin()
+    try:
+        await blocker.execute(LOCK_SESSION.replace("{s}", f'"{schema}"'), (TENANT, "s1"))
+        task = asyncio.ensure_future(store.append_entries(TENANT, "s1", [draft("e1")]))
+        await blocked_backend(watcher, blocker.info.backend_pid)
+        task.cancel()
+        # Its statement waits for the row lock: the cancelled caller waits with it.
+        finished, _ = await asyncio.wait([task], timeout=0.2)
+        assert not finished
+        await blocker.rollback()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    finally:
+        await blocker.close()
+        await watcher.close()
+    # The write was not cut off half-way: it landed whole, and the next append follows it.
+    assert [e.id for e in await store.read_entries(TENANT, "s1")] == ["e0", "e1"]
+    after = await store.append_entries(TENANT, "s1", [draft("e2")])
+    assert after.entries[0].seq == 3
+    assert not store._tasks
+
+
 async def test_a_transaction_killed_after_its_first_write_leaves_nothing_behind(
     store: PostgresStore, schema: str
 ) -> None:
