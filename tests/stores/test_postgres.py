@@ -33,10 +33,10 @@ from statekeeper.errors import (
 )
 from statekeeper.sessions import SessionManager
 from statekeeper.stores import open_store
-from statekeeper.stores.base import EntryDraft, SessionPatch, SessionRecord
+from statekeeper.stores.base import EntryDraft, SessionPatch, SessionQuery, SessionRecord
 from statekeeper.stores.postgres import PostgresStore
 from statekeeper.stores.postgres.conn import parse_location, retryable, translate
-from statekeeper.stores.postgres.schema import SCHEMA_VERSION
+from statekeeper.stores.postgres.schema import MIGRATIONS, SCHEMA_VERSION, Statements
 from statekeeper.testing.schemes import POSTGRES_URL, drop_schema, skip_unless_reachable
 
 psycopg = pytest.importorskip("psycopg")
@@ -340,6 +340,88 @@ async def test_migrations_are_recorded_and_reopening_keeps_data(
         await conn.close()
     assert [r[0] for r in rows] == list(range(1, SCHEMA_VERSION + 1))
     assert all(r[1] for r in rows)
+
+
+async def test_heads_written_before_the_counter_columns_read_whole_and_append_on(
+    schema: str,
+) -> None:
+    # A schema at version 1, with a head as statekeeper wrote it then: all in the doc.
+    q = Statements(schema)
+    old = SessionRecord(
+        id="s1", tenant=TENANT, title="old", metadata={"user": "u1"}, head_seq=2, last_seq=2,
+        message_count=2, total_tokens=7, fresh_tokens=7, version=3,
+    )  # fmt: skip
+    conn = await admin()
+    try:
+        for statement in [q.create_schema, q.create_versions, *q.migration(1)]:
+            await conn.execute(statement)
+        await conn.execute(q.record_migration, (1, MIGRATIONS[0][0]))
+        await conn.execute(
+            f'INSERT INTO "{schema}".sessions (tenant, id, last_active, created_at, version,'
+            " meta, doc) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+            (TENANT, "s1", old.last_active, old.created_at, 3, ['["user","su1"]'],
+             old.model_dump_json()),
+        )  # fmt: skip
+        for seq, parent in ((1, None), (2, 1)):
+            await conn.execute(
+                f'INSERT INTO "{schema}".entries VALUES (1, %s, %s, %s, %s, %s, %s)',
+                (seq, f"e{seq}", parent, "message", old.created_at, '{"text": "x"}'),
+            )
+    finally:
+        await conn.close()
+
+    store = await PostgresStore.from_url(POSTGRES_URL, schema=schema)  # migrates
+    try:
+        assert await store.get_session(TENANT, "s1") == old
+        page = await store.list_sessions(TENANT, SessionQuery(metadata={"user": "u1"}))
+        assert page.items == [old]
+        added = await store.append_entries(
+            TENANT, "s1", [draft("e3")], patch=SessionPatch(add={"message_count": 1})
+        )
+        assert [(e.seq, e.parent_seq) for e in added.entries] == [(3, 2)]
+    finally:
+        await store.close()
+    fresh = await PostgresStore.from_url(POSTGRES_URL, schema=schema)  # nothing cached
+    try:
+        head = await fresh.get_session(TENANT, "s1")
+        assert head == added.session
+        assert (head.title, head.last_seq, head.message_count, head.version) == ("old", 3, 3, 4)
+    finally:
+        await fresh.close()
+
+
+async def test_an_append_sends_the_counters_and_leaves_the_head_doc_alone(
+    store: PostgresStore, schema: str
+) -> None:
+    async def stored_doc() -> str:
+        conn = await admin()
+        try:
+            cur = await conn.execute(f'SELECT doc FROM "{schema}".sessions WHERE id = %s', ("s1",))
+            return str((await cur.fetchone())[0])
+        finally:
+            await conn.close()
+
+    await store.create_session(SessionRecord(id="s1", tenant=TENANT, state={"big": "x" * 5000}))
+    doc = await stored_doc()
+    counted = SessionPatch(add={"message_count": 1, "total_tokens": 5})
+    for n in range(3):
+        last = await store.append_entries(TENANT, "s1", [draft(f"e{n}")], patch=counted)
+    assert await stored_doc() == doc  # only the columns moved
+    titled = await store.append_entries(
+        TENANT, "s1", [draft("e3")], patch=SessionPatch(set={"title": "now"})
+    )
+    assert await stored_doc() != doc  # a field of the doc changed: the doc is written
+    final = await store.append_entries(TENANT, "s1", [draft("e4")], patch=counted)
+    fresh = await PostgresStore.from_url(POSTGRES_URL, schema=schema)
+    try:
+        head = await fresh.get_session(TENANT, "s1")
+        assert head == final.session
+        assert (head.title, head.state) == ("now", {"big": "x" * 5000})
+        assert (head.message_count, head.total_tokens, head.last_seq) == (4, 20, 5)
+        assert head.version == last.session.version + 2 == titled.session.version + 1
+        assert (await fresh.list_sessions(TENANT, SessionQuery())).items == [head]
+    finally:
+        await fresh.close()
 
 
 async def test_concurrent_first_opens_of_one_schema_all_succeed(schema: str) -> None:
