@@ -411,14 +411,20 @@ async def test_an_append_sends_the_counters_and_leaves_the_head_doc_alone(
         TENANT, "s1", [draft("e3")], patch=SessionPatch(set={"title": "now"})
     )
     assert await stored_doc() != doc  # a field of the doc changed: the doc is written
-    final = await store.append_entries(TENANT, "s1", [draft("e4")], patch=counted)
+    # Set to an equal value of another type: written too (1 == True, but not the same).
+    await store.update_session(TENANT, "s1", SessionPatch(set={"metadata": {"n": 1}}))
+    await store.append_entries(
+        TENANT, "s1", [draft("e4")], patch=SessionPatch(set={"metadata": {"n": True}})
+    )
+    final = await store.append_entries(TENANT, "s1", [draft("e5")], patch=counted)
     fresh = await PostgresStore.from_url(POSTGRES_URL, schema=schema)
     try:
         head = await fresh.get_session(TENANT, "s1")
         assert head == final.session
         assert (head.title, head.state) == ("now", {"big": "x" * 5000})
-        assert (head.message_count, head.total_tokens, head.last_seq) == (4, 20, 5)
-        assert head.version == last.session.version + 2 == titled.session.version + 1
+        assert head.metadata["n"] is True
+        assert (head.message_count, head.total_tokens, head.last_seq) == (4, 20, 6)
+        assert head.version == last.session.version + 4 == titled.session.version + 3
         assert (await fresh.list_sessions(TENANT, SessionQuery())).items == [head]
     finally:
         await fresh.close()

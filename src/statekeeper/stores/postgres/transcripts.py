@@ -87,9 +87,13 @@ def _counters(record: SessionRecord) -> tuple[int, ...]:
 
 
 def _same_doc(old: SessionRecord, new: SessionRecord) -> bool:
-    """Whether ``new`` differs from ``old`` only in columns (no need to write the doc)."""
+    """Whether ``new`` differs from ``old`` only in columns (no need to write the doc).
+
+    By identity: an append without a patch copies the other fields' objects, and equal
+    is not the same (``1 == 1.0 == True``, ``0.0 == -0.0``): a field set anew is written.
+    """
     before, after = old.__dict__, new.__dict__
-    return all(before[f] is after[f] or before[f] == after[f] for f in _IN_DOC)
+    return all(before[f] is after[f] for f in _IN_DOC)
 
 
 class PostgresTranscripts(EngineWrites, PostgresBase):
