@@ -16,7 +16,9 @@ tool output). Each measured append adds one message to a session that already ho
 ``HISTORY`` messages (filled in batches first). The two sides take turns in batches;
 each batch gives one ratio (ours time / raw time), reported as median [min-max].
 O(1): our append at ``HISTORY`` against our append to sessions holding ``SMALL``
-messages (a fresh one per batch), interleaved the same way. Bytes on disk
+messages (a fresh one per batch), and our append to a session whose head holds
+``HEAD_STATE`` bytes of state (``session.state``) against one to a session without,
+interleaved the same way. Bytes on disk
 (``pg_total_relation_size``: heap, TOAST and indexes, after ``VACUUM`` of both sides)
 of our tables holding the session (``sessions`` and ``entries``, with only the measured
 session stored) and of the raw table are compared with the payload, the JSON of the
@@ -55,13 +57,15 @@ URL = os.environ.get(
 )
 HISTORY = 10_000
 SMALL = 10  # history of the sessions the O(1) check compares with
+HEAD_STATE = 50_000  # bytes of session state (incompressible) for the head-size check
 FILL = 500  # messages per append while filling the history
 BATCHES, BATCH = 20, 25  # measured appends: BATCHES * BATCH per side (+ 1 warm-up batch)
 LOADS = 7
 WRITERS, PER_WRITER, ROUNDS = 8, 25, 5
-TARGETS = {"append": 1.2, "flat": 1.5}
-"""Upper limits: ours / raw at ``HISTORY`` messages (issue 9), and our append at
-``HISTORY`` / at ``SMALL`` (appends are O(1) in the history's length)."""
+TARGETS = {"append": 1.2, "flat": 1.5, "head_size": 1.5}
+"""Upper limits: ours / raw at ``HISTORY`` messages (issue 9); our append at ``HISTORY``
+/ at ``SMALL`` (O(1) in the history's length); our append to a session holding
+``HEAD_STATE`` bytes of state / to one without (O(1) in the head's size)."""
 
 
 async def reachable() -> str | None:
@@ -144,7 +148,20 @@ async def measure(schema: str) -> dict[str, Any]:
             await smalls[n // BATCH].append(as_message(later[n]))
 
         flat = await interleave(ours_large, ours_small, BATCHES, BATCH)
-        for small in smalls:  # only the measured session stays for the byte count
+
+        heavy, light = await manager.create(), await manager.create()
+        for short in (heavy, light):
+            await short.append(*(as_message(d) for d in filler[:SMALL]))
+        await heavy.state.update({"notes": os.urandom(HEAD_STATE // 2).hex()})
+
+        async def ours_heavy(n: int) -> None:
+            await heavy.append(as_message(later[n]))
+
+        async def ours_light(n: int) -> None:
+            await light.append(as_message(later[n]))
+
+        head_size = await interleave(ours_heavy, ours_light, BATCHES // 2, BATCH)
+        for small in [*smalls, heavy, light]:  # only the measured session stays for bytes
             await small.delete()
         await raw.fill("s1", later)  # the raw table holds the same messages
 
@@ -169,6 +186,7 @@ async def measure(schema: str) -> dict[str, Any]:
     return {
         "append": append,
         "flat": flat,
+        "head_size": head_size,
         "load": load,
         "concurrent": concurrent,
         "bytes": {"ours": bytes_ours, "raw": bytes_raw},
@@ -243,6 +261,7 @@ def report(results: dict[str, Any] | None) -> list[str]:
     rows = [
         (f"append at {HISTORY:,}", results["append"]),
         (f"append {HISTORY:,} vs ours at {SMALL}", results["flat"]),
+        (f"append, {HEAD_STATE // 1000} KB state vs none", results["head_size"]),
         (f"load {HISTORY + 2 * (BATCHES + 1) * BATCH:,} messages", results["load"]),
         (f"{WRITERS} writers x {PER_WRITER} appends", results["concurrent"]),
     ]
@@ -255,6 +274,11 @@ def report(results: dict[str, Any] | None) -> list[str]:
         f"append at {HISTORY:,} vs raw INSERT per txn", results["append"], TARGETS["append"]
     )
     verdicts.at_most(f"append at {HISTORY:,} / at {SMALL} (O(1))", results["flat"], TARGETS["flat"])
+    verdicts.at_most(
+        f"append, {HEAD_STATE // 1000} KB state / none (O(1))",
+        results["head_size"],
+        TARGETS["head_size"],
+    )
     verdicts.info("load vs SELECT + json.loads", results["load"])
     verdicts.info(f"{WRITERS} writers on {WRITERS} sessions vs raw", results["concurrent"])
     verdicts.info("bytes / payload, ours (sessions + entries)", results["bytes"]["ours"])
