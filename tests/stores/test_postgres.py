@@ -33,10 +33,10 @@ from statekeeper.errors import (
 )
 from statekeeper.sessions import SessionManager
 from statekeeper.stores import open_store
-from statekeeper.stores.base import EntryDraft, SessionPatch, SessionRecord
+from statekeeper.stores.base import EntryDraft, SessionPatch, SessionQuery, SessionRecord
 from statekeeper.stores.postgres import PostgresStore
 from statekeeper.stores.postgres.conn import parse_location, retryable, translate
-from statekeeper.stores.postgres.schema import SCHEMA_VERSION
+from statekeeper.stores.postgres.schema import MIGRATIONS, SCHEMA_VERSION, Statements
 from statekeeper.testing.schemes import POSTGRES_URL, drop_schema, skip_unless_reachable
 
 psycopg = pytest.importorskip("psycopg")
@@ -200,6 +200,34 @@ async def test_an_append_whose_connection_is_killed_is_retried_once_and_whole(
     assert after.entries[0].seq == entries[-1].seq + 1
 
 
+async def test_a_cancelled_append_returns_only_when_its_write_has_ended(
+    store: PostgresStore, schema: str
+) -> None:
+    await store.create_session(SessionRecord(id="s1", tenant=TENANT))
+    await store.append_entries(TENANT, "s1", [draft("e0")])
+    blocker = await psycopg.AsyncConnection.connect(POSTGRES_URL)
+    watcher = await admin()
+    try:
+        await blocker.execute(LOCK_SESSION.replace("{s}", f'"{schema}"'), (TENANT, "s1"))
+        task = asyncio.ensure_future(store.append_entries(TENANT, "s1", [draft("e1")]))
+        await blocked_backend(watcher, blocker.info.backend_pid)
+        task.cancel()
+        # Its statement waits for the row lock: the cancelled caller waits with it.
+        finished, _ = await asyncio.wait([task], timeout=0.2)
+        assert not finished
+        await blocker.rollback()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    finally:
+        await blocker.close()
+        await watcher.close()
+    # The write was not cut off half-way: it landed whole, and the next append follows it.
+    assert [e.id for e in await store.read_entries(TENANT, "s1")] == ["e0", "e1"]
+    after = await store.append_entries(TENANT, "s1", [draft("e2")])
+    assert after.entries[0].seq == 3
+    assert not store._tasks
+
+
 async def test_a_transaction_killed_after_its_first_write_leaves_nothing_behind(
     store: PostgresStore, schema: str
 ) -> None:
@@ -312,6 +340,94 @@ async def test_migrations_are_recorded_and_reopening_keeps_data(
         await conn.close()
     assert [r[0] for r in rows] == list(range(1, SCHEMA_VERSION + 1))
     assert all(r[1] for r in rows)
+
+
+async def test_heads_written_before_the_counter_columns_read_whole_and_append_on(
+    schema: str,
+) -> None:
+    # A schema at version 1, with a head as statekeeper wrote it then: all in the doc.
+    q = Statements(schema)
+    old = SessionRecord(
+        id="s1", tenant=TENANT, title="old", metadata={"user": "u1"}, head_seq=2, last_seq=2,
+        message_count=2, total_tokens=7, fresh_tokens=7, version=3,
+    )  # fmt: skip
+    conn = await admin()
+    try:
+        for statement in [q.create_schema, q.create_versions, *q.migration(1)]:
+            await conn.execute(statement)
+        await conn.execute(q.record_migration, (1, MIGRATIONS[0][0]))
+        await conn.execute(
+            f'INSERT INTO "{schema}".sessions (tenant, id, last_active, created_at, version,'
+            " meta, doc) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+            (TENANT, "s1", old.last_active, old.created_at, 3, ['["user","su1"]'],
+             old.model_dump_json()),
+        )  # fmt: skip
+        for seq, parent in ((1, None), (2, 1)):
+            await conn.execute(
+                f'INSERT INTO "{schema}".entries VALUES (1, %s, %s, %s, %s, %s, %s)',
+                (seq, f"e{seq}", parent, "message", old.created_at, '{"text": "x"}'),
+            )
+    finally:
+        await conn.close()
+
+    store = await PostgresStore.from_url(POSTGRES_URL, schema=schema)  # migrates
+    try:
+        assert await store.get_session(TENANT, "s1") == old
+        page = await store.list_sessions(TENANT, SessionQuery(metadata={"user": "u1"}))
+        assert page.items == [old]
+        added = await store.append_entries(
+            TENANT, "s1", [draft("e3")], patch=SessionPatch(add={"message_count": 1})
+        )
+        assert [(e.seq, e.parent_seq) for e in added.entries] == [(3, 2)]
+    finally:
+        await store.close()
+    fresh = await PostgresStore.from_url(POSTGRES_URL, schema=schema)  # nothing cached
+    try:
+        head = await fresh.get_session(TENANT, "s1")
+        assert head == added.session
+        assert (head.title, head.last_seq, head.message_count, head.version) == ("old", 3, 3, 4)
+    finally:
+        await fresh.close()
+
+
+async def test_an_append_sends_the_counters_and_leaves_the_head_doc_alone(
+    store: PostgresStore, schema: str
+) -> None:
+    async def stored_doc() -> str:
+        conn = await admin()
+        try:
+            cur = await conn.execute(f'SELECT doc FROM "{schema}".sessions WHERE id = %s', ("s1",))
+            return str((await cur.fetchone())[0])
+        finally:
+            await conn.close()
+
+    await store.create_session(SessionRecord(id="s1", tenant=TENANT, state={"big": "x" * 5000}))
+    doc = await stored_doc()
+    counted = SessionPatch(add={"message_count": 1, "total_tokens": 5})
+    for n in range(3):
+        last = await store.append_entries(TENANT, "s1", [draft(f"e{n}")], patch=counted)
+    assert await stored_doc() == doc  # only the columns moved
+    titled = await store.append_entries(
+        TENANT, "s1", [draft("e3")], patch=SessionPatch(set={"title": "now"})
+    )
+    assert await stored_doc() != doc  # a field of the doc changed: the doc is written
+    # Set to an equal value of another type: written too (1 == True, but not the same).
+    await store.update_session(TENANT, "s1", SessionPatch(set={"metadata": {"n": 1}}))
+    await store.append_entries(
+        TENANT, "s1", [draft("e4")], patch=SessionPatch(set={"metadata": {"n": True}})
+    )
+    final = await store.append_entries(TENANT, "s1", [draft("e5")], patch=counted)
+    fresh = await PostgresStore.from_url(POSTGRES_URL, schema=schema)
+    try:
+        head = await fresh.get_session(TENANT, "s1")
+        assert head == final.session
+        assert (head.title, head.state) == ("now", {"big": "x" * 5000})
+        assert head.metadata["n"] is True
+        assert (head.message_count, head.total_tokens, head.last_seq) == (4, 20, 6)
+        assert head.version == last.session.version + 4 == titled.session.version + 3
+        assert (await fresh.list_sessions(TENANT, SessionQuery())).items == [head]
+    finally:
+        await fresh.close()
 
 
 async def test_concurrent_first_opens_of_one_schema_all_succeed(schema: str) -> None:

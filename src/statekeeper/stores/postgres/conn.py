@@ -383,18 +383,49 @@ class PostgresBase(ClosingStore):
         tx: bool = False,
         idempotent: bool = False,
     ) -> T:
-        """`_run` for a write: a cancelled caller waits until the write has ended."""
-        task = asyncio.ensure_future(self._run(op, tx=tx, idempotent=idempotent))
+        """`_run` for a write: a cancelled caller waits until the write has ended.
+
+        The write runs in a task of its own (a cancellation must not reach psycopg in the
+        middle of a statement), which hands its outcome to ``done`` itself: the caller
+        wakes one event-loop turn after the write ends (`asyncio.shield` takes two).
+        """
+        done: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        task = asyncio.ensure_future(self._settle(done, op, tx, idempotent))
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
         try:
-            return await asyncio.shield(task)
+            return await done
         except asyncio.CancelledError:
             if not task.done():
                 await asyncio.wait([task])
-            if not task.cancelled():
-                task.exception()  # retrieved, so asyncio does not log it as lost
+            if done.done() and not done.cancelled():
+                done.exception()  # retrieved, so asyncio does not log it as lost
             raise
+
+    async def _settle(
+        self,
+        done: asyncio.Future[T],
+        op: Callable[[Connection], Awaitable[T]],
+        tx: bool,
+        idempotent: bool,
+    ) -> None:
+        """Run a write of `_write` and pass its result or error to ``done``."""
+        try:
+            result = await self._run(op, tx=tx, idempotent=idempotent)
+        except asyncio.CancelledError:
+            done.cancel()
+            raise
+        except BaseException as exc:
+            if not done.done():  # else the caller was cancelled: nobody reads it
+                done.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise  # KeyboardInterrupt, SystemExit: the loop's to handle
+        else:
+            if not done.done():
+                done.set_result(result)
+        finally:
+            task = asyncio.current_task()
+            if task is not None:
+                self._tasks.discard(task)
 
 
 class _Stale(Exception):

@@ -22,6 +22,7 @@ from statekeeper.errors import InvalidInputError
 from statekeeper.jsoncodec import encode_json
 
 __all__ = [
+    "COUNTERS",
     "DEFAULT_SCHEMA",
     "MIGRATIONS",
     "SCHEMA_VERSION",
@@ -93,8 +94,31 @@ MIGRATIONS: list[tuple[str, str]] = [
         );
         """,
     ),
+    (
+        "session counters as columns: an append writes them, not the whole head",
+        """
+        -- NULL in rows written before (their doc holds the values). Once set, these and
+        -- version and last_active are the head's: the doc holds the other fields.
+        ALTER TABLE {s}.sessions ADD COLUMN head_seq bigint, ADD COLUMN last_seq bigint,
+            ADD COLUMN total_tokens bigint, ADD COLUMN fresh_tokens bigint,
+            ADD COLUMN message_count bigint, ADD COLUMN compaction_count bigint
+        """,
+    ),
 ]
 """(one-line summary, SQL with ``{s}`` for the quoted schema name) per version."""
+
+COUNTERS = (
+    "head_seq",
+    "last_seq",
+    "total_tokens",
+    "fresh_tokens",
+    "message_count",
+    "compaction_count",
+)
+"""Head fields an append changes, stored as columns of their own (migration 2)."""
+_COUNTER_COLUMNS = ", ".join(COUNTERS)
+_SET_COUNTERS = ", ".join(f"{name} = %s" for name in COUNTERS)
+_HEAD_COLUMNS = "version, last_active, " + _COUNTER_COLUMNS
 
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -155,24 +179,21 @@ class Statements:
         # -- sessions
         self.create_session = _sql(
             "INSERT INTO {s}.sessions (tenant, id, agent_id, last_active, created_at, version,"
-            " meta, doc) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (tenant, id)"
-            " DO NOTHING RETURNING sk",
+            f" meta, doc, {_COUNTER_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s,"
+            " %s, %s, %s, %s, %s, %s) ON CONFLICT (tenant, id) DO NOTHING RETURNING sk",
             q,
         )
         # The doc is sent only when the caller's cached copy (sk, version) is not current.
-        self.get_head = _sql(
-            "SELECT sk, version, CASE WHEN sk = %s AND version = %s THEN NULL ELSE doc END"
-            " FROM {s}.sessions WHERE tenant = %s AND id = %s",
-            q,
+        head = (
+            "SELECT sk, CASE WHEN sk = %s AND version = %s THEN NULL ELSE doc END, "
+            + _HEAD_COLUMNS
+            + " FROM {s}.sessions WHERE tenant = %s AND id = %s"
         )
-        self.lock_head = _sql(
-            "SELECT sk, version, CASE WHEN sk = %s AND version = %s THEN NULL ELSE doc END"
-            " FROM {s}.sessions WHERE tenant = %s AND id = %s FOR UPDATE",
-            q,
-        )
+        self.get_head = _sql(head, q)
+        self.lock_head = _sql(head + " FOR UPDATE", q)
         self.save_head = _sql(
             "UPDATE {s}.sessions SET agent_id = %s, last_active = %s, version = %s,"
-            " meta = coalesce(%s, meta), doc = %s"
+            f" meta = coalesce(%s, meta), doc = %s, {_SET_COUNTERS}"
             " WHERE tenant = %s AND id = %s AND sk = %s AND version = %s",
             q,
         )
@@ -185,22 +206,29 @@ class Statements:
         # -- transcripts
         # One statement: the head moves (compare-and-set on its version) and the entries
         # go in, or neither happens. The UPDATE's row lock orders writers of one session.
-        head = (
+        # The usual append changes only version, last_active and the COUNTERS: its head
+        # update (the ``_counted`` statements) sends and writes those, not the doc.
+        where = " WHERE tenant = %s AND id = %s AND sk = %s AND version = %s RETURNING sk)"
+        insert = " INSERT INTO {s}.entries (session_sk, " + _ENTRY + ")"
+        one = (
+            " SELECT sk, %s::bigint, %s::text, %s::bigint, %s::text, %s::timestamptz,"
+            " %s::text FROM head"
+        )
+        many = (
+            " SELECT head.sk, e.* FROM head, unnest(%s::bigint[], %s::text[],"
+            " %s::bigint[], %s::text[], %s::timestamptz[], %s::text[]) AS e"
+        )
+        whole = (
             "WITH head AS (UPDATE {s}.sessions SET agent_id = %s, last_active = %s,"
-            " version = %s, meta = coalesce(%s, meta), doc = %s"
-            " WHERE tenant = %s AND id = %s AND sk = %s AND version = %s RETURNING sk)"
-            " INSERT INTO {s}.entries (session_sk, " + _ENTRY + ")"
+            f" version = %s, meta = coalesce(%s, meta), doc = %s, {_SET_COUNTERS}"
         )
-        self.append_one = _sql(
-            head + " SELECT sk, %s::bigint, %s::text, %s::bigint, %s::text, %s::timestamptz,"
-            " %s::text FROM head",
-            q,
+        counted = (
+            "WITH head AS (UPDATE {s}.sessions SET last_active = %s, version = %s, " + _SET_COUNTERS
         )
-        self.append = _sql(
-            head + " SELECT head.sk, e.* FROM head, unnest(%s::bigint[], %s::text[],"
-            " %s::bigint[], %s::text[], %s::timestamptz[], %s::text[]) AS e",
-            q,
-        )
+        self.append_one = _sql(whole + where + insert + one, q)
+        self.append = _sql(whole + where + insert + many, q)
+        self.append_one_counted = _sql(counted + where + insert + one, q)
+        self.append_counted = _sql(counted + where + insert + many, q)
         self.entries_by_id = _sql(
             "SELECT " + _ENTRY + " FROM {s}.entries WHERE session_sk = %s AND id = ANY(%s)", q
         )
@@ -230,7 +258,9 @@ class Statements:
         self.rewrite_entry = _sql(
             "UPDATE {s}.entries SET payload = %s WHERE session_sk = %s AND id = %s", q
         )
-        self.list_sessions = "SELECT last_active, id, doc FROM " + q + ".sessions WHERE "
+        self.list_sessions = (
+            "SELECT last_active, id, doc, " + _HEAD_COLUMNS + " FROM " + q + ".sessions WHERE "
+        )
 
     def _records(self, q: str) -> None:
         # -- records (%(now)s: the caller's clock, so expiry agrees with other backends)

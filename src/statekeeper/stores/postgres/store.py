@@ -27,6 +27,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from statekeeper.errors import (
     AlreadyExistsError,
     InvalidInputError,
+    StoreCorruptError,
 )
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES
@@ -50,12 +51,13 @@ from statekeeper.stores.postgres.conn import (
 )
 from statekeeper.stores.postgres.records import PostgresRecordsAndEvents
 from statekeeper.stores.postgres.schema import (
+    COUNTERS,
     DEFAULT_SCHEMA,
     Statements,
     metadata_tokens,
     validate_channel,
 )
-from statekeeper.stores.postgres.transcripts import PostgresTranscripts
+from statekeeper.stores.postgres.transcripts import PostgresTranscripts, stored_head
 from statekeeper.stores.rules import (
     check_tenant_and_id,
     decode_cursor,
@@ -125,6 +127,7 @@ class PostgresStore(PostgresTranscripts, PostgresRecordsAndEvents):
             record.version,
             metadata_tokens(record.metadata),
             record.model_dump_json(),
+            *(getattr(record, name) for name in COUNTERS),
         )
 
         async def create(conn: Connection) -> int:
@@ -174,11 +177,20 @@ class PostgresStore(PostgresTranscripts, PostgresRecordsAndEvents):
         ).encode()
         params += [query.limit + 1, query.offset]
 
-        async def run(conn: Connection) -> list[tuple[datetime, str, str]]:
+        async def run(conn: Connection) -> list[tuple[Any, ...]]:
             cur = await conn.execute(sql, params)
-            return [(active, sid, doc) for active, sid, doc in await cur.fetchall()]
+            return await cur.fetchall()
 
-        return page_of(await self._run(run, idempotent=True), tenant, query.limit, self.url)
+        rows: list[tuple[datetime, str, str | SessionRecord]] = []
+        for active, sid, doc, *columns in await self._run(run, idempotent=True):
+            if len(rows) == query.limit:  # the row past the page: only its position counts
+                rows.append((active, sid, doc))
+                break
+            try:
+                rows.append((active, sid, stored_head(tenant, sid, doc, columns, self.url)))
+            except StoreCorruptError:
+                rows.append((active, sid, doc))  # page_of reports it
+        return page_of(rows, tenant, query.limit, self.url)
 
     async def delete_session(self, tenant: str, session_id: str) -> None:
         check_tenant_and_id(tenant, session_id)

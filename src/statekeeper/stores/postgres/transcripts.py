@@ -7,7 +7,9 @@ gives it its two primitives, with ordering and compare-and-set in the database:
   engine planned on to the next *and* inserts the entries (``WITH head AS (UPDATE ...
   WHERE sk = .. AND version = ..) INSERT ...``): the row lock orders the writers of a
   session and the version check refuses a stale head, so both happen or neither does;
-  a taken entry id violates the unique index and writes nothing either;
+  a taken entry id violates the unique index and writes nothing either. An append that
+  changes only the counters (the usual one) sets those columns and leaves the head's
+  doc as it is (`stored_head` puts them together again);
 - ``load_head`` reads the head and the stored entries among the drafts' ids, and the
   engine plans again from them.
 
@@ -17,6 +19,7 @@ The engine's token is the session row's key (``sk``).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import UTC
 from typing import Any, TypeVar, cast
 
 from statekeeper.core.messages import utcnow
@@ -36,7 +39,7 @@ from statekeeper.stores.postgres.conn import (
     PostgresBase,
     psycopg,
 )
-from statekeeper.stores.postgres.schema import DEFAULT_SCHEMA, metadata_tokens
+from statekeeper.stores.postgres.schema import COUNTERS, DEFAULT_SCHEMA, metadata_tokens
 from statekeeper.stores.rules import (
     apply_patch,
     check_prunable_kind,
@@ -49,13 +52,48 @@ from statekeeper.stores.rules import (
     session_not_found,
 )
 
-__all__ = ["KEY_END", "PostgresTranscripts", "log_events"]
+__all__ = ["KEY_END", "PostgresTranscripts", "log_events", "stored_head"]
 
 KEY_END = "\x7f"  # sorts after every character an id may contain
 _HEADS_KEPT = 4096  # cached session heads (a miss costs a locked read of the head)
 
 Key = tuple[str, str]
 T = TypeVar("T")
+# Head fields kept in the doc only: an append that changes none of them leaves the doc.
+_IN_DOC = tuple(
+    name for name in SessionRecord.model_fields if name not in {*COUNTERS, "version", "last_active"}
+)
+
+
+def stored_head(
+    tenant: str, session_id: str, doc: str, columns: Sequence[Any], where: str
+) -> SessionRecord:
+    """A head from its row: the doc, with ``columns`` (version, last_active and the
+    `COUNTERS`) over it. Rows last written before migration 2 have no counters: their
+    doc is whole. `StoreCorruptError` if the doc cannot be decoded."""
+    record = decode_session(tenant, session_id, doc, where)
+    version, last_active, *counters = columns
+    if counters[0] is None:
+        return record
+    update: dict[str, Any] = dict(zip(COUNTERS, counters, strict=True))
+    update["version"] = version
+    if last_active != record.last_active:  # same instant: keep the doc's own offset
+        update["last_active"] = last_active.astimezone(UTC)
+    return record.model_copy(update=update)
+
+
+def _counters(record: SessionRecord) -> tuple[int, ...]:
+    return tuple(getattr(record, name) for name in COUNTERS)
+
+
+def _same_doc(old: SessionRecord, new: SessionRecord) -> bool:
+    """Whether ``new`` differs from ``old`` only in columns (no need to write the doc).
+
+    By identity: an append without a patch copies the other fields' objects, and equal
+    is not the same (``1 == 1.0 == True``, ``0.0 == -0.0``): a field set anew is written.
+    """
+    before, after = old.__dict__, new.__dict__
+    return all(before[f] is after[f] for f in _IN_DOC)
 
 
 class PostgresTranscripts(EngineWrites, PostgresBase):
@@ -92,13 +130,13 @@ class PostgresTranscripts(EngineWrites, PostgresBase):
         row = await cur.fetchone()
         if row is None:
             raise session_not_found(session_id)
-        sk, _, doc = row
+        sk, doc, *columns = row
         if doc is None and cached is not None:
             return sk, cached[1]
-        return sk, decode_session(tenant, session_id, doc, self.url)
+        return sk, stored_head(tenant, session_id, doc, columns, self.url)
 
     def _head_params(self, record: SessionRecord, *, metadata_changed: bool) -> tuple[Any, ...]:
-        """The parameters that set a head row (statements ``save_head`` and ``append``)."""
+        """The parameters that set a whole head row (``save_head``, ``append``)."""
         doc = record.model_dump_json()
         if len(doc) > self.max_payload_bytes:
             raise PayloadTooLargeError(
@@ -106,7 +144,7 @@ class PostgresTranscripts(EngineWrites, PostgresBase):
                 f"the limit is {self.max_payload_bytes}"
             )
         meta = metadata_tokens(record.metadata) if metadata_changed else None
-        return (record.agent_id, record.last_active, record.version, meta, doc)
+        return (record.agent_id, record.last_active, record.version, meta, doc, *_counters(record))
 
     # -- appends -------------------------------------------------------------------------
 
@@ -171,14 +209,20 @@ class PostgresTranscripts(EngineWrites, PostgresBase):
         writes: Sequence[Write],
     ) -> bool:
         """Move the head from ``old`` to ``new`` and insert ``writes``; False if stale."""
-        # apply_patch copies the metadata object unless it was set: identity tells a change.
-        head = self._head_params(new, metadata_changed=new.metadata is not old.metadata)
+        q = self._q
+        if _same_doc(old, new):  # the usual append: only the columns change
+            head: tuple[Any, ...] = (new.last_active, new.version, *_counters(new))
+            one, many = q.append_one_counted, q.append_counted
+        else:
+            # apply_patch copies the metadata object unless it was set: identity tells.
+            head = self._head_params(new, metadata_changed=new.metadata is not old.metadata)
+            one, many = q.append_one, q.append
         if len(writes) == 1:  # plain parameters cost less to send than arrays
             [(e, text, _)] = writes
-            sql = self._q.append_one
+            sql = one
             rows: tuple[Any, ...] = (e.seq, e.id, e.parent_seq, e.kind, e.created_at, text)
         else:
-            sql = self._q.append
+            sql = many
             rows = (
                 [w.entry.seq for w in writes],
                 [w.entry.id for w in writes],
