@@ -423,11 +423,10 @@ _IN_COLUMNS = frozenset({*LIVE_COLUMNS, "version", "last_active"})
 def _doc_changed(base: SessionRecord, record: SessionRecord) -> bool:
     """Whether ``record`` differs from ``base`` in a field kept in the head document."""
     old = base.__dict__
-    return any(
-        value is not old[name] and value != old[name]
-        for name, value in record.__dict__.items()
-        if name not in _IN_COLUMNS
-    )
+    for name, value in record.__dict__.items():
+        if value is not old[name] and name not in _IN_COLUMNS and value != old[name]:
+            return True
+    return False
 
 
 def _metadata_conditions(metadata: Mapping[str, Any], params: list[Any]) -> list[str]:
