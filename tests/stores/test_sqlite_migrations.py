@@ -112,3 +112,13 @@ async def test_an_append_writes_the_live_columns_and_leaves_the_document(
         head = await store.get_session("t", "s1")
         assert head == updated
         assert head.last_active == updated.last_active > appended.session.created_at
+
+
+async def test_a_change_to_an_equal_value_of_another_type_is_written(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    async with open_store(f"sqlite:///{path}") as store:
+        await store.create_session(SessionRecord(id="s1", tenant="t", metadata={"a": True}))
+        await store.update_session("t", "s1", SessionPatch(set={"metadata": {"a": 1}}))
+    async with open_store(f"sqlite:///{path}") as store:
+        stored = (await store.get_session("t", "s1")).metadata["a"]
+        assert stored == 1 and stored is not True

@@ -421,10 +421,14 @@ _IN_COLUMNS = frozenset({*LIVE_COLUMNS, "version", "last_active"})
 
 
 def _doc_changed(base: SessionRecord, record: SessionRecord) -> bool:
-    """Whether ``record`` differs from ``base`` in a field kept in the head document."""
+    """Whether ``record`` may differ from ``base`` in a field kept in the head document.
+
+    By identity: an append copies the head, so its other fields are the same objects.
+    (Equality would miss real changes: ``{"a": 1} == {"a": True}``.)
+    """
     old = base.__dict__
     for name, value in record.__dict__.items():
-        if value is not old[name] and name not in _IN_COLUMNS and value != old[name]:
+        if value is not old[name] and name not in _IN_COLUMNS:
             return True
     return False
 
