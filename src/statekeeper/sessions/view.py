@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from statekeeper.core.messages import Message, MessageCategory, default_category, stored_message
+from statekeeper.core.typed import trusted
 from statekeeper.errors import InvalidInputError, InvalidPayloadError, StoreCorruptError
 from statekeeper.jsoncodec import gc_paused
 from statekeeper.stores.base import Entry, EntryDraft, EntryKind, SessionPatch
@@ -98,6 +99,8 @@ def message_draft(message: Message, tokens: int | None = None) -> EntryDraft:
             payload["category"] = int(message.category)
         if tokens is not None:
             payload["tokens"] = tokens
+        if message.created_at.tzinfo is not None:  # else EntryDraft refuses it, typed
+            return trusted(EntryDraft, _draft_fields(message.id, payload, message.created_at))
         return EntryDraft(id=message.id, payload=payload, created_at=message.created_at)
     payload = message.model_dump(mode="json", exclude={"id", "created_at"})
     payload["tokens"] = tokens
@@ -112,11 +115,21 @@ def message_draft(message: Message, tokens: int | None = None) -> EntryDraft:
     return EntryDraft(id=message.id, payload=payload, created_at=message.created_at)
 
 
+def _draft_fields(entry_id: str, payload: dict[str, Any], created_at: Any) -> dict[str, Any]:
+    return {
+        "id": entry_id,
+        "kind": EntryKind.MESSAGE,
+        "payload": payload,
+        "parent": "head",
+        "side": False,
+        "created_at": created_at,
+    }
+
+
 def appended_counters(messages: int, tokens: int) -> SessionPatch:
     """The head counters appending ``messages`` messages holding ``tokens`` tokens adds."""
-    return SessionPatch(
-        add={"total_tokens": tokens, "fresh_tokens": tokens, "message_count": messages}
-    )
+    add = {"total_tokens": tokens, "fresh_tokens": tokens, "message_count": messages}
+    return trusted(SessionPatch, {"set": {}, "add": add})
 
 
 def message_of(entry: Entry) -> Message:

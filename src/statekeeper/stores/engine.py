@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from statekeeper.core.messages import utcnow
+from statekeeper.core.typed import trusted
 from statekeeper.errors import InvalidInputError
 from statekeeper.ids import validate_id
 from statekeeper.stores.base import AppendResult, Entry, EntryDraft, SessionPatch, SessionRecord
@@ -183,8 +184,9 @@ class AppendEngine:
                 for entry, text, draft in zip(planned.entries, planned.encoded, drafts, strict=True)
             ]
             # Built from checked parts: nothing to validate again.
-            result = AppendResult.model_construct(
-                session=planned.session, entries=planned.entries, replayed=False
+            result = trusted(
+                AppendResult,
+                {"session": planned.session, "entries": planned.entries, "replayed": False},
             )
             return Planned(planned.session, writes, result)
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
+from statekeeper.core.typed import trusted
 from statekeeper.errors import (
     ConflictError,
     InvalidInputError,
@@ -113,7 +114,7 @@ def apply_patch(
             raise InvalidPayloadError(f"invalid session update: {exc}") from exc
     else:
         # Counters are ints and the rest is unchanged: nothing to validate again.
-        updated = record.model_copy(update=changes)
+        updated = trusted(SessionRecord, {**record.__dict__, **changes})
     if not 0 <= updated.head_seq <= updated.last_seq:
         raise InvalidInputError(
             f"head_seq {updated.head_seq} is not an entry of session {record.id!r} "
