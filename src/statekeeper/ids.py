@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import time
 
 from statekeeper.errors import InvalidIdError
@@ -53,6 +54,19 @@ def validate_id(value: object, kind: str = "id") -> str:
 
 _last_ms = 0
 _counter = 0
+_RANDOM_CHUNK = 6 * 1024
+_random = b""  # unused bytes from os.urandom, read in chunks: one system call per 1,024 ids
+_random_at = 0
+_lock = threading.Lock()
+
+
+def _forget_random() -> None:
+    # A forked child must not hand out the ids its parent will (the same buffered bytes).
+    global _random, _random_at
+    _random, _random_at = b"", 0
+
+
+os.register_at_fork(after_in_child=_forget_random)
 
 
 def new_id(prefix: str = "") -> str:
@@ -60,11 +74,17 @@ def new_id(prefix: str = "") -> str:
 
     48 bits of milliseconds, a per-millisecond counter and 48 random bits, in hex.
     """
-    global _last_ms, _counter
-    ms = time.time_ns() // 1_000_000
-    if ms == _last_ms:
-        _counter += 1
-    else:
-        _last_ms, _counter = ms, 0
-    body = f"{ms:012x}{_counter & 0xFFF:03x}{os.urandom(6).hex()}"
+    global _last_ms, _counter, _random, _random_at
+    with _lock:  # threads must not take the same bytes
+        ms = time.time_ns() // 1_000_000
+        if ms == _last_ms:
+            _counter += 1
+        else:
+            _last_ms, _counter = ms, 0
+        if _random_at >= len(_random):
+            _random, _random_at = os.urandom(_RANDOM_CHUNK), 0
+        noise = _random[_random_at : _random_at + 6]
+        _random_at += 6
+        count = _counter
+    body = f"{ms:012x}{count & 0xFFF:03x}{noise.hex()}"
     return f"{prefix}_{body}" if prefix else body

@@ -6,7 +6,7 @@ import sqlite3
 from pathlib import Path
 
 from statekeeper.stores import open_store
-from statekeeper.stores.base import EntryDraft, SessionRecord
+from statekeeper.stores.base import EntryDraft, SessionPatch, SessionQuery, SessionRecord
 from statekeeper.stores.sqlite.schema import MIGRATIONS, SCHEMA_VERSION
 
 
@@ -62,3 +62,64 @@ async def test_entries_of_two_sessions_stay_apart(tmp_path: Path) -> None:
         await store.delete_session("t", "a")
         kept = await store.read_entries("t", "b")
         assert [(e.seq, e.payload) for e in kept] == [(n + 1, {"s": "b", "n": n}) for n in range(3)]
+
+
+async def test_a_head_written_before_version_three_reads_from_its_document(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "old.db"
+    _version_one_database(path)
+    async with open_store(f"sqlite:///{path}") as store:
+        head = await store.get_session("t", "s1")
+        assert (head.version, head.head_seq, head.last_seq) == (4, 3, 3)
+        appended = await store.append_entries(
+            "t", "s1", [EntryDraft(id="e4", payload={"n": 4})], expected_version=4
+        )
+        assert (appended.session.version, appended.session.last_seq) == (5, 4)
+    # A new handle (no cached head) reads the columns the append wrote over the old
+    # document, and the listing agrees.
+    async with open_store(f"sqlite:///{path}") as store:
+        head = await store.get_session("t", "s1")
+        assert (head.version, head.head_seq, head.last_seq) == (5, 4, 4)
+        assert head == appended.session
+        [listed] = (await store.list_sessions("t", SessionQuery())).items
+        assert listed == head
+
+
+async def test_an_append_writes_the_live_columns_and_leaves_the_document(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "s.db"
+    async with open_store(f"sqlite:///{path}") as store:
+        await store.create_session(SessionRecord(id="s1", tenant="t", title="first"))
+        conn = sqlite3.connect(path)
+        doc_before = conn.execute("SELECT doc FROM sessions").fetchone()[0]
+        draft = EntryDraft(id="e1", payload={"n": 1})
+        appended = await store.append_entries(
+            "t", "s1", [draft], patch=SessionPatch(add={"message_count": 1, "total_tokens": 7})
+        )
+        row = conn.execute(
+            "SELECT doc, version, head_seq, last_seq, message_count, total_tokens FROM sessions"
+        ).fetchone()
+        assert row == (doc_before, 2, 1, 1, 1, 7)
+        # Any other field rewrites the document, with the live values in it too.
+        updated = await store.update_session("t", "s1", SessionPatch(set={"title": "second"}))
+        (doc,) = conn.execute("SELECT doc FROM sessions").fetchone()
+        stored = SessionRecord.model_validate_json(doc)
+        assert (stored.title, stored.version, stored.message_count) == ("second", 3, 1)
+        conn.close()
+    async with open_store(f"sqlite:///{path}") as store:
+        head = await store.get_session("t", "s1")
+        assert head == updated
+        assert head.last_active == updated.last_active > appended.session.created_at
+
+
+async def test_a_change_to_an_equal_value_of_another_type_is_written(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    async with open_store(f"sqlite:///{path}") as store:
+        await store.create_session(SessionRecord(id="s1", tenant="t", metadata={"a": True}))
+        await store.update_session("t", "s1", SessionPatch(set={"metadata": {"a": 1}}))
+    async with open_store(f"sqlite:///{path}") as store:
+        stored = (await store.get_session("t", "s1")).metadata["a"]
+        assert stored == 1
+        assert stored is not True

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from statekeeper.errors import InvalidPayloadError
 from statekeeper.jsoncodec import MAX_JSON_DEPTH
 
-__all__ = ["TypedModel", "explain", "typed_input"]
+__all__ = ["TypedModel", "explain", "trusted", "typed_input"]
 
 _SHOWN_LOC = 6  # a value nested thousands deep has a location thousands long
 
@@ -118,3 +118,24 @@ class TypedModel(BaseModel):
             super().__setattr__(name, value)
         except ValidationError as exc:
             raise _invalid(f"{type(self).__name__}.{name}", exc) from exc
+
+
+M = TypeVar("M", bound=BaseModel)
+_FIELD_NAMES: dict[type[BaseModel], set[str]] = {}
+
+
+def trusted(cls: type[M], fields: dict[str, Any]) -> M:
+    """An instance of ``cls`` holding ``fields``, which must be every field, each already
+    valid (built from validated parts). Nothing is validated or copied: what pydantic's
+    ``model_construct`` does, at a third of its cost, for the objects every append makes.
+    """
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = set(cls.model_fields)
+    instance = cls.__new__(cls)
+    _set = object.__setattr__  # frozen models refuse their own __setattr__
+    _set(instance, "__dict__", fields)
+    _set(instance, "__pydantic_fields_set__", names)
+    _set(instance, "__pydantic_extra__", None)
+    _set(instance, "__pydantic_private__", None)
+    return instance

@@ -193,7 +193,7 @@ class RunStore:
                 side=True,
             )
         )
-        patch = appended_counters(with_tokens)
+        patch = appended_counters(len(with_tokens), sum(m.tokens or 0 for m in with_tokens))
         try:
             result = await self.store.append_entries(
                 self.tenant,

@@ -99,17 +99,20 @@ def check_limit(value: object, name: str) -> int | None:
 
 def crosses_boundary(
     record: SessionRecord,
-    extra: Sequence[Message],
+    extra_messages: int,
+    extra_tokens: int,
     max_messages: int | None,
     max_tokens: int | None,
 ) -> bool:
-    """Whether appending ``extra`` to ``record`` would cross the session boundary."""
+    """Whether appending ``extra_messages`` holding ``extra_tokens`` to ``record`` would
+    cross the session boundary."""
+    if max_messages is None and max_tokens is None:
+        return False
     carried = record.metadata.get(CARRIED_KEY, 0)
     if isinstance(carried, int) and record.message_count <= carried:
         return False  # a fresh continuation: moving on again would not shrink anything
-    if max_messages is not None and record.message_count + len(extra) > max_messages:
+    if max_messages is not None and record.message_count + extra_messages > max_messages:
         return True
-    extra_tokens = sum(m.tokens or 0 for m in extra)
     return max_tokens is not None and record.fresh_tokens + extra_tokens > max_tokens
 
 

@@ -19,7 +19,7 @@ from pydantic import JsonValue
 
 from statekeeper.core.context import ContextWindow, build_context_window
 from statekeeper.core.messages import Message
-from statekeeper.core.tokens import DEFAULT_COUNTER, TokenCounter, counted
+from statekeeper.core.tokens import DEFAULT_COUNTER, TokenCounter, message_tokens
 from statekeeper.core.typed import typed_input
 from statekeeper.errors import (
     AlreadyExistsError,
@@ -301,16 +301,18 @@ class Session(SessionBasics):
         if not messages:
             raise InvalidInputError("append needs at least one message")
         check_messages(messages)
-        with_tokens = [counted(m, self.manager.counter) for m in messages]
+        manager = self.manager
+        tokens = [message_tokens(m, manager.counter) for m in messages]
         continued_from = None
-        if self.manager.auto_continue and self.needs_continuation(extra=with_tokens):
-            manager = self.manager
+        if manager.auto_continue and crosses_boundary(
+            self._record, len(messages), sum(tokens), manager.max_messages, manager.max_tokens
+        ):
             await check_room(manager, self._record, manager.max_messages, manager.max_tokens)
             continued_from = self.id
             await self.continue_session()
         entries = await self._append_raw(
-            [message_draft(m) for m in with_tokens],
-            appended_counters(with_tokens),
+            [message_draft(m, n) for m, n in zip(messages, tokens, strict=True)],
+            appended_counters(len(messages), sum(tokens)),
             expected_version=self.version if strict else None,
         )
         return AppendOutcome(entries, self.id, continued_from)
@@ -424,7 +426,10 @@ class Session(SessionBasics):
     def needs_continuation(self, *, extra: Sequence[Message] = ()) -> bool:
         """Whether appending ``extra`` would cross the manager's session boundary."""
         manager = self.manager
-        return crosses_boundary(self._record, extra, manager.max_messages, manager.max_tokens)
+        tokens = sum(message_tokens(m, manager.counter) for m in extra)
+        return crosses_boundary(
+            self._record, len(extra), tokens, manager.max_messages, manager.max_tokens
+        )
 
     async def continue_session(self) -> Session:
         """Move this conversation to a new, linked continuation session and return self.

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from statekeeper.core.messages import utcnow
+from statekeeper.core.typed import trusted
 from statekeeper.errors import InvalidInputError
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import loads
@@ -245,8 +246,14 @@ class AppendEngine:
                 for entry, text, draft in zip(planned.entries, planned.encoded, drafts, strict=True)
             ]
             # Built from checked parts: nothing to validate again.
-            result = AppendResult.model_construct(
-                session=planned.session, entries=planned.entries, replayed=False, events=[]
+            result = trusted(
+                AppendResult,
+                {
+                    "session": planned.session,
+                    "entries": planned.entries,
+                    "replayed": False,
+                    "events": [],
+                },
             )
             return Planned(planned.session, writes, result, logged)
 

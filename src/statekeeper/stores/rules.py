@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
+from statekeeper.core.typed import trusted
 from statekeeper.errors import (
     ConflictError,
     InvalidInputError,
@@ -26,7 +27,7 @@ from statekeeper.errors import (
     NotFoundError,
 )
 from statekeeper.ids import validate_id
-from statekeeper.jsoncodec import decode_json, encode_json, loads
+from statekeeper.jsoncodec import decode_json, encode_json, encode_stored, loads
 from statekeeper.stores.base import (
     Entry,
     EntryDraft,
@@ -115,7 +116,7 @@ def apply_patch(
             raise InvalidPayloadError(f"invalid session update: {exc}") from exc
     else:
         # Counters are ints and the rest is unchanged: nothing to validate again.
-        updated = record.model_copy(update=changes)
+        updated = trusted(SessionRecord, {**record.__dict__, **changes})
     if not 0 <= updated.head_seq <= updated.last_seq:
         raise InvalidInputError(
             f"head_seq {updated.head_seq} is not an entry of session {record.id!r} "
@@ -193,10 +194,12 @@ def plan_append(
                     f"parent {parent} of entry {draft.id!r} is not an entry of session "
                     f"{record.id!r} (entries 1..{seq - 1})"
                 )
-        text = encode_json(draft.payload, what=f"entry {draft.id!r}", limit=max_payload_bytes)
+        # The entry holds the payload as a read returns it (tuples as lists ...).
+        text, payload = encode_stored(
+            draft.payload, what=f"entry {draft.id!r}", limit=max_payload_bytes
+        )
         encoded.append(text)
-        # The entry as a read returns it: decoded from what is stored (tuples as lists ...).
-        entries.append(Entry(seq, draft.id, parent, str(draft.kind), draft.created_at, loads(text)))
+        entries.append(Entry(seq, draft.id, parent, str(draft.kind), draft.created_at, payload))
         if not draft.side:
             previous = head = seq
 

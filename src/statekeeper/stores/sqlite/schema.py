@@ -6,7 +6,7 @@ append a new one.
 
 from __future__ import annotations
 
-__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "SEQ_BITS"]
+__all__ = ["LIVE_COLUMNS", "MIGRATIONS", "SCHEMA_VERSION", "SEQ_BITS"]
 
 MIGRATIONS: list[str] = [
     # 1: sessions, transcript entries, versioned records, event logs
@@ -77,7 +77,22 @@ MIGRATIONS: list[str] = [
     ALTER TABLE entries_v2 RENAME TO entries;
     CREATE UNIQUE INDEX entries_by_id ON entries (session_sk, id);
     """,
+    # 3: the head fields every append changes, as columns (`LIVE_COLUMNS`). An append
+    # updates these integers and leaves the head document alone; the document is
+    # rewritten only when other fields change. NULL (a head written before version 3)
+    # means the document's own values are current.
+    """
+    ALTER TABLE sessions ADD COLUMN head_seq INTEGER;
+    ALTER TABLE sessions ADD COLUMN last_seq INTEGER;
+    ALTER TABLE sessions ADD COLUMN message_count INTEGER;
+    ALTER TABLE sessions ADD COLUMN total_tokens INTEGER;
+    ALTER TABLE sessions ADD COLUMN fresh_tokens INTEGER;
+    """,
 ]
+
+LIVE_COLUMNS = ("head_seq", "last_seq", "message_count", "total_tokens", "fresh_tokens")
+"""Head fields kept in columns of their own since schema version 3 (with ``version`` and
+``active_us``, the last activity, which were columns from the start)."""
 
 SEQ_BITS = 32
 """An entry's rowid is ``session_sk << SEQ_BITS | seq`` (schema version 2)."""

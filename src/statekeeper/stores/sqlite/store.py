@@ -23,6 +23,7 @@ from statekeeper.errors import (
     InvalidInputError,
     NotFoundError,
     PayloadTooLargeError,
+    StoreCorruptError,
     StoreFullError,
 )
 from statekeeper.ids import validate_id
@@ -51,7 +52,7 @@ from statekeeper.stores.rules import (
     session_not_found,
 )
 from statekeeper.stores.sqlite.records import _KEY_END, SQLiteRecordsAndEvents, _dt, _limit, _us
-from statekeeper.stores.sqlite.schema import SEQ_BITS
+from statekeeper.stores.sqlite.schema import LIVE_COLUMNS, SEQ_BITS
 
 __all__ = ["SQLiteStore"]
 
@@ -93,26 +94,43 @@ class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
         cached = self._heads.get((tenant, session_id))
         if cached is not None and cached[0] == row[0] and cached[1].version == row[1]:
             return row[0], cached[1]
-        (doc,) = db.execute("SELECT doc FROM sessions WHERE sk=?", (row[0],)).fetchone()
-        record = decode_session(tenant, session_id, doc, str(self.path))
+        stored = db.execute(f"SELECT {_HEAD_COLUMNS} FROM sessions WHERE sk=?", (row[0],))
+        record = self._decode_head(tenant, session_id, *stored.fetchone())
         self._heads[tenant, session_id] = (row[0], record)
         return row[0], record
 
+    def _decode_head(
+        self, tenant: str, session_id: str, doc: str, active_us: int, version: int, *live: Any
+    ) -> SessionRecord:
+        """A head from its document and its live columns (see schema version 3)."""
+        record = decode_session(tenant, session_id, doc, str(self.path))
+        if live[0] is None:  # written before version 3: the document is current
+            return record
+        columns = dict(zip(LIVE_COLUMNS, live, strict=True))
+        return record.model_copy(
+            update={"last_active": _dt(active_us), "version": version, **columns}
+        )
+
     def _save_head(
-        self, db: sqlite3.Connection, sk: int, record: SessionRecord, old_version: int
+        self, db: sqlite3.Connection, sk: int, record: SessionRecord, base: SessionRecord
     ) -> bool:
-        """Write a head over version ``old_version``; False if that is no longer stored."""
+        """Write a head over ``base``; False if ``base`` is no longer the stored version.
+
+        An append changes only the live columns; the document is written when any other
+        field changed (it then carries the live values too, for readers of old versions).
+        """
+        live = [getattr(record, name) for name in LIVE_COLUMNS]
+        common = [_us(record.last_active), record.version, *live]
+        if not _doc_changed(base, record):
+            cursor = db.execute(_SAVE_LIVE, (*common, sk, base.version))
+            return cursor.rowcount == 1
         doc = record.model_dump_json()
         if len(doc) > self.max_payload_bytes:
             raise PayloadTooLargeError(
                 f"session {record.id!r} record would be {len(doc)} bytes; "
                 f"the limit is {self.max_payload_bytes}"
             )
-        cursor = db.execute(
-            "UPDATE sessions SET agent_id=?, active_us=?, version=?, doc=? "
-            "WHERE sk=? AND version=?",
-            (record.agent_id, _us(record.last_active), record.version, doc, sk, old_version),
-        )
+        cursor = db.execute(_SAVE_ALL, (*common, record.agent_id, doc, sk, base.version))
         return cursor.rowcount == 1
 
     # -- sessions ------------------------------------------------------------------------
@@ -124,7 +142,7 @@ class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
             try:
                 cursor = db.execute(
                     "INSERT INTO sessions (tenant, id, agent_id, active_us, created_us, version,"
-                    " doc) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    f" doc, {', '.join(LIVE_COLUMNS)}) VALUES ({', '.join('?' * 12)})",
                     (
                         record.tenant,
                         record.id,
@@ -133,6 +151,7 @@ class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
                         _us(record.created_at),
                         record.version,
                         record.model_dump_json(),
+                        *(getattr(record, name) for name in LIVE_COLUMNS),
                     ),
                 )
             except sqlite3.IntegrityError:
@@ -169,14 +188,19 @@ class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
             where.append("(active_us, id) < (?, ?)")
             params += [_us(stamp), after_id]
         sql = (
-            f"SELECT active_us, id, doc FROM sessions WHERE {' AND '.join(where)} "
+            f"SELECT id, {_HEAD_COLUMNS} FROM sessions WHERE {' AND '.join(where)} "
             "ORDER BY active_us DESC, id DESC LIMIT ? OFFSET ?"
         )
         params += [query.limit + 1, query.offset]
 
         def run(db: sqlite3.Connection) -> Page:
             # Decoded on the worker too: a page of heads is long work for the event loop.
-            rows = [(_dt(us), sid, doc) for us, sid, doc in db.execute(sql, params)]
+            rows: list[tuple[datetime, str, str | SessionRecord]] = []
+            for sid, doc, us, *rest in db.execute(sql, params):
+                try:
+                    rows.append((_dt(us), sid, self._decode_head(tenant, sid, doc, us, *rest)))
+                except StoreCorruptError:
+                    rows.append((_dt(us), sid, doc))  # reported by page_of
             return page_of(rows, tenant, query.limit, str(self.path))
 
         return await self._read(run)
@@ -239,7 +263,7 @@ class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
         sk = cast(int, base.token)
 
         def commit(db: sqlite3.Connection) -> None:
-            if not self._save_head(db, sk, head, base.record.version):
+            if not self._save_head(db, sk, head, base.record):
                 raise _Stale
             if not writes:
                 return
@@ -351,7 +375,7 @@ class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
             )
             if cursor.rowcount:
                 updated = apply_patch(record, SessionPatch(), now=utcnow())
-                self._save_head(db, sk, updated, record.version)
+                self._save_head(db, sk, updated, record)
             return cursor.rowcount
 
         return await self._write(prune)
@@ -389,6 +413,29 @@ class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
             return found[0]
 
         return await self._read(get)
+
+
+_HEAD_COLUMNS = f"doc, active_us, version, {', '.join(LIVE_COLUMNS)}"
+_LIVE_SET = ", ".join(f"{name}=?" for name in LIVE_COLUMNS)
+_SAVE_LIVE = f"UPDATE sessions SET active_us=?, version=?, {_LIVE_SET} WHERE sk=? AND version=?"
+_SAVE_ALL = (
+    f"UPDATE sessions SET active_us=?, version=?, {_LIVE_SET}, agent_id=?, doc=? "
+    "WHERE sk=? AND version=?"
+)
+_IN_COLUMNS = frozenset({*LIVE_COLUMNS, "version", "last_active"})
+
+
+def _doc_changed(base: SessionRecord, record: SessionRecord) -> bool:
+    """Whether ``record`` may differ from ``base`` in a field kept in the head document.
+
+    By identity: an append copies the head, so its other fields are the same objects.
+    (Equality would miss real changes: ``{"a": 1} == {"a": True}``.)
+    """
+    old = base.__dict__
+    for name, value in record.__dict__.items():
+        if value is not old[name] and name not in _IN_COLUMNS:
+            return True
+    return False
 
 
 def _metadata_conditions(metadata: Mapping[str, Any], params: list[Any]) -> list[str]:
