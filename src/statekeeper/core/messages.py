@@ -366,17 +366,11 @@ def _trusted_block(block: Any) -> TextBlock | ToolCallBlock | ToolResultBlock | 
         text = block["text"] if block.keys() == _TEXT_KEYS else None
         if type(text) is str:
             return _trusted(TextBlock, {"type": "text", "text": text}, _TEXT_KEYS)
-    elif kind == "tool_result":
-        if block.keys() == _RESULT_KEYS:
-            call_id, content, is_error = block["tool_call_id"], block["content"], block["is_error"]
-            if _named(call_id) and type(content) is str and type(is_error) is bool:
-                fields = {
-                    "type": "tool_result",
-                    "tool_call_id": call_id,
-                    "content": content,
-                    "is_error": is_error,
-                }
-                return _trusted(ToolResultBlock, fields, _RESULT_KEYS)
+    elif kind == "tool_result" and block.keys() == _RESULT_KEYS:
+        call_id, text, is_error = block["tool_call_id"], block["content"], block["is_error"]
+        if _named(call_id) and type(text) is str and type(is_error) is bool:
+            fields = {"type": kind, "tool_call_id": call_id, "content": text, "is_error": is_error}
+            return _trusted(ToolResultBlock, fields, _RESULT_KEYS)
     elif kind == "tool_call" and block.keys() == _CALL_KEYS:
         call_id, name, arguments = block["id"], block["name"], block["arguments"]
         if _named(call_id) and _named(name) and type(arguments) is str:
@@ -413,18 +407,25 @@ def stored_message(payload: dict[str, Any], message_id: str, created_at: datetim
     except (KeyError, TypeError):  # no role, an unknown one, or not even a string
         return _validated(payload, message_id, created_at)
     content = payload.get("content", "")
-    name = payload.get("name")
     tokens = payload.get("tokens")
-    metadata = payload.get("metadata", {})  # an explicit null is damage: validated below
-    stored = payload.get("category")
-    if stored is not None:
-        category = _CATEGORIES.get(stored) if type(stored) is int else None  # type: ignore[assignment]
+    name = None
+    metadata: Any = {}
+    if len(payload) != 1 + ("content" in payload) + ("tokens" in payload):
+        # Not just the usual keys: the rest are checked too.
+        name = payload.get("name")
+        metadata = payload.get("metadata", metadata)  # an explicit null is damage
+        stored = payload.get("category")
+        if stored is not None:
+            category = _CATEGORIES.get(stored) if type(stored) is int else None  # type: ignore[assignment]
+        if (
+            category is None
+            or not payload.keys() <= _STORED_KEYS
+            or not (name is None or type(name) is str)
+            or type(metadata) is not dict
+        ):
+            return _validated(payload, message_id, created_at)
     if (
-        category is None
-        or not payload.keys() <= _STORED_KEYS
-        or not (name is None or type(name) is str)
-        or type(metadata) is not dict
-        or not (tokens is None or (type(tokens) is int and tokens >= 0))
+        not (tokens is None or (type(tokens) is int and tokens >= 0))
         or type(message_id) is not str
         or not 0 < len(message_id) <= 128
     ):
