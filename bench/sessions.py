@@ -11,13 +11,15 @@ Messages are a realistic mix: two 400-byte chat turns, then a 2 KB tool output. 
 measured append adds one message to a session that already holds ``history`` messages.
 The two sides take turns in small batches (disk latency drifts on a shared machine, and
 drift then hits both alike); every batch gives one ratio, and the report shows the
-median ratio with the lowest and highest. Bytes on disk (after a checkpoint) are
-compared with the payload: the JSON of the message dicts.
+median ratio with the lowest and highest. Each load starts from a collected heap, so
+neither side pays for collecting the other's objects. Bytes on disk (after a
+checkpoint) are compared with the payload: the JSON of the message dicts.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import sqlite3
 import statistics
@@ -123,10 +125,19 @@ async def measure(durability: str, history: int, folder: Path) -> dict[str, Any]
             ours_total, raw_total = ours_total + ours, raw_total + theirs
 
         load_ratios: list[float] = []
+        loaded: list[Any] = []
+        raw_loaded: list[Any] = []
         for _ in range(LOADS):
+            # Each side starts from a collected heap, its previous result freed: else a
+            # collection one side's allocations trigger also walks the other side's
+            # objects, and which side pays for it changes from run to run.
+            loaded = []
+            gc.collect()
             started = time.perf_counter()
             loaded = await session.messages()
             ours = time.perf_counter() - started
+            raw_loaded = []
+            gc.collect()
             started = time.perf_counter()
             raw_loaded = raw.load()
             load_ratios.append(ours / (time.perf_counter() - started))

@@ -116,6 +116,34 @@ async def test_corrupt_row_is_reported_and_the_rest_still_served(tmp_path: Path)
         await store.close()
 
 
+@pytest.mark.parametrize(
+    "payload",
+    [
+        '{"role": ["user"], "content": "b"}',
+        '{"role": "user", "content": "b", "metadata": null}',
+        '{"role": "user", "content": [{"type": "tool_call", "id": "", "name": "f"}]}',
+        '{"role": "user", "content": "b", "tokens": NaN}',
+        '["role", "user"]',
+    ],
+)
+async def test_a_row_that_is_json_but_not_a_message_is_reported(
+    tmp_path: Path, payload: str
+) -> None:
+    db = tmp_path / "state.db"
+    await make_session(db, ["a", "b", "c"])
+    conn = sqlite3.connect(db)
+    conn.execute("UPDATE entries SET payload=? WHERE (rid & 4294967295)=2", (payload,))
+    conn.commit()
+    conn.close()
+    store = await open_store(f"sqlite:///{db}")
+    try:
+        view = await (await SessionManager(store, "alice").get("s1")).view()
+        assert [m.text for m in view.messages] == ["a", "c"]
+        assert [e.seq for e in view.corrupt] == [2]
+    finally:
+        await store.close()
+
+
 async def test_a_file_that_is_not_a_database(tmp_path: Path) -> None:
     db = tmp_path / "state.db"
     db.write_bytes(b"this is not sqlite" * 100)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from enum import IntEnum, StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
+    BaseModel,
     ConfigDict,
     Discriminator,
     Field,
@@ -65,6 +66,7 @@ class MessageCategory(IntEnum):
 
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
+_M = TypeVar("_M", bound=BaseModel)
 
 
 class TextBlock(TypedModel):
@@ -320,52 +322,130 @@ class Message(TypedModel):
         return cls.model_validate(data)
 
 
-_ROLES = {role.value: role for role in Role}
+_ROLE_AND_CATEGORY = {role.value: (role, _DEFAULT_CATEGORY[role]) for role in Role}
 _CATEGORIES = {category.value: category for category in MessageCategory}
 _STORED_KEYS = frozenset({"role", "content", "category", "name", "metadata", "tokens"})
 _FIELDS_SET = frozenset(
     {"role", "content", "category", "id", "created_at", "name", "metadata", "tokens"}
 )
+_new = object.__new__
+# BaseModel's own slots, set the way pydantic-core sets them on a validated instance.
+_set_dict = BaseModel.__dict__["__dict__"].__set__
+_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
+
+
+def _trusted(cls: type[_M], fields: dict[str, Any], names: frozenset[str]) -> _M:
+    """An instance of ``cls`` holding ``fields`` (checked by the caller), not validated."""
+    model = _new(cls)
+    _set_dict(model, fields)
+    _set_fields_set(model, set(names))
+    _set_extra(model, None)
+    _set_private(model, None)
+    return model
+
+
+_TEXT_KEYS = frozenset({"type", "text"})
+_CALL_KEYS = frozenset({"type", "id", "name", "arguments"})
+_RESULT_KEYS = frozenset({"type", "tool_call_id", "content", "is_error"})
+
+
+def _named(value: object) -> bool:
+    """Whether ``value`` is a non-empty string (an id or name, ``min_length=1``)."""
+    return type(value) is str and value != ""
+
+
+def _trusted_block(block: Any) -> TextBlock | ToolCallBlock | ToolResultBlock | None:
+    """A text, tool call or tool result block as `message_draft` stores it (every field
+    present, each of its exact type), built without validation; None for anything else."""
+    if type(block) is not dict:
+        return None
+    kind = block.get("type")
+    if kind == "text":
+        text = block["text"] if block.keys() == _TEXT_KEYS else None
+        if type(text) is str:
+            return _trusted(TextBlock, {"type": "text", "text": text}, _TEXT_KEYS)
+    elif kind == "tool_result" and block.keys() == _RESULT_KEYS:
+        call_id, text, is_error = block["tool_call_id"], block["content"], block["is_error"]
+        if _named(call_id) and type(text) is str and type(is_error) is bool:
+            fields = {"type": kind, "tool_call_id": call_id, "content": text, "is_error": is_error}
+            return _trusted(ToolResultBlock, fields, _RESULT_KEYS)
+    elif kind == "tool_call" and block.keys() == _CALL_KEYS:
+        call_id, name, arguments = block["id"], block["name"], block["arguments"]
+        if _named(call_id) and _named(name) and type(arguments) is str:
+            fields = {"type": "tool_call", "id": call_id, "name": name, "arguments": arguments}
+            return _trusted(ToolCallBlock, fields, _CALL_KEYS)
+    return None
+
+
+def _trusted_blocks(content: Any) -> list[ContentBlock] | None:
+    """``content`` as trusted blocks, or None if any block needs validating."""
+    if type(content) is not list:
+        return None
+    blocks: list[ContentBlock] = []
+    for item in content:
+        block = _trusted_block(item)
+        if block is None:
+            return None
+        blocks.append(block)
+    return blocks
 
 
 def stored_message(payload: dict[str, Any], message_id: str, created_at: datetime) -> Message:
     """The message a store holds: ``payload`` (decoded JSON) with its entry's id and time.
 
     Reading 10,000 messages is the common hot path, and a stored payload was validated
-    when it was written, so a plain one (text content, known role and category, nothing
-    extra) is built without running validation again. Anything else is validated in full,
-    so a damaged row still raises `InvalidPayloadError` instead of loading.
+    when it was written, so the usual one (text content, or text, tool call and tool
+    result blocks; a known role and category; nothing extra) is built without running
+    validation again: each field is checked to be of the exact type validation would
+    give. Anything else is validated in full, so a damaged row still raises
+    `InvalidPayloadError` instead of loading.
     """
-    role = _ROLES.get(payload.get("role"))  # type: ignore[arg-type]
+    try:
+        role, category = _ROLE_AND_CATEGORY[payload["role"]]
+    except (KeyError, TypeError):  # no role, an unknown one, or not even a string
+        return _validated(payload, message_id, created_at)
     content = payload.get("content", "")
-    category = payload.get("category")
-    name = payload.get("name")
-    metadata = payload.get("metadata", {})
     tokens = payload.get("tokens")
+    name = None
+    metadata: Any = {}
+    if len(payload) != 1 + ("content" in payload) + ("tokens" in payload):
+        # Not just the usual keys: the rest are checked too.
+        name = payload.get("name")
+        metadata = payload.get("metadata", metadata)  # an explicit null is damage
+        stored = payload.get("category")
+        if stored is not None:
+            category = _CATEGORIES.get(stored) if type(stored) is int else None  # type: ignore[assignment]
+        if (
+            category is None
+            or not payload.keys() <= _STORED_KEYS
+            or not (name is None or type(name) is str)
+            or type(metadata) is not dict
+        ):
+            return _validated(payload, message_id, created_at)
     if (
-        role is None
-        or type(content) is not str
-        or not payload.keys() <= _STORED_KEYS
-        or not (category is None or (type(category) is int and category in _CATEGORIES))
-        or not (name is None or type(name) is str)
-        or type(metadata) is not dict
-        or not (tokens is None or (type(tokens) is int and tokens >= 0))
+        not (tokens is None or (type(tokens) is int and tokens >= 0))
+        or type(message_id) is not str
         or not 0 < len(message_id) <= 128
     ):
-        return Message.model_validate({**payload, "id": message_id, "created_at": created_at})
-    message = Message.__new__(Message)
+        return _validated(payload, message_id, created_at)
+    if type(content) is not str:
+        content = _trusted_blocks(content)
+        if content is None:
+            return _validated(payload, message_id, created_at)
     fields = {
         "role": role,
         "content": content,
-        "category": _CATEGORIES[category] if category is not None else _DEFAULT_CATEGORY[role],
+        "category": category,
         "id": message_id,
         "created_at": created_at,
         "name": name,
         "metadata": metadata,
         "tokens": tokens,
     }
-    object.__setattr__(message, "__dict__", fields)
-    object.__setattr__(message, "__pydantic_fields_set__", set(_FIELDS_SET))
-    object.__setattr__(message, "__pydantic_extra__", None)
-    object.__setattr__(message, "__pydantic_private__", None)
-    return message
+    return _trusted(Message, fields, _FIELDS_SET)
+
+
+def _validated(payload: dict[str, Any], message_id: object, created_at: datetime) -> Message:
+    return Message.model_validate({**payload, "id": message_id, "created_at": created_at})

@@ -177,21 +177,47 @@ def is_replaceable(message: Message) -> bool:
 
 def build_view(branch: Sequence[Entry]) -> TranscriptView:
     """Turn a branch into the message view, applying compactions in order."""
-    items: list[_Item] = []
+    items = _Items()
     corrupt: list[Entry] = []
     with gc_paused():
         _fill(branch, items, corrupt)
     return TranscriptView(
-        messages=[m for _, _, m in items],
-        seqs=[s for _, s, _ in items],
-        branch=list(branch),
-        corrupt=corrupt,
+        messages=items.messages, seqs=items.seqs, branch=list(branch), corrupt=corrupt
     )
 
 
-_Item = tuple[int, int, Message]
-"""(cover, seq, message): ``cover`` is the branch index a later compaction's range is
-judged by: a message's own, a summary's the end of the range it stands for."""
+class _Items:
+    """The view as it is built, as parallel lists (no tuple per message): each message,
+    its seq, and its ``cover``: the branch index a later compaction's range is judged
+    by (a message's own, a summary's the end of the range it stands for)."""
+
+    def __init__(self) -> None:
+        self.covers: list[int] = []
+        self.seqs: list[int] = []
+        self.messages: list[Message] = []
+
+    def compact(self, through: int, seq: int, summary: Message) -> None:
+        """Put ``summary`` in place of the replaceable items covered through ``through``
+        (where the first of them was; at the end if there is none)."""
+        covers: list[int] = []
+        seqs: list[int] = []
+        messages: list[Message] = []
+        placed = False
+        for item in zip(self.covers, self.seqs, self.messages, strict=True):
+            if item[0] <= through and is_replaceable(item[2]):
+                if not placed:
+                    item, placed = (through, seq, summary), True
+                else:
+                    continue
+            covers.append(item[0])
+            seqs.append(item[1])
+            messages.append(item[2])
+        if not placed:
+            covers.append(through)
+            seqs.append(seq)
+            messages.append(summary)
+        # In place: the reading loop holds these lists' append methods.
+        self.covers[:], self.seqs[:], self.messages[:] = covers, seqs, messages
 
 
 class _Seqs:
@@ -214,42 +240,34 @@ class _Seqs:
         return (named or found)[-1]
 
 
-def _fill(branch: Sequence[Entry], items: list[_Item], corrupt: list[Entry]) -> None:
-    seqs = _Seqs(branch)
+def _fill(branch: Sequence[Entry], items: _Items, corrupt: list[Entry]) -> None:
+    # The loop that reads whole transcripts: message entries are decoded right here, and
+    # the index by seq only compactions need is built at the first one.
+    seqs: _Seqs | None = None
+    add_cover, add_seq, add_message = items.covers.append, items.seqs.append, items.messages.append
     for index, entry in enumerate(branch):
-        if entry.kind == EntryKind.MESSAGE:
+        seq, entry_id, _, kind, created_at, payload = entry
+        if kind == EntryKind.MESSAGE:
             try:
-                items.append((index, entry.seq, message_of(entry)))
+                message = stored_message(payload, entry_id, created_at)
             except (ValidationError, InvalidPayloadError) as exc:
                 corrupt.append(_as_corrupt(entry, f"not a valid message: {str(exc)[:200]}"))
-        elif entry.kind == EntryKind.COMPACTION:
-            payload = entry.payload
+                continue
+            add_cover(index)
+            add_seq(seq)
+            add_message(message)
+        elif kind == EntryKind.COMPACTION:
+            seqs = seqs or _Seqs(branch)
             try:
                 summary = Message.model_validate(payload["summary"])
-                through = seqs.through(
-                    index, int(payload["through_seq"]), payload.get("through_id")
-                )
+                through_seq = int(payload["through_seq"])
+                through = seqs.through(index, through_seq, payload.get("through_id"))
             except (KeyError, TypeError, ValueError) as exc:
                 corrupt.append(_as_corrupt(entry, f"not a valid compaction: {exc!r}"))
                 continue
-            items[:] = _apply_compaction(items, through, entry.seq, summary)
-        elif entry.kind == EntryKind.CORRUPT:
+            items.compact(through, seq, summary)
+        elif kind == EntryKind.CORRUPT:
             corrupt.append(entry)
-
-
-def _apply_compaction(items: list[_Item], through: int, seq: int, summary: Message) -> list[_Item]:
-    out: list[_Item] = []
-    placed = False
-    for cover, item_seq, message in items:
-        if cover <= through and is_replaceable(message):
-            if not placed:
-                out.append((through, seq, summary))
-                placed = True
-            continue
-        out.append((cover, item_seq, message))
-    if not placed:
-        out.append((through, seq, summary))
-    return out
 
 
 def covered_seq(seq: int, message: Message) -> int:

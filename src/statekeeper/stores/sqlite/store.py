@@ -293,20 +293,22 @@ class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
 
     def _entries(self, db: sqlite3.Connection, sql: str, params: Sequence[Any]) -> list[Entry]:
         # The loop that reads whole transcripts: the usual row is decoded right here,
-        # anything else (not a JSON object, a time far from now) by `_entry`.
+        # anything else (not a JSON object, a time far from now) by `_entry`. Entries are
+        # made with tuple.__new__, as Entry(...) does, minus its Python-level call.
         out: list[Entry] = []
-        append, timestamp = out.append, datetime.fromtimestamp
+        append, timestamp, new = out.append, datetime.fromtimestamp, tuple.__new__
         with gc_paused():
-            for seq, entry_id, parent, kind, created_us, text in db.execute(sql, params):
+            for row in db.execute(sql, params):
                 try:
-                    payload = loads(text)
+                    payload = loads(row[5])
                 except ValueError:
                     payload = None
+                created_us = row[4]
                 if type(payload) is dict and -_EXACT_US < created_us < _EXACT_US:
                     created = timestamp(created_us / 1e6, UTC)
-                    append(Entry(seq, entry_id, parent, kind, created, payload))
+                    append(new(Entry, (row[0], row[1], row[2], row[3], created, payload)))
                 else:
-                    append(self._entry(seq, entry_id, parent, kind, created_us, text))
+                    append(self._entry(*row))
         return out
 
     @staticmethod
