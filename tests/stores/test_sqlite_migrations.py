@@ -123,3 +123,38 @@ async def test_a_change_to_an_equal_value_of_another_type_is_written(tmp_path: P
         stored = (await store.get_session("t", "s1")).metadata["a"]
         assert stored == 1
         assert stored is not True
+
+
+async def test_a_token_count_is_stored_in_its_column_and_read_back_in_place(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "s.db"
+    payloads = [
+        {"role": "user", "content": "hi", "tokens": 7},  # split: tokens last, an int
+        {"tokens": 3, "role": "user"},  # tokens not last: stored as is
+        {"role": "user", "content": "x", "tokens": True},  # not an int: as is
+        {"role": "user", "content": ',"tokens":5}', "n": 1},  # no tokens key at all
+    ]
+    async with open_store(f"sqlite:///{path}") as store:
+        await store.create_session(SessionRecord(id="s1", tenant="t"))
+        drafts = [EntryDraft(id=f"e{n}", payload=p) for n, p in enumerate(payloads)]
+        appended = await store.append_entries("t", "s1", drafts)
+        assert [e.payload for e in appended.entries] == payloads
+    conn = sqlite3.connect(path)
+    rows = conn.execute("SELECT payload, tokens FROM entries ORDER BY rid").fetchall()
+    conn.close()
+    assert rows[0] == ('{"role":"user","content":"hi"}', 7)
+    assert [tokens for _, tokens in rows[1:]] == [None, None, None]
+    async with open_store(f"sqlite:///{path}") as store:
+        read = await store.read_entries("t", "s1")
+        assert [e.payload for e in read] == payloads
+        assert [list(e.payload) for e in read] == [list(p) for p in payloads]  # key order
+        # A payload rewritten in place (what reseal does) replaces the count too.
+        done = await store.rewrite_entry_payloads(
+            "t", "s1", {"e0": (payloads[0], {"role": "user", "content": "hi"})}
+        )
+        assert done == 1
+        assert (await store.get_entry("t", "s1", "e0")).payload == {
+            "role": "user",
+            "content": "hi",
+        }

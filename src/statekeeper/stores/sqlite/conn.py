@@ -59,7 +59,7 @@ class SQLiteConnection(ClosingStore):
         read_only: bool = False,
         inline_writes: bool = True,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
-        page_size: int = 4096,
+        page_size: int = 16384,
     ) -> None:
         if page_size not in _PAGE_SIZES:
             raise InvalidInputError(
@@ -146,6 +146,8 @@ class SQLiteConnection(ClosingStore):
         sync = "FULL" if self.durability is Durability.POWER else "NORMAL"
         if not self.read_only and conn.execute("PRAGMA page_count").fetchone()[0] == 0:
             conn.execute(f"PRAGMA page_size={self.page_size}")  # only a new file takes it
+        # An existing file keeps the page size it was made with.
+        self.page_size = conn.execute("PRAGMA page_size").fetchone()[0]
         conn.execute(f"PRAGMA synchronous={sync}")
         if not self.read_only:
             conn.execute("PRAGMA journal_mode=WAL").fetchall()

@@ -88,6 +88,12 @@ MIGRATIONS: list[str] = [
     ALTER TABLE sessions ADD COLUMN total_tokens INTEGER;
     ALTER TABLE sessions ADD COLUMN fresh_tokens INTEGER;
     """,
+    # 4: a message's token count in a column of its own. The payload's last key, when it
+    # is "tokens" with an integer, is stored here instead of as JSON text (about 10 bytes
+    # less per message); reads put it back as the payload's last key. NULL: not split.
+    """
+    ALTER TABLE entries ADD COLUMN tokens INTEGER;
+    """,
 ]
 
 LIVE_COLUMNS = ("head_seq", "last_seq", "message_count", "total_tokens", "fresh_tokens")
