@@ -15,7 +15,7 @@ import os
 import sqlite3
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 from statekeeper.core.messages import utcnow
 from statekeeper.errors import (
@@ -27,7 +27,7 @@ from statekeeper.errors import (
     StoreFullError,
 )
 from statekeeper.ids import validate_id
-from statekeeper.jsoncodec import encode_json, gc_paused, loads
+from statekeeper.jsoncodec import gc_paused, loads
 from statekeeper.stores.base import (
     Entry,
     Page,
@@ -51,23 +51,26 @@ from statekeeper.stores.rules import (
     session_not_found,
 )
 from statekeeper.stores.sqlite.records import _KEY_END, SQLiteRecordsAndEvents, _dt, _limit, _us
+from statekeeper.stores.sqlite.rows import (
+    HEAD_COLUMNS,
+    SAVE_ALL,
+    SAVE_LIVE,
+    SELECT_ENTRIES,
+    doc_changed,
+    metadata_conditions,
+    split_tokens,
+    stored_payload,
+)
 from statekeeper.stores.sqlite.schema import LIVE_COLUMNS, SEQ_BITS
 
 __all__ = ["SQLiteStore"]
 
 
 _EXACT_US = 2**52  # times whose float seconds convert exactly (see rules.from_micros)
-_SELECT = "SELECT rid & 4294967295, id, parent_seq, kind, created_us, payload, tokens FROM entries"
 
 
 class _Stale(Exception):
     """The head moved or an entry id is taken: roll back, report the current state."""
-
-
-T = TypeVar("T")
-_BUSY = {5, 6}  # SQLITE_BUSY, SQLITE_LOCKED
-_CHECKPOINT_BYTES = 4 * 1024 * 1024  # WAL growth between checkpoints (SQLite's default)
-_PAGES_PER_COMMIT = 4 * 4096  # a commit also rewrites a few index and head pages
 
 
 class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
@@ -93,7 +96,7 @@ class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
         cached = self._heads.get((tenant, session_id))
         if cached is not None and cached[0] == row[0] and cached[1].version == row[1]:
             return row[0], cached[1]
-        stored = db.execute(f"SELECT {_HEAD_COLUMNS} FROM sessions WHERE sk=?", (row[0],))
+        stored = db.execute(f"SELECT {HEAD_COLUMNS} FROM sessions WHERE sk=?", (row[0],))
         record = self._decode_head(tenant, session_id, *stored.fetchone())
         self._heads[tenant, session_id] = (row[0], record)
         return row[0], record
@@ -120,8 +123,8 @@ class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
         """
         live = [getattr(record, name) for name in LIVE_COLUMNS]
         common = [_us(record.last_active), record.version, *live]
-        if not _doc_changed(base, record):
-            cursor = db.execute(_SAVE_LIVE, (*common, sk, base.version))
+        if not doc_changed(base, record):
+            cursor = db.execute(SAVE_LIVE, (*common, sk, base.version))
             return cursor.rowcount == 1
         doc = record.model_dump_json()
         if len(doc) > self.max_payload_bytes:
@@ -129,7 +132,7 @@ class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
                 f"session {record.id!r} record would be {len(doc)} bytes; "
                 f"the limit is {self.max_payload_bytes}"
             )
-        cursor = db.execute(_SAVE_ALL, (*common, record.agent_id, doc, sk, base.version))
+        cursor = db.execute(SAVE_ALL, (*common, record.agent_id, doc, sk, base.version))
         return cursor.rowcount == 1
 
     # -- sessions ------------------------------------------------------------------------
@@ -180,14 +183,14 @@ class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
             params.append(_us(query.active_before))
         if query.metadata:
             # A head that is not JSON cannot be ruled out: it is reported, not left out.
-            conditions = " AND ".join(_metadata_conditions(query.metadata, params))
+            conditions = " AND ".join(metadata_conditions(query.metadata, params))
             where.append(f"CASE WHEN json_valid(doc) THEN {conditions} ELSE 1 END")
         if query.cursor is not None:
             stamp, after_id = decode_cursor(query.cursor)
             where.append("(active_us, id) < (?, ?)")
             params += [_us(stamp), after_id]
         sql = (
-            f"SELECT id, {_HEAD_COLUMNS} FROM sessions WHERE {' AND '.join(where)} "
+            f"SELECT id, {HEAD_COLUMNS} FROM sessions WHERE {' AND '.join(where)} "
             "ORDER BY active_us DESC, id DESC LIMIT ? OFFSET ?"
         )
         params += [query.limit + 1, query.offset]
@@ -231,7 +234,7 @@ class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
         marks = ",".join("?" * len(ids))
         found = self._entries(
             db,
-            f"{_SELECT} WHERE session_sk=? AND id IN ({marks})",
+            f"{SELECT_ENTRIES} WHERE session_sk=? AND id IN ({marks})",
             [sk, *ids],
         )
         return {e.id: e for e in found}
@@ -281,7 +284,7 @@ class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
                             e.parent_seq,
                             e.kind,
                             _us(e.created_at),
-                            *_split_tokens(e.payload, text),
+                            *split_tokens(e.payload, text),
                         )
                         for e, text, _ in writes
                     ],
@@ -332,7 +335,7 @@ class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
     ) -> Entry:
         created = _dt(created_us)
         try:
-            payload = _stored_payload(text, tokens)
+            payload = stored_payload(text, tokens)
         except ValueError as exc:
             return corrupt_entry(seq, entry_id, parent, created, str(text), str(exc))
         return Entry(seq, entry_id, parent, kind, created, payload)
@@ -357,7 +360,7 @@ class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
                 return []
             return self._entries(
                 db,
-                f"{_SELECT} WHERE rid>? AND rid<=? ORDER BY rid LIMIT ?",
+                f"{SELECT_ENTRIES} WHERE rid>? AND rid<=? ORDER BY rid LIMIT ?",
                 [low | max(after_seq, 0), low | last, _limit(limit)],
             )
 
@@ -413,7 +416,7 @@ class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
                 if row is None:
                     continue
                 try:
-                    stored = _stored_payload(row[1], row[2])
+                    stored = stored_payload(row[1], row[2])
                 except ValueError:
                     continue  # damaged: never what the caller expects
                 if stored == expected:
@@ -431,79 +434,14 @@ class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
 
         def get(db: sqlite3.Connection) -> Entry:
             sk, _ = self._head(db, tenant, session_id)
-            found = self._entries(db, f"{_SELECT} WHERE session_sk=? AND id=?", [sk, entry_id])
+            found = self._entries(
+                db, f"{SELECT_ENTRIES} WHERE session_sk=? AND id=?", [sk, entry_id]
+            )
             if not found:
                 raise NotFoundError(f"entry {entry_id!r} not found in session {session_id!r}")
             return found[0]
 
         return await self._read(get)
-
-
-_HEAD_COLUMNS = f"doc, active_us, version, {', '.join(LIVE_COLUMNS)}"
-_LIVE_SET = ", ".join(f"{name}=?" for name in LIVE_COLUMNS)
-_SAVE_LIVE = f"UPDATE sessions SET active_us=?, version=?, {_LIVE_SET} WHERE sk=? AND version=?"
-_SAVE_ALL = (
-    f"UPDATE sessions SET active_us=?, version=?, {_LIVE_SET}, agent_id=?, doc=? "
-    "WHERE sk=? AND version=?"
-)
-_IN_COLUMNS = frozenset({*LIVE_COLUMNS, "version", "last_active"})
-
-
-def _doc_changed(base: SessionRecord, record: SessionRecord) -> bool:
-    """Whether ``record`` may differ from ``base`` in a field kept in the head document.
-
-    By identity: an append copies the head, so its other fields are the same objects.
-    (Equality would miss real changes: ``{"a": 1} == {"a": True}``.)
-    """
-    old = base.__dict__
-    for name, value in record.__dict__.items():
-        if value is not old[name] and name not in _IN_COLUMNS:
-            return True
-    return False
-
-
-def _split_tokens(payload: dict[str, Any], text: str) -> tuple[str, int | None]:
-    """The payload's JSON without its last key when that is ``"tokens"`` with an int (the
-    usual message), and that count; else the JSON as is and None (schema version 4)."""
-    tokens = payload.get("tokens")
-    if type(tokens) is int and next(reversed(payload)) == "tokens":
-        tail = f',"tokens":{tokens}}}'
-        if text.endswith(tail):
-            return text[: -len(tail)] + "}", tokens
-    return text, None
-
-
-def _stored_payload(text: str, tokens: int | None) -> dict[str, Any]:
-    """A stored payload (JSON and token column) as a dict; ValueError if it is not one."""
-    payload = loads(text)
-    if not isinstance(payload, dict):
-        raise ValueError(f"expected a JSON object, got {type(payload).__name__}")
-    if tokens is not None:
-        payload["tokens"] = tokens
-    return payload
-
-
-def _metadata_conditions(metadata: Mapping[str, Any], params: list[Any]) -> list[str]:
-    """SQL conditions (appending their parameters) for equality on metadata keys."""
-    where: list[str] = []
-    for key, value in metadata.items():
-        path = f'$.metadata."{key}"'  # keys are validated ids: nothing to escape
-        if value is None or isinstance(value, bool):
-            where.append("json_type(doc, ?) = ?")
-            params += [path, "null" if value is None else str(value).lower()]
-        elif (isinstance(value, int) and not -(2**63) <= value < 2**63) or (
-            isinstance(value, str) and "\x00" in value
-        ):
-            # SQLite's own values cannot hold these: compare the stored JSON text.
-            where.append("doc -> ? = ?")
-            params += [path, encode_json(value)]
-        elif isinstance(value, int | float):
-            where.append("json_type(doc, ?) IN ('integer', 'real') AND json_extract(doc, ?) = ?")
-            params += [path, path, value]
-        else:
-            where.append("json_type(doc, ?) = 'text' AND json_extract(doc, ?) = ?")
-            params += [path, path, value]
-    return where
 
 
 async def open_sqlite(location: str, options: StoreOptions) -> SQLiteStore:

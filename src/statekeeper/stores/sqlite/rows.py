@@ -1,0 +1,94 @@
+"""The SQLite store's rows: the SQL of heads and entries, and how a row maps to data.
+
+A head is its document plus the live columns of schema version 3; an entry's payload is
+its JSON plus, since version 4, a token count kept in a column (see `schema`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from statekeeper.jsoncodec import encode_json, loads
+from statekeeper.stores.base import SessionRecord
+from statekeeper.stores.sqlite.schema import LIVE_COLUMNS
+
+__all__ = [
+    "HEAD_COLUMNS",
+    "SAVE_ALL",
+    "SAVE_LIVE",
+    "SELECT_ENTRIES",
+    "doc_changed",
+    "metadata_conditions",
+    "split_tokens",
+    "stored_payload",
+]
+
+SELECT_ENTRIES = (
+    "SELECT rid & 4294967295, id, parent_seq, kind, created_us, payload, tokens FROM entries"
+)
+HEAD_COLUMNS = f"doc, active_us, version, {', '.join(LIVE_COLUMNS)}"
+_LIVE_SET = ", ".join(f"{name}=?" for name in LIVE_COLUMNS)
+SAVE_LIVE = f"UPDATE sessions SET active_us=?, version=?, {_LIVE_SET} WHERE sk=? AND version=?"
+SAVE_ALL = (
+    f"UPDATE sessions SET active_us=?, version=?, {_LIVE_SET}, agent_id=?, doc=? "
+    "WHERE sk=? AND version=?"
+)
+_IN_COLUMNS = frozenset({*LIVE_COLUMNS, "version", "last_active"})
+
+
+def doc_changed(base: SessionRecord, record: SessionRecord) -> bool:
+    """Whether ``record`` may differ from ``base`` in a field kept in the head document.
+
+    By identity: an append copies the head, so its other fields are the same objects.
+    (Equality would miss real changes: ``{"a": 1} == {"a": True}``.)
+    """
+    old = base.__dict__
+    for name, value in record.__dict__.items():
+        if value is not old[name] and name not in _IN_COLUMNS:
+            return True
+    return False
+
+
+def split_tokens(payload: dict[str, Any], text: str) -> tuple[str, int | None]:
+    """The payload's JSON without its last key when that is ``"tokens"`` with an int (the
+    usual message), and that count; else the JSON as is and None (schema version 4)."""
+    tokens = payload.get("tokens")
+    if type(tokens) is int and next(reversed(payload)) == "tokens":
+        tail = f',"tokens":{tokens}}}'
+        if text.endswith(tail):
+            return text[: -len(tail)] + "}", tokens
+    return text, None
+
+
+def stored_payload(text: str, tokens: int | None) -> dict[str, Any]:
+    """A stored payload (JSON and token column) as a dict; ValueError if it is not one."""
+    payload = loads(text)
+    if not isinstance(payload, dict):
+        raise ValueError(f"expected a JSON object, got {type(payload).__name__}")
+    if tokens is not None:
+        payload["tokens"] = tokens
+    return payload
+
+
+def metadata_conditions(metadata: Mapping[str, Any], params: list[Any]) -> list[str]:
+    """SQL conditions (appending their parameters) for equality on metadata keys."""
+    where: list[str] = []
+    for key, value in metadata.items():
+        path = f'$.metadata."{key}"'  # keys are validated ids: nothing to escape
+        if value is None or isinstance(value, bool):
+            where.append("json_type(doc, ?) = ?")
+            params += [path, "null" if value is None else str(value).lower()]
+        elif (isinstance(value, int) and not -(2**63) <= value < 2**63) or (
+            isinstance(value, str) and "\x00" in value
+        ):
+            # SQLite's own values cannot hold these: compare the stored JSON text.
+            where.append("doc -> ? = ?")
+            params += [path, encode_json(value)]
+        elif isinstance(value, int | float):
+            where.append("json_type(doc, ?) IN ('integer', 'real') AND json_extract(doc, ?) = ?")
+            params += [path, path, value]
+        else:
+            where.append("json_type(doc, ?) = 'text' AND json_extract(doc, ?) = ?")
+            params += [path, path, value]
+    return where
