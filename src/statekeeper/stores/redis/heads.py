@@ -11,7 +11,6 @@ when the session is created.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from statekeeper.errors import PayloadTooLargeError
 from statekeeper.stores.base import SessionRecord
@@ -25,6 +24,7 @@ from statekeeper.stores.redis.base import (
     us,
 )
 from statekeeper.stores.redis.scripts import COMMIT
+from statekeeper.stores.redis.wire import ScriptArg
 from statekeeper.stores.rules import decode_session, session_not_found
 
 __all__ = ["RedisHeads"]
@@ -33,8 +33,12 @@ __all__ = ["RedisHeads"]
 class RedisHeads:
     """Session heads of one Redis store handle, as the append engine reads and commits them."""
 
+    KEYS_KEPT = 4096
+    """Sessions whose key names are kept (all are dropped when there are more)."""
+
     def __init__(self, base: RedisBase) -> None:
         self._base = base
+        self._keys: dict[tuple[str, str], tuple[str, ...]] = {}
 
     def decode(self, tenant: str, session_id: str, doc: bytes | str) -> SessionRecord:
         """A stored head; `StoreCorruptError` (naming the id and the fix) if it cannot be
@@ -43,7 +47,9 @@ class RedisHeads:
 
     async def load_head(self, tenant: str, session_id: str, ids: Sequence[str]) -> Snapshot:
         """The stored head and the stored entries among ``ids`` (one atomic read)."""
-        found = await self._script(tenant, session_id, (b"", 0), None, ids)
+        # Generation '' matches no head: the script only reads and answers the snapshot.
+        args: list[ScriptArg] = [b"", 0, 0, "", 0, session_id, len(ids), *ids, 0]
+        found = await self._commit(tenant, session_id, args)
         assert found is not None
         return found
 
@@ -56,44 +62,35 @@ class RedisHeads:
         writes: Sequence[Write],
         ids: Sequence[str],
     ) -> Snapshot | None:
-        """Write ``head`` and ``writes`` over ``base``; None, or the current snapshot."""
+        """Write ``head`` and ``writes`` over ``base``; None, or the current snapshot.
+
+        One ``commit`` script call, the arguments in the order it reads them (see there).
+        The ids to check that are not the written entries' own go first; usually none.
+        """
         token = base.token
         assert isinstance(token, bytes)
-        stored = [(w.entry.seq, w.entry.id, encode_entry(w.entry, w.text)) for w in writes]
-        return await self._script(
-            tenant, session_id, (token, base.record.version), head, ids, stored
-        )
-
-    async def _script(
-        self,
-        tenant: str,
-        session_id: str,
-        base: tuple[bytes, int],
-        record: SessionRecord | None,
-        ids: Sequence[str] = (),
-        entries: Sequence[tuple[int, str, bytes]] = (),
-    ) -> Snapshot | None:
-        """Run ``commit``: None when written, else the current state. None ``record``: read."""
-
-        doc = record.model_dump_json() if record is not None else ""
+        doc = head.model_dump_json()
         limit = self._base.max_payload_bytes
         if len(doc) > limit:
             raise PayloadTooLargeError(
                 f"session {session_id!r} record would be {len(doc)} bytes; the limit is {limit}"
             )
-        args: list[Any] = [
-            base[0],
-            base[1],
-            record.version if record is not None else 0,
-            doc,
-            us(record.last_active) if record is not None else 0,
-            session_id,
-            len(ids),
-            *ids,
-        ]
-        for write in entries:
-            args += write
-        keys = self._base.keys.session_keys(tenant, session_id)
+        written = {w.entry.id for w in writes}
+        extra = [i for i in ids if i not in written]
+        args: list[ScriptArg] = [token, base.record.version, head.version, doc]
+        args += (us(head.last_active), session_id, len(extra), *extra, len(writes))
+        for w in writes:
+            args += (w.entry.seq, w.entry.id, encode_entry(w.entry, w.text))
+        return await self._commit(tenant, session_id, args)
+
+    async def _commit(self, tenant: str, session_id: str, args: list[ScriptArg]) -> Snapshot | None:
+        """Run ``commit``: None when written, else the current state."""
+        keys = self._keys.get((tenant, session_id))
+        if keys is None:  # built once per session: every append names the same four
+            if len(self._keys) >= self.KEYS_KEPT:
+                self._keys.clear()
+            keys = tuple(self._base.keys.session_keys(tenant, session_id))
+            self._keys[tenant, session_id] = keys
         reply = await self._base._run(COMMIT, keys, args)
         if reply[0] == 1:
             return None
