@@ -639,3 +639,28 @@ def test_script_commands_are_packed_as_redis_py_packs_them() -> None:
     for bad in (True, None, [1]):
         with pytest.raises(TypeError):
             pack(["EVALSHA", bad])
+
+
+async def test_the_stored_head_is_the_whole_record_after_appends_and_updates(
+    store: RedisStore, prefix: str
+) -> None:
+    await store.create_session(SessionRecord(id="s1", tenant=TENANT, metadata={"a": 1}))
+    await store.append_entries(TENANT, "s1", [draft("e1")])
+    await store.update_session(TENANT, "s1", SessionPatch(set={"title": "t", "state": {"k": [1]}}))
+    last = await store.append_entries(
+        TENANT, "s1", [draft("e2"), draft("e3")], patch=SessionPatch(add={"total_tokens": 5})
+    )
+    client = Redis.from_url(REDIS_URL)
+    try:
+        doc = await client.hget(f"{prefix}/{{{TENANT}}}/s/s1", "doc")
+    finally:
+        await client.aclose()
+    stored = SessionRecord.model_validate_json(doc)
+    assert stored == last.session
+    assert (stored.title, stored.metadata, stored.state) == ("t", {"a": 1}, {"k": [1]})
+    assert (stored.total_tokens, stored.last_seq, stored.head_seq) == (5, 3, 3)
+    other = await open_store(REDIS_URL, prefix=prefix)
+    try:
+        assert await other.get_session(TENANT, "s1") == last.session
+    finally:
+        await other.close()
