@@ -92,7 +92,7 @@ class RedisHeads:
             keys = tuple(self._base.keys.session_keys(tenant, session_id))
             self._keys[tenant, session_id] = keys
         reply = await self._base._run(COMMIT, keys, args)
-        if reply[0] == 1:
+        if reply == 1:
             return None
         if reply[0] == 0:
             raise session_not_found(session_id)

@@ -168,7 +168,8 @@ _COMMIT_CHECK = """
 -- ARGV: generation, base version, new version, new doc, score, session id,
 --       c, then c ids that must not be stored yet (besides the entries' own),
 --       n, then (seq, id, member) per entry to write
--- Returns {1} written; {0} no such session; {2, generation, doc, id, seq, member, ...}
+-- Returns 1 written (an integer: the cheapest reply); {0} no such session;
+-- {2, generation, doc, id, seq, member, ...}
 -- when the head is not (generation, base version) or one of the ids is stored (with
 -- those entries): plan again from that state. A generation of '' only reads.
 local head = redis.call('HMGET', KEYS[1], 'g', 'v')
@@ -204,7 +205,7 @@ redis.call('HSET', KEYS[1], 'doc', ARGV[4], 'v', ARGV[3])
 redis.call('ZADD', KEYS[4], ARGV[5], ARGV[6])
 """
 
-COMMIT = Script("commit", _COMMIT_CHECK + _COMMIT_WRITE + "return {1}\n")
+COMMIT = Script("commit", _COMMIT_CHECK + _COMMIT_WRITE + "return 1\n")
 """Compare-and-set a head (generation and version) and append entries with it."""
 
 LINKS = Script(
