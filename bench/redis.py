@@ -5,13 +5,17 @@ call) and ``Session.messages()`` of a `SessionManager` (``max_messages=None``) o
 ``open_store("redis://...", prefix=...)``. The baseline is what a developer writes
 without us: redis-py's asyncio client, ``RPUSH key json.dumps(message_dict)`` per
 message, and loading is ``LRANGE key 0 -1`` plus ``json.loads`` of each item.
+Both sides use redis-py's asyncio client against the same server.
 
 Messages are the realistic mix of `bench.common` (two ~400 B chat turns, then a ~2 KB
 tool output). Each measured append adds one message to a session that already holds
 ``HISTORY`` messages (filled in batches first). The two sides take turns in batches;
 each batch gives one ratio (ours time / raw time), reported as median [min-max]. Memory
 (``MEMORY USAGE`` of every key of each side) is compared with the payload, the JSON of
-the messages. Extra information: 8 writers on 8 sessions against 8 raw writers on 8
+the messages. Appends must stay O(1): ours at ``HISTORY`` messages against ours at 10
+(interleaved the same way; each batch of the short side appends to a session of its
+own that holds 10 messages, so every short append lands at 10 to 10 + ``O1_BATCH``).
+Extra information: 8 writers on 8 sessions against 8 raw writers on 8
 lists, one round of ``PER_WRITER`` appends each per ratio.
 
 The server is ``STATEKEEPER_BENCH_REDIS_URL`` (default ``redis://127.0.0.1:6379/0``);
@@ -45,10 +49,13 @@ URL = os.environ.get("STATEKEEPER_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 HISTORY = 10_000
 FILL = 500  # messages per append while filling the history
 BATCHES, BATCH = 20, 50  # measured appends: BATCHES * BATCH per side (+ 1 warm-up batch)
+O1_BATCHES, O1_BATCH = 10, 20  # ours at HISTORY vs ours at 10 (+ 1 warm-up batch)
+SHORT = 10
 LOADS = 7
 WRITERS, PER_WRITER, ROUNDS = 8, 40, 5
-TARGETS = {"append": 1.5}
-"""Upper limits of ours / raw at ``HISTORY`` messages (issue: faster than the incumbent)."""
+TARGETS = {"append": 1.5, "growth": 1.5}
+"""Upper limits: ours / raw at ``HISTORY`` messages (issue 9), and ours at ``HISTORY`` /
+ours at ``SHORT`` messages (appends are O(1) in the history's length)."""
 
 
 async def memory(client: Redis, pattern: str) -> int:
@@ -103,13 +110,32 @@ async def measure(client: Redis, prefix: str) -> dict[str, Any]:
         bytes_ours = await memory(client, f"{prefix}/*") / payload
         bytes_raw = await memory(client, f"{prefix}-raw/*") / payload
 
+        growth = await o1(manager, session, appended)  # after the loads: they compare sizes
         concurrent = await writers(manager, client, f"{prefix}-raw")
     return {
         "append": append,
+        "growth": growth,
         "load": load,
         "concurrent": concurrent,
         "bytes": {"ours": bytes_ours, "raw": bytes_raw},
     }
+
+
+async def o1(manager: SessionManager, long: Session, first: int) -> Ratios:
+    """Ours at ``HISTORY`` messages against ours at ``SHORT``: one short session per batch."""
+    shorts = [await manager.create() for _ in range(O1_BATCHES + 1)]
+    for short in shorts:
+        await short.append(*(as_message(message_dict(n)) for n in range(SHORT)))
+    count = (O1_BATCHES + 1) * O1_BATCH
+    fresh = [message_dict(HISTORY + first + n) for n in range(count)]
+
+    async def at_history(n: int) -> None:
+        await long.append(as_message(fresh[n]))
+
+    async def at_short(n: int) -> None:
+        await shorts[n // O1_BATCH].append(as_message(fresh[n]))
+
+    return await interleave(at_history, at_short, O1_BATCHES, O1_BATCH)
 
 
 async def writers(manager: SessionManager, client: Redis, raw_prefix: str) -> Ratios:
@@ -151,6 +177,7 @@ def report(results: dict[str, Any]) -> list[str]:
     """Print the table and the verdicts; return the missed targets."""
     rows = [
         (f"append at {HISTORY:,}", results["append"]),
+        (f"ours at {HISTORY:,} / at {SHORT}", results["growth"]),
         (f"load {HISTORY + (BATCHES + 1) * BATCH:,} messages", results["load"]),
         (f"{WRITERS} writers x {PER_WRITER} appends", results["concurrent"]),
     ]
@@ -160,6 +187,9 @@ def report(results: dict[str, Any]) -> list[str]:
     print()
     verdicts = Verdicts()
     verdicts.at_most(f"append at {HISTORY:,} vs raw RPUSH", results["append"], TARGETS["append"])
+    verdicts.at_most(
+        f"ours: append at {HISTORY:,} / at {SHORT}", results["growth"], TARGETS["growth"]
+    )
     verdicts.info("load vs LRANGE + json.loads", results["load"])
     verdicts.info(f"{WRITERS} writers on {WRITERS} sessions vs raw", results["concurrent"])
     verdicts.info("memory / payload, ours", results["bytes"]["ours"])

@@ -580,3 +580,87 @@ async def test_cancelled_appends_leave_whole_entries_and_a_matching_head(
     assert 2 * len(done) <= len(entries) <= 2 * len(tasks)
     again = await store.append_entries(TENANT, "s1", [draft("last")])
     assert again.entries[0].seq == len(entries) + 1
+
+
+# -- how scripts reach the server ----------------------------------------------------------
+
+
+async def test_a_frozen_server_fails_a_write_after_the_socket_timeout_then_recovers(
+    private: PrivateRedis,
+) -> None:
+    store = await RedisStore.open(private.location, socket_timeout=0.5)
+    try:
+        await store.create_session(SessionRecord(id="s1", tenant=TENANT))
+        await store.append_entries(TENANT, "s1", [draft("e1")])
+        assert private.proc is not None
+        private.proc.send_signal(signal.SIGSTOP)  # connections stay open; nothing answers
+        try:
+            with pytest.raises(StoreUnavailableError, match=r"no answer within 0\.5 s"):
+                await asyncio.wait_for(store.append_entries(TENANT, "s1", [draft("e2")]), 10)
+            task = asyncio.current_task()
+            assert task is not None
+            assert task.cancelling() == 0  # the timer's cancel was taken back
+        finally:
+            private.proc.send_signal(signal.SIGCONT)
+        # The timed-out connection was closed (its late reply is never read as another's).
+        again = await store.append_entries(TENANT, "s1", [draft("e3")])
+        ids = [e.id for e in await store.read_entries(TENANT, "s1")]
+        assert ids in (["e1", "e3"], ["e1", "e2", "e3"])
+        assert again.session == await store.get_session(TENANT, "s1")
+    finally:
+        await store.close()
+
+
+async def test_a_store_given_a_client_uses_that_client_and_leaves_it_open(prefix: str) -> None:
+    client = Redis.from_url(REDIS_URL, decode_responses=True)
+    store = RedisStore(client, prefix=prefix)
+    try:
+        await store.create_session(SessionRecord(id="s1", tenant=TENANT))
+        first = await store.append_entries(TENANT, "s1", [draft("e1")])
+        second = await store.append_entries(TENANT, "s1", [draft("e2")])
+        assert (first.entries[0].seq, second.entries[0].seq) == (1, 2)
+        assert [e.id for e in await store.read_entries(TENANT, "s1")] == ["e1", "e2"]
+        assert (await store.get_session(TENANT, "s1")).version == second.session.version
+        await store.close()
+        assert await client.ping()  # the caller's client stays open
+        with pytest.raises(StoreUnavailableError, match="closed"):
+            await store.get_session(TENANT, "s1")
+    finally:
+        await client.aclose()
+
+
+def test_script_commands_are_packed_as_redis_py_packs_them() -> None:
+    from redis.asyncio.connection import Connection
+
+    from statekeeper.stores.redis.wire import pack
+
+    args: list[Any] = ["EVALSHA", "ab", 2, "k/{t}/1", b"\x00\xff", -7, 10**20, 1.5, "é\n", b""]
+    assert pack(args) == b"".join(Connection().pack_command(*args))
+    for bad in (True, None, [1]):
+        with pytest.raises(TypeError):
+            pack(["EVALSHA", bad])
+
+
+async def test_the_stored_head_is_the_whole_record_after_appends_and_updates(
+    store: RedisStore, prefix: str
+) -> None:
+    await store.create_session(SessionRecord(id="s1", tenant=TENANT, metadata={"a": 1}))
+    await store.append_entries(TENANT, "s1", [draft("e1")])
+    await store.update_session(TENANT, "s1", SessionPatch(set={"title": "t", "state": {"k": [1]}}))
+    last = await store.append_entries(
+        TENANT, "s1", [draft("e2"), draft("e3")], patch=SessionPatch(add={"total_tokens": 5})
+    )
+    client = Redis.from_url(REDIS_URL)
+    try:
+        doc = await client.hget(f"{prefix}/{{{TENANT}}}/s/s1", "doc")
+    finally:
+        await client.aclose()
+    stored = SessionRecord.model_validate_json(doc)
+    assert stored == last.session
+    assert (stored.title, stored.metadata, stored.state) == ("t", {"a": 1}, {"k": [1]})
+    assert (stored.total_tokens, stored.last_seq, stored.head_seq) == (5, 3, 3)
+    other = await open_store(REDIS_URL, prefix=prefix)
+    try:
+        assert await other.get_session(TENANT, "s1") == last.session
+    finally:
+        await other.close()

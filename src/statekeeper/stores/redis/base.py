@@ -6,6 +6,11 @@ the same entry ids replays; a counter added twice is not), so lost connections a
 timeouts raise `StoreUnavailableError` at once. The pool checks a connection before
 reusing it, so the first operation after a server comes back reconnects and succeeds.
 Passwords never appear in ``url`` or in error messages.
+
+Scripts (every write, and most reads) of a store that opened its own client run on
+`ScriptConnections`: connections of the store's own beside the client's pool, one
+round trip and no extra task per script (see there why). A store given a client runs
+them through that client, so its pool settings (limits, sentinels) apply.
 """
 
 from __future__ import annotations
@@ -14,26 +19,24 @@ import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any
 
 from statekeeper.errors import (
     InvalidInputError,
     MissingExtraError,
-    StoreCorruptError,
-    StoreError,
-    StoreFullError,
-    StoreReadOnlyError,
     StoreUnavailableError,
 )
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES, encode_json, loads
 from statekeeper.stores.base import ClosingStore, Entry, Event
 from statekeeper.stores.redis.scripts import Keys, Script
+from statekeeper.stores.redis.wire import ScriptArg, ScriptConnections, translate
 from statekeeper.stores.rules import corrupt_entry, from_micros, to_micros
 
 try:
     import redis.exceptions as rx
-    from redis.asyncio import Redis
+    from redis.asyncio import ConnectionPool, Redis
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
 except ImportError:  # pragma: no cover - depends on the environment
@@ -57,7 +60,6 @@ __all__ = [
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 DEFAULT_SOCKET_TIMEOUT = 5.0
-_UNAVAILABLE_REPLIES = ("LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS")
 
 
 us = to_micros
@@ -97,6 +99,12 @@ class RedisBase(ClosingStore):
         where = info.get("path") or f"{info.get('host', 'localhost')}:{info.get('port', 6379)}"
         self._where = f"{where}/{info.get('db', 0)}"
         self.url = f"redis://{self._where}?prefix={prefix}"
+        # Own connections for scripts only with a pool of our own making (see the module).
+        self._scripts = (
+            ScriptConnections(client.connection_pool, self._where)
+            if owns_client and type(client.connection_pool) is ConnectionPool
+            else None
+        )
 
     def __del__(self) -> None:
         if getattr(self, "_owns_client", False) and getattr(self, "_client", None) is not None:
@@ -109,6 +117,8 @@ class RedisBase(ClosingStore):
     async def close(self) -> None:
         """Close the connection pool if this store opened it. Idempotent."""
         client, self._client = self._client, None
+        if self._scripts is not None:
+            await self._scripts.close()
         if client is not None and self._owns_client:
             await client.aclose()
 
@@ -145,8 +155,11 @@ class RedisBase(ClosingStore):
         except (rx.RedisError, OSError) as exc:
             raise translate(exc, self._where) from exc
 
-    async def _run(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        return await run_script(self._redis, script, keys, args, self._where)
+    async def _run(self, script: Script, keys: Sequence[str], args: Sequence[ScriptArg]) -> Any:
+        client = self._redis  # StoreUnavailableError once closed
+        if self._scripts is not None:
+            return await self._scripts.run(script, keys, args)
+        return await run_script(client, script, keys, args, self._where)
 
 
 async def run_script(
@@ -204,40 +217,6 @@ def _address(location: str) -> dict[str, Any]:
     return settings
 
 
-def translate(exc: Exception, where: str) -> StoreError:
-    """The most specific statekeeper error for a redis-py or socket error."""
-    text = str(exc)
-    if isinstance(exc, rx.ReadOnlyError) or text.startswith("READONLY"):
-        return StoreReadOnlyError(
-            f"Redis at {where} is a read-only replica and refuses writes ({text}); "
-            "connect to the primary"
-        )
-    if isinstance(exc, rx.OutOfMemoryError) or text.startswith("OOM"):
-        return StoreFullError(
-            f"Redis at {where} is out of memory ({text}); free memory or raise maxmemory"
-        )
-    if isinstance(exc, rx.AuthenticationError | rx.AuthenticationWrongNumberOfArgsError):
-        return StoreUnavailableError(
-            f"Redis at {where} refused the credentials ({text}); check the user and password"
-        )
-    if isinstance(exc, rx.NoPermissionError):
-        return StoreUnavailableError(
-            f"the Redis user may not run this command at {where} ({text}); check its ACL"
-        )
-    if isinstance(exc, rx.ConnectionError | rx.TimeoutError | OSError) or text.startswith(
-        _UNAVAILABLE_REPLIES
-    ):
-        return StoreUnavailableError(
-            f"cannot reach Redis at {where} ({text or type(exc).__name__}); retry when it is back"
-        )
-    if text.startswith("WRONGTYPE"):
-        return StoreCorruptError(
-            f"a key under this store's prefix at {where} holds another type ({text}); "
-            "is another application writing under the same prefix?"
-        )
-    return StoreError(f"Redis at {where}: {text}")
-
-
 # -- stored forms ------------------------------------------------------------------------
 # A transcript entry is one member of the session's entries sorted set, scored by its seq:
 # a JSON header [id, parent_seq, kind, created_us], a newline, then the payload's JSON
@@ -245,12 +224,20 @@ def translate(exc: Exception, where: str) -> StoreError:
 
 
 def encode_entry(entry: Entry, text: str) -> bytes:
-    """An entry as stored (``text`` is its payload's JSON)."""
-    header = encode_json(
-        [entry.id, entry.parent_seq, entry.kind, us(entry.created_at)],
-        what=f"entry {entry.id!r}",
-    )
+    """An entry as stored (``text`` is its payload's JSON).
+
+    The header is written directly: the id is a checked id (`statekeeper.ids`: nothing
+    in it needs escaping), the parent and the time are ints, and the kind's JSON is
+    cached (an append has one of a few kinds).
+    """
+    parent = "null" if entry.parent_seq is None else entry.parent_seq
+    header = f'["{entry.id}",{parent},{_kind_json(entry.kind)},{us(entry.created_at)}]'
     return f"{header}\n{text}".encode()
+
+
+@lru_cache(maxsize=256)
+def _kind_json(kind: str) -> str:
+    return encode_json(kind, what=f"entry kind {kind!r}")
 
 
 def decode_entry(member: bytes, seq: int, *, payload: bool = True) -> Entry:

@@ -26,6 +26,7 @@ from statekeeper.stores.redis.base import (
 )
 from statekeeper.stores.redis.records import EVENT_NOTICES_KEPT
 from statekeeper.stores.redis.scripts import COMMIT, COMMIT_EVENTS
+from statekeeper.stores.redis.wire import ScriptArg
 from statekeeper.stores.rules import decode_session, session_not_found
 
 __all__ = ["RedisHeads"]
@@ -34,8 +35,12 @@ __all__ = ["RedisHeads"]
 class RedisHeads:
     """Session heads of one Redis store handle, as the append engine reads and commits them."""
 
+    KEYS_KEPT = 4096
+    """Sessions whose key names are kept (all are dropped when there are more)."""
+
     def __init__(self, base: RedisBase) -> None:
         self._base = base
+        self._keys: dict[tuple[str, str], tuple[str, ...]] = {}
 
     def decode(self, tenant: str, session_id: str, doc: bytes | str) -> SessionRecord:
         """A stored head; `StoreCorruptError` (naming the id and the fix) if it cannot be
@@ -44,7 +49,9 @@ class RedisHeads:
 
     async def load_head(self, tenant: str, session_id: str, ids: Sequence[str]) -> Snapshot:
         """The stored head and the stored entries among ``ids`` (one atomic read)."""
-        found = await self._script(tenant, session_id, (b"", 0), None, ids)
+        # Generation '' matches no head: the script only reads and answers the snapshot.
+        args: list[ScriptArg] = [b"", 0, 0, "", 0, session_id, len(ids), *ids, 0]
+        found = await self._commit(tenant, session_id, args)
         assert found is not None
         return found
 
@@ -60,61 +67,59 @@ class RedisHeads:
         events: Sequence[EventWrite] = (),
     ) -> Snapshot | None:
         """Write ``head`` and ``writes`` over ``base``; None, or the current snapshot.
-        ``events`` are appended by the same script (`COMMIT_EVENTS`): atomically."""
+
+        One ``commit`` script call, the arguments in the order it reads them (see there).
+        The ids to check that are not the written entries' own go first; usually none.
+        ``events`` are appended by the same script (``commit_events``): atomically.
+        """
         token = base.token
         assert isinstance(token, bytes)
-        stored = [(w.entry.seq, w.entry.id, encode_entry(w.entry, w.text)) for w in writes]
-        return await self._script(
-            tenant, session_id, (token, base.record.version), head, ids, stored, events
-        )
-
-    async def _script(
-        self,
-        tenant: str,
-        session_id: str,
-        base: tuple[bytes, int],
-        record: SessionRecord | None,
-        ids: Sequence[str] = (),
-        entries: Sequence[tuple[int, str, bytes]] = (),
-        events: Sequence[EventWrite] = (),
-    ) -> Snapshot | None:
-        """Run ``commit``: None when written, else the current state. None ``record``: read."""
-
-        doc = record.model_dump_json() if record is not None else ""
+        doc = head.model_dump_json()
         limit = self._base.max_payload_bytes
         if len(doc) > limit:
             raise PayloadTooLargeError(
                 f"session {session_id!r} record would be {len(doc)} bytes; the limit is {limit}"
             )
-        args: list[Any] = [
-            base[0],
-            base[1],
-            record.version if record is not None else 0,
-            doc,
-            us(record.last_active) if record is not None else 0,
-            session_id,
-            len(ids),
-            *ids,
-        ]
-        if events:
-            args.append(len(entries))
-        for write in entries:
-            args += write
-        keys = self._base.keys.session_keys(tenant, session_id)
-        script = COMMIT
-        if events:
-            script = COMMIT_EVENTS
-            keys.append(self._base.keys.event_notices(tenant))
-            for log in events:
-                keys.append(self._base.keys.events(tenant, log.log_id))
-                args += [log.log_id, EVENT_NOTICES_KEPT, len(log.drafts)]
-                for draft, text in zip(log.drafts, log.texts, strict=True):
-                    args += [draft.stream, draft.kind, us(draft.ts), text]
-        reply = await self._base._run(script, keys, args)
-        if reply[0] == 1:
+        written = {w.entry.id for w in writes}
+        extra = [i for i in ids if i not in written]
+        args: list[ScriptArg] = [token, base.record.version, head.version, doc]
+        args += (us(head.last_active), session_id, len(extra), *extra, len(writes))
+        for w in writes:
+            args += (w.entry.seq, w.entry.id, encode_entry(w.entry, w.text))
+        if not events:
+            return await self._commit(tenant, session_id, args)
+        names = self._base.keys
+        keys = [*self._session_keys(tenant, session_id), names.event_notices(tenant)]
+        for log in events:
+            keys.append(names.events(tenant, log.log_id))
+            args += (log.log_id, EVENT_NOTICES_KEPT, len(log.drafts))
+            for draft, text in zip(log.drafts, log.texts, strict=True):
+                args += (draft.stream, draft.kind, us(draft.ts), text)
+        reply = await self._base._run(COMMIT_EVENTS, tuple(keys), args)
+        if isinstance(reply, list) and reply[0] == 1:
             for log, first in zip(events, reply[1:], strict=True):
                 log.stored(int(first))
             return None
+        return self._current(tenant, session_id, reply)
+
+    def _session_keys(self, tenant: str, session_id: str) -> tuple[str, ...]:
+        keys = self._keys.get((tenant, session_id))
+        if keys is None:  # built once per session: every append names the same four
+            if len(self._keys) >= self.KEYS_KEPT:
+                self._keys.clear()
+            keys = tuple(self._base.keys.session_keys(tenant, session_id))
+            self._keys[tenant, session_id] = keys
+        return keys
+
+    async def _commit(self, tenant: str, session_id: str, args: list[ScriptArg]) -> Snapshot | None:
+        """Run ``commit``: None when written, else the current state."""
+        reply = await self._base._run(COMMIT, self._session_keys(tenant, session_id), args)
+        if reply == 1:
+            return None
+        return self._current(tenant, session_id, reply)
+
+    def _current(self, tenant: str, session_id: str, reply: Any) -> Snapshot:
+        """The state a commit script answered instead of writing (nothing was written)."""
         if reply[0] == 0:
             raise session_not_found(session_id)
         generation = to_bytes(reply[1])

@@ -13,7 +13,7 @@ depends on the protocol version), so they behave the same over RESP2 and RESP3.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = [
     "APPEND_EVENTS",
@@ -102,14 +102,15 @@ class Keys:
 
 @dataclass(frozen=True, slots=True)
 class Script:
-    """A Lua script and its SHA1 (what EVALSHA names it by)."""
+    """A Lua script and its SHA1 (what EVALSHA names it by, computed once)."""
 
     name: str
     source: str
+    sha: str = field(init=False)
 
-    @property
-    def sha(self) -> str:
-        return hashlib.sha1(self.source.encode(), usedforsecurity=False).hexdigest()
+    def __post_init__(self) -> None:
+        sha = hashlib.sha1(self.source.encode(), usedforsecurity=False).hexdigest()
+        object.__setattr__(self, "sha", sha)
 
 
 # A transcript entry is one member of the session's entries sorted set, scored by its seq
@@ -157,39 +158,55 @@ return 1
 )
 """Delete a session and its entries: 1 deleted, 0 absent."""
 
-COMMIT = Script(
-    "commit",
-    f"""
+# The commit script is two parts, each reading its own section of ARGV: the check reads
+# the head's and the ids', sets ``at`` to the first argument after them, and returns
+# unless the commit may go on; the write then writes. A part that also writes in the same
+# atomic step (a step's events, say) goes after the write: its keys after KEYS[4], its
+# arguments from ``at`` on.
+
+_COMMIT_CHECK = """
 -- KEYS: head, entries, entry ids, sessions index
--- ARGV: generation, base version, new version, new doc, score, session id, n, then n
---       entry ids that must not be stored yet, then (seq, id, member) per entry to write
--- Returns {{1}} written; {{0}} no such session; {{2, generation, doc, id, seq, member, ...}}
--- when the head is not (generation, base version) or one of the n ids is stored (with
+-- ARGV: generation, base version, new version, new doc, score, session id,
+--       c, then c ids that must not be stored yet (besides the entries' own),
+--       n, then (seq, id, member) per entry to write
+-- Returns 1 written (an integer: the cheapest reply); {0} no such session;
+-- {2, generation, doc, id, seq, member, ...}
+-- when the head is not (generation, base version) or one of the ids is stored (with
 -- those entries): plan again from that state. A generation of '' only reads.
-{_CHECK_HEAD}
-local n = tonumber(ARGV[7])
-local out = {{2, g, false}}
-for i = 8, 7 + n do
-  local seq = redis.call('HGET', KEYS[3], ARGV[i])
+local head = redis.call('HMGET', KEYS[1], 'g', 'v')
+local g = head[1]
+if not g then return {0} end
+local c = tonumber(ARGV[7])
+local first = 9 + c
+local at = first + 3 * tonumber(ARGV[8 + c])
+local out = {2, g, false}
+local function check(id)
+  local seq = redis.call('HGET', KEYS[3], id)
   if seq then
     local rows = redis.call('ZRANGEBYSCORE', KEYS[2], seq, seq)
-    out[#out + 1] = ARGV[i]
+    out[#out + 1] = id
     out[#out + 1] = seq
     out[#out + 1] = rows[1] or ''
   end
 end
-if #out > 3 or g ~= ARGV[1] or redis.call('HGET', KEYS[1], 'v') ~= ARGV[2] then
+for i = 8, 7 + c do check(ARGV[i]) end
+for i = first + 1, at - 1, 3 do check(ARGV[i]) end
+if #out > 3 or g ~= ARGV[1] or head[2] ~= ARGV[2] then
   out[3] = redis.call('HGET', KEYS[1], 'doc')
   return out
 end
-for i = 8 + n, #ARGV, 3 do
+"""
+
+_COMMIT_WRITE = """
+for i = first, at - 1, 3 do
   redis.call('ZADD', KEYS[2], ARGV[i], ARGV[i + 2])
   redis.call('HSET', KEYS[3], ARGV[i + 1], ARGV[i])
 end
-{_SAVE_HEAD}
-return {{1}}
-""",
-)
+redis.call('HSET', KEYS[1], 'doc', ARGV[4], 'v', ARGV[3])
+redis.call('ZADD', KEYS[4], ARGV[5], ARGV[6])
+"""
+
+COMMIT = Script("commit", _COMMIT_CHECK + _COMMIT_WRITE + "return 1\n")
 """Compare-and-set a head (generation and version) and append entries with it."""
 
 _LOG_EVENTS = """
@@ -211,37 +228,14 @@ end
 
 COMMIT_EVENTS = Script(
     "commit_events",
-    f"""
--- KEYS: head, entries, entry ids, sessions index, tenant's notice stream, then the event
---       stream of each log to append to
--- ARGV: as COMMIT's up to the n ids, then m and (seq, id, member) per entry to write,
---       then per log: log id, notices kept, k and (stream, kind, ts_us, payload) per event
--- Returns {{1, first seq of each log}} written, else as COMMIT (nothing written).
-{_LOG_EVENTS}
-{_CHECK_HEAD}
-local n = tonumber(ARGV[7])
-local out = {{2, g, false}}
-for i = 8, 7 + n do
-  local seq = redis.call('HGET', KEYS[3], ARGV[i])
-  if seq then
-    local rows = redis.call('ZRANGEBYSCORE', KEYS[2], seq, seq)
-    out[#out + 1] = ARGV[i]
-    out[#out + 1] = seq
-    out[#out + 1] = rows[1] or ''
-  end
-end
-if #out > 3 or g ~= ARGV[1] or redis.call('HGET', KEYS[1], 'v') ~= ARGV[2] then
-  out[3] = redis.call('HGET', KEYS[1], 'doc')
-  return out
-end
-local m = tonumber(ARGV[8 + n])
-for i = 9 + n, 8 + n + 3 * m, 3 do
-  redis.call('ZADD', KEYS[2], ARGV[i], ARGV[i + 2])
-  redis.call('HSET', KEYS[3], ARGV[i + 1], ARGV[i])
-end
-{_SAVE_HEAD}
-local firsts = {{1}}
-local at = 9 + n + 3 * m
+    _LOG_EVENTS
+    + _COMMIT_CHECK
+    + _COMMIT_WRITE
+    + """
+-- Then the events: KEYS[5] the tenant's notice stream, KEYS[6..] the event stream of each
+-- log; from ARGV[at] on, per log: log id, notices kept, k and (stream, kind, ts_us,
+-- payload) per event. Returns {1, first seq of each log} when written.
+local firsts = {1}
 for key = 6, #KEYS do
   local k = tonumber(ARGV[at + 2])
   firsts[#firsts + 1] = log_events(KEYS[key], KEYS[5], ARGV[at], ARGV[at + 1], at + 3,

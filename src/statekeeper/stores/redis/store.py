@@ -38,9 +38,10 @@ every write and retries under contention; a script checks and writes in one roun
 and `plan_append` still decides everything in Python. Why a generation: versions
 restart at 1 when a session is deleted and created again.
 
-The parts live in sibling modules: `scripts` (keys and Lua), `base` (client, errors,
-stored forms), `heads` (the append engine's read and commit primitives), `records`
-(records and event logs) and `coordination` (leases and the event feed).
+The parts live in sibling modules: `scripts` (keys and Lua), `base` (client, stored
+forms), `wire` (running scripts on the store's own connections, errors), `heads` (the
+append engine's read and commit primitives), `records` (records and event logs) and
+`coordination` (leases and the event feed).
 """
 
 from __future__ import annotations
