@@ -452,7 +452,7 @@ async def open_sqlite(location: str, options: StoreOptions) -> SQLiteStore:
     file only; 16384. Pages of 4 KB waste about a quarter of each page around rows of a
     few KB: the benchmark's mix of 0.4 and 2 KB messages takes 1.38x its JSON size
     with them, 1.19x with 16 KB pages. Bigger pages write more bytes per commit: with
-    ``durability=process`` appends take about 15% longer than with 4096; with ``power``
+    ``durability=process`` appends take about 20% longer than with 4096; with ``power``
     the fsync dominates and the two measure alike).
     """
     path = location[1:] if location.startswith("/") else location
