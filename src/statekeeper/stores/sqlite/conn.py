@@ -42,7 +42,7 @@ __all__ = ["SQLiteConnection"]
 
 T = TypeVar("T")
 _BUSY = {5, 6}  # SQLITE_BUSY, SQLITE_LOCKED
-_CHECKPOINT_BYTES = 4 * 1024 * 1024  # WAL growth between checkpoints (SQLite's default)
+_CHECKPOINT_PAGES = 1000  # WAL growth between checkpoints, in pages (SQLite's default)
 _PAGE_SIZES = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
 _PAGES_PER_COMMIT = 4  # a commit also rewrites a few index and head pages
 
@@ -225,7 +225,7 @@ class SQLiteConnection(ClosingStore):
         # checkpoint would run inside whichever commit crosses the threshold, so it is
         # off, and this one starts in the background after about as much WAL growth.
         self._wal_bytes += size + commits * _PAGES_PER_COMMIT * self.page_size
-        if self._wal_bytes >= _CHECKPOINT_BYTES and self._checkpoint is None:
+        if self._wal_bytes >= _CHECKPOINT_PAGES * self.page_size and self._checkpoint is None:
             self._wal_bytes = 0
             # Submitted to the worker at once: a loop that never yields (appends that all
             # complete inline) would never start a task.
