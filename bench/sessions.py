@@ -7,7 +7,8 @@ message dict, one ``INSERT`` per transaction, WAL with the matching ``synchronou
 setting (``FULL`` for durability ``power``, ``NORMAL`` for ``process``); loading is a
 ``SELECT`` of the session's rows plus ``json.loads`` of each.
 
-Messages are a realistic mix: two 400-byte chat turns, then a 2 KB tool output. Each
+Messages are a realistic mix: two chat turns of about 400 bytes, then a tool output of
+about 2 KB, sizes varying by up to a quarter (see `message_dict`). Each
 measured append adds one message to a session that already holds ``history`` messages.
 The two sides take turns in small batches (disk latency drifts on a shared machine, and
 drift then hits both alike); every batch gives one ratio, and the report shows the
@@ -37,7 +38,6 @@ APPENDS = 300
 BATCH = 20
 LOADS = 5
 TURN = "The customer asked about order {n}: it left the depot on Tuesday. " * 6
-TOOL = '{"order": N, "events": [' + ", ".join(['{"at": "2026-11-25T10:00:00Z"}'] * 60) + "]}"
 
 TARGETS = {
     ("power", "append"): 1.15,
@@ -51,10 +51,18 @@ TARGETS = {
 
 
 def message_dict(n: int) -> dict[str, str]:
-    """The n-th message as a plain dict: ~400 B user / assistant turns, ~2 KB tool output."""
+    """The n-th message as a plain dict: ~400 B user / assistant turns, ~2 KB tool output.
+
+    Sizes vary by up to a quarter (a fixed function of ``n``), as real ones do: with
+    every row the same size, how many fit on a page would jump at a few bytes more or
+    less per row, and bytes on disk would reward or punish changes far beyond their size.
+    """
+    spread = (n * 2654435761) % 101 / 100 - 0.5  # -0.5 .. 0.5, the same for both sides
     if n % 3 == 2:
-        return {"role": "tool", "content": TOOL.replace("N", str(n), 1)}
-    return {"role": "user" if n % 3 == 0 else "assistant", "content": TURN.format(n=n)[:400]}
+        events = ", ".join(['{"at": "2026-11-25T10:00:00Z"}'] * round(60 * (1 + spread / 2)))
+        return {"role": "tool", "content": '{"order": ' + str(n) + ', "events": [' + events + "]}"}
+    size = round(400 * (1 + spread / 2))
+    return {"role": "user" if n % 3 == 0 else "assistant", "content": TURN.format(n=n)[:size]}
 
 
 def as_message(data: dict[str, str]) -> Message:
