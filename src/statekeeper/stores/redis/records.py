@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import JsonValue
 
 from statekeeper.core.messages import utcnow
-from statekeeper.jsoncodec import encode_json, loads
+from statekeeper.jsoncodec import loads
 from statekeeper.stores.base import Event, EventDraft, RecordList, VersionedRecord
 from statekeeper.stores.redis.base import RedisBase, decode_event, dt, to_bytes, to_text, us
 from statekeeper.stores.redis.scripts import (
@@ -41,6 +41,7 @@ from statekeeper.stores.rules import (
     check_record_listing,
     check_record_version,
     check_rewrites,
+    event_texts,
     record_not_found,
     record_text,
     record_value,
@@ -154,11 +155,7 @@ class RedisRecords(RedisBase):
     async def append_events(
         self, tenant: str, log_id: str, events: Sequence[EventDraft]
     ) -> list[Event]:
-        check_record_ids(tenant, log_id)
-        texts = [
-            encode_json(e.payload, what=f"event {e.stream}/{e.kind}", limit=self.max_payload_bytes)
-            for e in events
-        ]
+        texts = event_texts(tenant, log_id, events, self.max_payload_bytes)
         if not events:
             return []
         args: list[Any] = [log_id, EVENT_NOTICES_KEPT]
