@@ -14,7 +14,7 @@ one conformance suite prove that every backend behaves the same.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
@@ -67,6 +67,7 @@ __all__ = [
     "corrupt_item",
     "decode_cursor",
     "decode_session",
+    "document_fields",
     "encode_cursor",
     "event_texts",
     "from_micros",
@@ -79,6 +80,7 @@ __all__ = [
     "record_not_found",
     "record_text",
     "record_value",
+    "same_document",
     "same_payload",
     "session_not_found",
     "to_micros",
@@ -89,6 +91,25 @@ def check_tenant_and_id(tenant: str, session_id: str) -> None:
     """Validate the two ids every session operation takes."""
     validate_id(tenant, "tenant")
     validate_id(session_id, "session id")
+
+
+def document_fields(columns: Iterable[str]) -> tuple[str, ...]:
+    """The head fields a backend keeps only in the head document, when it keeps
+    ``columns`` (and ``version`` and ``last_active``) in columns of their own."""
+    outside = {*columns, "version", "last_active"}
+    return tuple(name for name in SessionRecord.model_fields if name not in outside)
+
+
+def same_document(old: SessionRecord, new: SessionRecord, fields: Sequence[str]) -> bool:
+    """Whether ``new`` has the same document ``fields`` (see `document_fields`) as ``old``,
+    so an update need write only the columns.
+
+    By identity: an append copies the head, so its other fields are the same objects;
+    equal is not the same (``{"a": 1} == {"a": True}``, ``0.0 == -0.0``): a field set
+    anew is written.
+    """
+    before, after = old.__dict__, new.__dict__
+    return all(before[name] is after[name] for name in fields)
 
 
 def apply_patch(

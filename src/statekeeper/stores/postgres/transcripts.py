@@ -48,6 +48,8 @@ from statekeeper.stores.rules import (
     check_tenant_and_id,
     corrupt_entry,
     decode_session,
+    document_fields,
+    same_document,
     same_payload,
     session_not_found,
 )
@@ -60,9 +62,7 @@ _HEADS_KEPT = 4096  # cached session heads (a miss costs a locked read of the he
 Key = tuple[str, str]
 T = TypeVar("T")
 # Head fields kept in the doc only: an append that changes none of them leaves the doc.
-_IN_DOC = tuple(
-    name for name in SessionRecord.model_fields if name not in {*COUNTERS, "version", "last_active"}
-)
+_IN_DOC = document_fields(COUNTERS)
 
 
 def stored_head(
@@ -84,16 +84,6 @@ def stored_head(
 
 def _counters(record: SessionRecord) -> tuple[int, ...]:
     return tuple(getattr(record, name) for name in COUNTERS)
-
-
-def _same_doc(old: SessionRecord, new: SessionRecord) -> bool:
-    """Whether ``new`` differs from ``old`` only in columns (no need to write the doc).
-
-    By identity: an append without a patch copies the other fields' objects, and equal
-    is not the same (``1 == 1.0 == True``, ``0.0 == -0.0``): a field set anew is written.
-    """
-    before, after = old.__dict__, new.__dict__
-    return all(before[f] is after[f] for f in _IN_DOC)
 
 
 class PostgresTranscripts(EngineWrites, PostgresBase):
@@ -210,7 +200,7 @@ class PostgresTranscripts(EngineWrites, PostgresBase):
     ) -> bool:
         """Move the head from ``old`` to ``new`` and insert ``writes``; False if stale."""
         q = self._q
-        if _same_doc(old, new):  # the usual append: only the columns change
+        if same_document(old, new, _IN_DOC):  # the usual append: only the columns change
             head: tuple[Any, ...] = (new.last_active, new.version, *_counters(new))
             one, many = q.append_one_counted, q.append_counted
         else:

@@ -10,15 +10,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from statekeeper.jsoncodec import encode_json, loads
-from statekeeper.stores.base import SessionRecord
+from statekeeper.stores.rules import document_fields
 from statekeeper.stores.sqlite.schema import LIVE_COLUMNS
 
 __all__ = [
+    "DOC_FIELDS",
     "HEAD_COLUMNS",
     "SAVE_ALL",
     "SAVE_LIVE",
     "SELECT_ENTRIES",
-    "doc_changed",
     "metadata_conditions",
     "split_tokens",
     "stored_payload",
@@ -34,20 +34,8 @@ SAVE_ALL = (
     f"UPDATE sessions SET active_us=?, version=?, {_LIVE_SET}, agent_id=?, doc=? "
     "WHERE sk=? AND version=?"
 )
-_IN_COLUMNS = frozenset({*LIVE_COLUMNS, "version", "last_active"})
-
-
-def doc_changed(base: SessionRecord, record: SessionRecord) -> bool:
-    """Whether ``record`` may differ from ``base`` in a field kept in the head document.
-
-    By identity: an append copies the head, so its other fields are the same objects.
-    (Equality would miss real changes: ``{"a": 1} == {"a": True}``.)
-    """
-    old = base.__dict__
-    for name, value in record.__dict__.items():
-        if value is not old[name] and name not in _IN_COLUMNS:
-            return True
-    return False
+DOC_FIELDS = document_fields(LIVE_COLUMNS)
+"""Head fields kept only in the head document (an append leaves them as stored)."""
 
 
 def split_tokens(payload: dict[str, Any], text: str) -> tuple[str, int | None]:

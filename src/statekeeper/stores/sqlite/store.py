@@ -48,15 +48,16 @@ from statekeeper.stores.rules import (
     decode_session,
     new_session_record,
     page_of,
+    same_document,
     session_not_found,
 )
 from statekeeper.stores.sqlite.records import _KEY_END, SQLiteRecordsAndEvents, _dt, _limit, _us
 from statekeeper.stores.sqlite.rows import (
+    DOC_FIELDS,
     HEAD_COLUMNS,
     SAVE_ALL,
     SAVE_LIVE,
     SELECT_ENTRIES,
-    doc_changed,
     metadata_conditions,
     split_tokens,
     stored_payload,
@@ -123,7 +124,7 @@ class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
         """
         live = [getattr(record, name) for name in LIVE_COLUMNS]
         common = [_us(record.last_active), record.version, *live]
-        if not doc_changed(base, record):
+        if same_document(base, record, DOC_FIELDS):
             cursor = db.execute(SAVE_LIVE, (*common, sk, base.version))
             return cursor.rowcount == 1
         doc = record.model_dump_json()
