@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from statekeeper.codec import StateCodec
 from statekeeper.core.messages import Message, utcnow
-from statekeeper.core.tokens import DEFAULT_COUNTER, TokenCounter, counted
+from statekeeper.core.tokens import DEFAULT_COUNTER, TokenCounter, message_tokens
 from statekeeper.errors import (
     AlreadyExistsError,
     ConflictError,
@@ -181,10 +181,10 @@ class RunStore:
         index anyway; `index_saved` writes it later). ``events`` are logged in the same
         append (`Saved.events`).
         """
-        with_tokens = [counted(m, self.counter) for m in messages]
+        tokens = [message_tokens(m, self.counter) for m in messages]
         state.revision += 1
         state.updated_at = utcnow()
-        drafts = [message_draft(m) for m in with_tokens]
+        drafts = [message_draft(m, n) for m, n in zip(messages, tokens, strict=True)]
         drafts.append(
             EntryDraft(
                 id=checkpoint_id(state.run_id, state.revision),
@@ -193,7 +193,7 @@ class RunStore:
                 side=True,
             )
         )
-        patch = appended_counters(len(with_tokens), sum(m.tokens or 0 for m in with_tokens))
+        patch = appended_counters(len(messages), sum(tokens))
         try:
             result = await self.store.append_entries(
                 self.tenant,
