@@ -25,6 +25,7 @@ SUITES = {
     "server": "the HTTP server vs the library calls, and SSE fan-out latency",
     "langgraph": "LangGraph checkpointer vs SqliteSaver (MessagesState)",
     "sealed": "encryption at rest: a sealed SQLite store vs the same store plain",
+    "floor": "the SQL floor of an append: raw insert, our statements alone, Session.append",
 }
 
 

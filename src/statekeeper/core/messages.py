@@ -187,6 +187,8 @@ _DEFAULT_CATEGORY = {
 
 def default_category(role: Role | str) -> MessageCategory:
     """The category a message of ``role`` gets when none is given."""
+    if type(role) is Role:  # the usual call: no enum lookup (a Python-level call)
+        return _DEFAULT_CATEGORY.get(role, MessageCategory.DIALOG)
     return _DEFAULT_CATEGORY.get(Role(role), MessageCategory.DIALOG)
 
 

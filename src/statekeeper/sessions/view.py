@@ -94,7 +94,8 @@ def message_draft(message: Message, tokens: int | None = None) -> EntryDraft:
     if type(content) is str and message.name is None and not message.metadata:
         # The usual message, built directly: the same payload as the general way below,
         # in the same key order, at a fraction of the cost (this runs on every append).
-        payload: dict[str, Any] = {"role": message.role.value, "content": content}
+        # str(): the role's value as a plain str, in C (``.value`` is a Python property).
+        payload: dict[str, Any] = {"role": str(message.role), "content": content}
         if message.category != default_category(message.role):
             payload["category"] = int(message.category)
         if tokens is not None:

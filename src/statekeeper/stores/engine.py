@@ -32,9 +32,10 @@ generation): versions restart at 1 when a session is deleted and created again.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Hashable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from statekeeper.core.messages import utcnow
@@ -84,11 +85,48 @@ class _Change:
     done: asyncio.Future[Any]
 
 
-@dataclass(eq=False, slots=True)
 class _Slot:
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    queue: list[_Change] = field(default_factory=list)
-    users: int = 0
+    """The writes of one session through this handle: a first-come, first-served lock
+    (held by the writer whose change is being committed) and the changes queued behind it.
+
+    Not `asyncio.Lock`: an uncontended acquire here is a plain call, not a coroutine,
+    and slots are reused, because every append takes one."""
+
+    __slots__ = ("busy", "queue", "users", "waiters")
+
+    def __init__(self) -> None:
+        self.busy = False
+        self.queue: list[_Change] = []
+        self.users = 0
+        self.waiters: deque[asyncio.Future[None]] = deque()
+
+    async def acquire(self) -> None:
+        """Wait until this caller holds the lock."""
+        if not self.busy:
+            self.busy = True
+            return
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.waiters.append(turn)
+        try:
+            await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():
+                self.release()  # handed the lock just as we were cancelled: pass it on
+            else:
+                self.waiters.remove(turn)
+            raise
+
+    def release(self) -> None:
+        """Hand the lock to the longest waiter still waiting, else free it."""
+        while self.waiters:
+            turn = self.waiters.popleft()
+            if not turn.done():
+                turn.set_result(None)  # it holds the lock now: ``busy`` stays set
+                return
+        self.busy = False
+
+
+_SPARE_SLOTS = 64
 
 
 class AppendEngine:
@@ -100,6 +138,7 @@ class AppendEngine:
         # (tenant, id) -> (token, head) as this handle last committed or read it.
         self.heads: dict[tuple[str, str], tuple[Hashable, SessionRecord]] = {}
         self._slots: dict[tuple[str, str], _Slot] = {}
+        self._spare: list[_Slot] = []  # released slots, reused
 
     # -- the head cache ------------------------------------------------------------------
 
@@ -208,44 +247,54 @@ class AppendEngine:
     @asynccontextmanager
     async def serial(self, tenant: str, session_id: str) -> AsyncIterator[None]:
         """Hold the lock that orders this handle's writes to a session (for pruning)."""
-        slot = self._slot(tenant, session_id)
+        key = (tenant, session_id)
+        slot = self._slot(key)
         try:
-            async with slot.lock:
+            await slot.acquire()
+            try:
                 yield
+            finally:
+                slot.release()
         finally:
-            self._release(tenant, session_id, slot)
+            self._release(key, slot)
 
-    def _slot(self, tenant: str, session_id: str) -> _Slot:
-        slot = self._slots.get((tenant, session_id))
+    def _slot(self, key: tuple[str, str]) -> _Slot:
+        slot = self._slots.get(key)
         if slot is None:
-            slot = self._slots[tenant, session_id] = _Slot()
+            slot = self._slots[key] = self._spare.pop() if self._spare else _Slot()
         slot.users += 1
         return slot
 
-    def _release(self, tenant: str, session_id: str, slot: _Slot) -> None:
+    def _release(self, key: tuple[str, str], slot: _Slot) -> None:
         slot.users -= 1
-        if not slot.users and self._slots.get((tenant, session_id)) is slot:
-            del self._slots[tenant, session_id]
+        if not slot.users and self._slots.get(key) is slot:
+            del self._slots[key]
+            if len(self._spare) < _SPARE_SLOTS:
+                self._spare.append(slot)
 
     async def submit(self, tenant: str, session_id: str, plan: Plan, ids: Sequence[str]) -> Any:
         """Plan and commit a change (batched with concurrent ones); its result."""
-        if (tenant, session_id) not in self._slots:
-            # Nobody else writes this session through this handle: no queue, no future.
-            # Callers arriving meanwhile find the slot and queue behind its lock.
-            slot = self._slot(tenant, session_id)
+        key = (tenant, session_id)
+        if key not in self._slots:
+            # Nobody else writes this session through this handle: no queue, no future,
+            # and the lock is free (taken without waiting). Callers arriving meanwhile
+            # find the slot and queue behind its lock.
+            slot = self._slot(key)
+            slot.busy = True
             try:
-                async with slot.lock:
-                    return await self._apply_alone(tenant, session_id, plan, ids)
+                return await self._apply_alone(tenant, session_id, plan, ids)
             finally:
-                self._release(tenant, session_id, slot)
+                slot.release()
+                self._release(key, slot)
         done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         # A batch may finish after its leader was cancelled: nobody reads that result.
         done.add_done_callback(_consume)
         change = _Change(plan, ids, done)
-        slot = self._slot(tenant, session_id)
+        slot = self._slot(key)
         slot.queue.append(change)  # before waiting: the holder of the lock may batch it
         try:
-            async with slot.lock:
+            await slot.acquire()
+            try:
                 if slot.queue and not done.done():
                     batch, slot.queue = slot.queue, []
                     if len(batch) == 1:
@@ -253,20 +302,26 @@ class AppendEngine:
                     else:
                         # Other callers wait on this batch: finish it even if we are cancelled.
                         await asyncio.shield(self._apply(tenant, session_id, batch))
+            finally:
+                slot.release()
         except asyncio.CancelledError:
             if change in slot.queue:  # cancelled before anyone planned it: drop it
                 slot.queue.remove(change)
                 done.cancel()
             raise
         finally:
-            self._release(tenant, session_id, slot)
+            self._release(key, slot)
         return await done
 
     async def _apply_alone(
         self, tenant: str, session_id: str, plan: Plan, ids: Sequence[str]
     ) -> Any:
         """`_apply_batch` for a batch of one, returning its result or raising its error."""
-        state, proved = await self._start(tenant, session_id, ids)
+        cached = self.heads.get((tenant, session_id))
+        if cached is None:
+            state, proved = await self._load(tenant, session_id, ids), True
+        else:  # not proved current: errors count only against a head the backend returned
+            state, proved = Snapshot(cached[0], cached[1], {}), False
         while True:
             try:
                 planned = plan(state.record, state.existing)
@@ -280,7 +335,7 @@ class AppendEngine:
                     return planned.result
                 state, proved = await self._load(tenant, session_id, ids), True
                 continue
-            unknown = [i for i in ids if i not in state.existing]
+            unknown = [i for i in ids if i not in state.existing] if state.existing else ids
             logs = () if planned.events is None else (planned.events,)
             current = await self._commit(
                 tenant, session_id, state, planned.session, planned.writes, unknown, logs

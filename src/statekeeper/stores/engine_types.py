@@ -77,8 +77,7 @@ class HeadBackend(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
-class Planned:
+class Planned(NamedTuple):
     """A change planned against a head: the head after it, what it writes, its result
     (an `AppendResult` gets the events of ``events`` once they are logged)."""
 

@@ -14,10 +14,10 @@ one conformance suite prove that every backend behaves the same.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final
+from operator import is_, itemgetter
+from typing import Any, Final, NamedTuple
 
 from statekeeper.core.typed import trusted
 from statekeeper.errors import (
@@ -108,8 +108,16 @@ def same_document(old: SessionRecord, new: SessionRecord, fields: Sequence[str])
     equal is not the same (``{"a": 1} == {"a": True}``, ``0.0 == -0.0``): a field set
     anew is written.
     """
-    before, after = old.__dict__, new.__dict__
-    return all(before[name] is after[name] for name in fields)
+    pick = _pickers.get(fields)
+    if pick is None:
+        # itemgetter of several names gives a tuple; of one, the bare value.
+        pick = itemgetter(*fields, *fields[:1]) if len(fields) == 1 else itemgetter(*fields)
+        _pickers[tuple(fields)] = pick
+    # Both sides picked and compared in C: this runs on every append.
+    return all(map(is_, pick(old.__dict__), pick(new.__dict__)))
+
+
+_pickers: dict[Sequence[str], Callable[[dict[str, Any]], tuple[Any, ...]]] = {}
 
 
 def apply_patch(
@@ -160,8 +168,7 @@ def check_version(record: SessionRecord, expected_version: int | None) -> None:
 _NO_PATCH = SessionPatch()
 
 
-@dataclass(frozen=True, slots=True)
-class AppendPlan:
+class AppendPlan(NamedTuple):
     """What a backend must write for an append: new entries and the new head record."""
 
     entries: list[Entry]
