@@ -1,7 +1,8 @@
 """The SQLite store's rows: the SQL of heads and entries, and how a row maps to data.
 
 A head is its document plus the live columns of schema version 3; an entry's payload is
-its JSON plus, since version 4, a token count kept in a column (see `schema`).
+its JSON plus, since version 4, a token count kept in a column and, since version 5, a
+message's text kept in a column (see `schema`).
 """
 
 from __future__ import annotations
@@ -20,12 +21,15 @@ __all__ = [
     "SAVE_LIVE",
     "SELECT_ENTRIES",
     "metadata_conditions",
+    "joined_payload",
+    "split_payload",
     "split_tokens",
     "stored_payload",
 ]
 
 SELECT_ENTRIES = (
-    "SELECT rid & 4294967295, id, parent_seq, kind, created_us, payload, tokens FROM entries"
+    "SELECT rid & 4294967295, id, parent_seq, kind, created_us, payload, tokens, body "
+    "FROM entries"
 )
 HEAD_COLUMNS = f"doc, active_us, version, {', '.join(LIVE_COLUMNS)}"
 _LIVE_SET = ", ".join(f"{name}=?" for name in LIVE_COLUMNS)
@@ -38,25 +42,63 @@ DOC_FIELDS = document_fields(LIVE_COLUMNS)
 """Head fields kept only in the head document (an append leaves them as stored)."""
 
 
+_INT64 = 2**63  # what an INTEGER column holds: -2^63 <= n < 2^63
+
+
 def split_tokens(payload: dict[str, Any], text: str) -> tuple[str, int | None]:
     """The payload's JSON without its last key when that is ``"tokens"`` with an int (the
     usual message), and that count; else the JSON as is and None (schema version 4)."""
     tokens = payload.get("tokens")
-    if type(tokens) is int and next(reversed(payload)) == "tokens":
+    if type(tokens) is int and -_INT64 <= tokens < _INT64 and next(reversed(payload)) == "tokens":
         tail = f',"tokens":{tokens}}}'
         if text.endswith(tail):
             return text[: -len(tail)] + "}", tokens
     return text, None
 
 
-def stored_payload(text: str, tokens: int | None) -> dict[str, Any]:
-    """A stored payload (JSON and token column) as a dict; ValueError if it is not one."""
+def split_payload(payload: dict[str, Any], text: str) -> tuple[str, int | None, str | None]:
+    """The payload as the entry's columns: its JSON, token count and body (version 5).
+
+    A message (first key ``"role"``, second ``"content"`` with a str) keeps its content
+    in the body as plain text, and its JSON is the rest of the payload: the text is
+    neither encoded again here nor decoded on a read, and stored without JSON escapes.
+    Only the rest, a few small keys, is encoded. Anything else is stored as ``text``
+    with no body. The token count is split off as `split_tokens` does.
+    """
+    if len(payload) > 1:
+        keys = iter(payload)
+        if next(keys) == "role" and next(keys) == "content":
+            content = payload["content"]
+            if type(content) is str:
+                rest = payload.copy()
+                del rest["content"]
+                # Part of a payload the plan encoded and sized already: no limit of its own.
+                rest_text = encode_json(rest, what="entry payload", limit=_INT64)
+                return (*split_tokens(rest, rest_text), content)
+    return (*split_tokens(payload, text), None)
+
+
+def stored_payload(text: str, tokens: int | None, body: str | None = None) -> dict[str, Any]:
+    """A stored payload (JSON, token and body columns) as a dict; ValueError if the
+    columns do not make one (see `split_payload`)."""
     payload = loads(text)
     if not isinstance(payload, dict):
         raise ValueError(f"expected a JSON object, got {type(payload).__name__}")
+    if body is not None:
+        payload = joined_payload(payload, body)
     if tokens is not None:
         payload["tokens"] = tokens
     return payload
+
+
+def joined_payload(rest: dict[str, Any], body: object) -> dict[str, Any]:
+    """The message a body and the rest of its payload were split from (`split_payload`):
+    ``"role"``, then ``"content"``, then the rest's other keys in order."""
+    if type(body) is not str:
+        raise ValueError(f"the body column holds {type(body).__name__}, not text")
+    if "role" not in rest or "content" in rest:
+        raise ValueError('a body needs a payload with "role" and without "content"')
+    return {"role": rest.pop("role"), "content": body, **rest}
 
 
 def metadata_conditions(metadata: Mapping[str, Any], params: list[Any]) -> list[str]:

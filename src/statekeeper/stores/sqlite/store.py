@@ -59,7 +59,7 @@ from statekeeper.stores.sqlite.rows import (
     SAVE_LIVE,
     SELECT_ENTRIES,
     metadata_conditions,
-    split_tokens,
+    split_payload,
     stored_payload,
 )
 from statekeeper.stores.sqlite.schema import LIVE_COLUMNS, SEQ_BITS
@@ -276,7 +276,7 @@ class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
             try:
                 db.executemany(
                     "INSERT INTO entries (rid, session_sk, id, parent_seq, kind, created_us,"
-                    " payload, tokens) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    " payload, tokens, body) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [
                         (
                             base_rid | e.seq,
@@ -285,7 +285,7 @@ class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
                             e.parent_seq,
                             e.kind,
                             _us(e.created_at),
-                            *split_tokens(e.payload, text),
+                            *split_payload(e.payload, text),
                         )
                         for e, text, _ in writes
                     ],
@@ -304,8 +304,10 @@ class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
 
     def _entries(self, db: sqlite3.Connection, sql: str, params: Sequence[Any]) -> list[Entry]:
         # The loop that reads whole transcripts: the usual row is decoded right here,
-        # anything else (not a JSON object, a time far from now) by `_entry`. Entries are
-        # made with tuple.__new__, as Entry(...) does, minus its Python-level call.
+        # anything else (not a JSON object, a time far from now, a body that does not go
+        # with its payload) by `_entry`. Entries are made with tuple.__new__, as
+        # Entry(...) does, minus its Python-level call. A message's body is its content
+        # as is (`rows.split_payload`): only the small rest of its payload is JSON.
         out: list[Entry] = []
         append, timestamp, new = out.append, datetime.fromtimestamp, tuple.__new__
         with gc_paused():
@@ -314,6 +316,13 @@ class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
                     payload = loads(row[5])
                 except ValueError:
                     payload = None
+                body = row[7]
+                if body is not None and type(payload) is dict:
+                    # rows.joined_payload, inline: this runs once per message.
+                    if type(body) is str and "role" in payload and "content" not in payload:
+                        payload = {"role": payload.pop("role"), "content": body, **payload}
+                    else:
+                        payload = None  # `_entry` says what is wrong
                 created_us = row[4]
                 if type(payload) is dict and -_EXACT_US < created_us < _EXACT_US:
                     if row[6] is not None:
@@ -333,10 +342,11 @@ class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
         created_us: int,
         text: str,
         tokens: int | None,
+        body: str | None,
     ) -> Entry:
         created = _dt(created_us)
         try:
-            payload = stored_payload(text, tokens)
+            payload = stored_payload(text, tokens, body)
         except ValueError as exc:
             return corrupt_entry(seq, entry_id, parent, created, str(text), str(exc))
         return Entry(seq, entry_id, parent, kind, created, payload)
@@ -411,18 +421,19 @@ class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
             done = 0
             for entry_id, (expected, text) in checked.items():
                 row = db.execute(
-                    "SELECT rid, payload, tokens FROM entries WHERE session_sk=? AND id=?",
+                    "SELECT rid, payload, tokens, body FROM entries WHERE session_sk=? AND id=?",
                     (sk, entry_id),
                 ).fetchone()
                 if row is None:
                     continue
                 try:
-                    stored = stored_payload(row[1], row[2])
+                    stored = stored_payload(row[1], row[2], row[3])
                 except ValueError:
                     continue  # damaged: never what the caller expects
                 if stored == expected:
                     db.execute(
-                        "UPDATE entries SET payload=?, tokens=NULL WHERE rid=?", (text, row[0])
+                        "UPDATE entries SET payload=?, tokens=NULL, body=NULL WHERE rid=?",
+                        (text, row[0]),
                     )
                     done += 1
             return done
