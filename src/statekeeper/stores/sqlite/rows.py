@@ -20,16 +20,15 @@ __all__ = [
     "SAVE_ALL",
     "SAVE_LIVE",
     "SELECT_ENTRIES",
-    "metadata_conditions",
     "joined_payload",
+    "metadata_conditions",
     "split_payload",
     "split_tokens",
     "stored_payload",
 ]
 
 SELECT_ENTRIES = (
-    "SELECT rid & 4294967295, id, parent_seq, kind, created_us, payload, tokens, body "
-    "FROM entries"
+    "SELECT rid & 4294967295, id, parent_seq, kind, created_us, payload, tokens, body FROM entries"
 )
 HEAD_COLUMNS = f"doc, active_us, version, {', '.join(LIVE_COLUMNS)}"
 _LIVE_SET = ", ".join(f"{name}=?" for name in LIVE_COLUMNS)
