@@ -80,11 +80,10 @@ def split_payload(payload: dict[str, Any], text: str) -> tuple[str, int | None, 
 def stored_payload(text: str, tokens: int | None, body: str | None = None) -> dict[str, Any]:
     """A stored payload (JSON, token and body columns) as a dict; ValueError if the
     columns do not make one (see `split_payload`)."""
-    payload = loads(text)
-    if not isinstance(payload, dict):
-        raise ValueError(f"expected a JSON object, got {type(payload).__name__}")
-    if body is not None:
-        payload = joined_payload(payload, body)
+    loaded = loads(text)
+    if not isinstance(loaded, dict):
+        raise ValueError(f"expected a JSON object, got {type(loaded).__name__}")
+    payload: dict[str, Any] = loaded if body is None else joined_payload(loaded, body)
     if tokens is not None:
         payload["tokens"] = tokens
     return payload
