@@ -44,11 +44,20 @@ DOC_FIELDS = document_fields(LIVE_COLUMNS)
 _INT64 = 2**63  # what an INTEGER column holds: -2^63 <= n < 2^63
 
 
+def _count(payload: dict[str, Any]) -> int | None:
+    """The token count to keep in its column: the last key's, when that is ``"tokens"``
+    with an int the column holds (schema version 4)."""
+    tokens = payload.get("tokens")
+    if type(tokens) is int and -_INT64 <= tokens < _INT64 and next(reversed(payload)) == "tokens":
+        return tokens
+    return None
+
+
 def split_tokens(payload: dict[str, Any], text: str) -> tuple[str, int | None]:
     """The payload's JSON without its last key when that is ``"tokens"`` with an int (the
     usual message), and that count; else the JSON as is and None (schema version 4)."""
-    tokens = payload.get("tokens")
-    if type(tokens) is int and -_INT64 <= tokens < _INT64 and next(reversed(payload)) == "tokens":
+    tokens = _count(payload)
+    if tokens is not None:
         tail = f',"tokens":{tokens}}}'
         if text.endswith(tail):
             return text[: -len(tail)] + "}", tokens
@@ -71,9 +80,11 @@ def split_payload(payload: dict[str, Any], text: str) -> tuple[str, int | None, 
             if type(content) is str:
                 rest = payload.copy()
                 del rest["content"]
+                tokens = _count(rest)
+                if tokens is not None:
+                    del rest["tokens"]
                 # Part of a payload the plan encoded and sized already: no limit of its own.
-                rest_text = encode_json(rest, what="entry payload", limit=_INT64)
-                return (*split_tokens(rest, rest_text), content)
+                return encode_json(rest, what="entry payload", limit=_INT64), tokens, content
     return (*split_tokens(payload, text), None)
 
 
