@@ -171,3 +171,16 @@ async def test_a_body_that_does_not_go_with_its_payload_is_reported(
         # Never what a rewrite expects: left as it is.
         expected = {"role": "user", "content": "b", "tokens": 1}
         assert await store.rewrite_entry_payloads("t", "s1", {damaged.id: (expected, {})}) == 0
+
+
+async def test_a_token_count_beyond_64_bits_stays_in_the_json(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    payloads = [{"role": "user", "content": "x", "tokens": 2**70}, {"n": 1, "tokens": -(2**64)}]
+    async with open_store(f"sqlite:///{path}") as store:
+        await store.create_session(SessionRecord(id="s1", tenant="t"))
+        drafts = [EntryDraft(payload=p) for p in payloads]
+        assert [e.payload for e in (await store.append_entries("t", "s1", drafts)).entries] == (
+            payloads
+        )
+        assert [e.payload for e in await store.read_entries("t", "s1")] == payloads
+    assert [row[2:] for row in _rows(path)] == [(None, "x"), (None, None)]
