@@ -7,11 +7,15 @@ message's text kept in a column (see `schema`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import sqlite3
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
-from statekeeper.jsoncodec import encode_json, loads
-from statekeeper.stores.rules import document_fields
+from statekeeper.jsoncodec import encode_json, gc_paused, loads
+from statekeeper.stores.base import Entry
+from statekeeper.stores.rules import corrupt_entry, document_fields
+from statekeeper.stores.sqlite.records import _dt
 from statekeeper.stores.sqlite.schema import LIVE_COLUMNS
 
 __all__ = [
@@ -20,10 +24,12 @@ __all__ = [
     "SAVE_ALL",
     "SAVE_LIVE",
     "SELECT_ENTRIES",
+    "entries_of",
     "joined_payload",
     "metadata_conditions",
     "split_payload",
     "split_tokens",
+    "stored_entry",
     "stored_payload",
 ]
 
@@ -42,6 +48,7 @@ DOC_FIELDS = document_fields(LIVE_COLUMNS)
 
 
 _INT64 = 2**63  # what an INTEGER column holds: -2^63 <= n < 2^63
+_EXACT_US = 2**52  # times whose float seconds convert exactly (see rules.from_micros)
 
 
 def _count(payload: dict[str, Any]) -> int | None:
@@ -108,6 +115,59 @@ def joined_payload(rest: dict[str, Any], body: object) -> dict[str, Any]:
     if "role" not in rest or "content" in rest:
         raise ValueError('a body needs a payload with "role" and without "content"')
     return {"role": rest.pop("role"), "content": body, **rest}
+
+
+def entries_of(db: sqlite3.Connection, sql: str, params: Sequence[Any]) -> list[Entry]:
+    """The entries ``sql`` (`SELECT_ENTRIES` ...) selects; a row that cannot be decoded
+    is a corrupt entry in its place, never skipped."""
+    # The loop that reads whole transcripts: the usual row is decoded right here,
+    # anything else (not a JSON object, a time far from now, a body that does not go
+    # with its payload) by `stored_entry`. Entries are made with tuple.__new__, as
+    # Entry(...) does, minus its Python-level call. A message's body is its content as
+    # is (`split_payload`): only the small rest of its payload is JSON.
+    out: list[Entry] = []
+    append, timestamp, new = out.append, datetime.fromtimestamp, tuple.__new__
+    with gc_paused():
+        for row in db.execute(sql, params):
+            try:
+                payload = loads(row[5])
+            except ValueError:
+                payload = None
+            body = row[7]
+            if body is not None and type(payload) is dict:
+                # joined_payload, inline: this runs once per message.
+                if type(body) is str and "role" in payload and "content" not in payload:
+                    payload = {"role": payload.pop("role"), "content": body, **payload}
+                else:
+                    payload = None  # stored_entry says what is wrong
+            created_us = row[4]
+            if type(payload) is dict and -_EXACT_US < created_us < _EXACT_US:
+                if row[6] is not None:
+                    payload["tokens"] = row[6]
+                created = timestamp(created_us / 1e6, UTC)
+                append(new(Entry, (row[0], row[1], row[2], row[3], created, payload)))
+            else:
+                append(stored_entry(*row))
+    return out
+
+
+def stored_entry(
+    seq: int,
+    entry_id: str,
+    parent: int | None,
+    kind: str,
+    created_us: int,
+    text: str,
+    tokens: int | None,
+    body: str | None,
+) -> Entry:
+    """One row of `SELECT_ENTRIES` as an entry, or as a corrupt entry reporting why not."""
+    created = _dt(created_us)
+    try:
+        payload = stored_payload(text, tokens, body)
+    except ValueError as exc:
+        return corrupt_entry(seq, entry_id, parent, created, str(text), str(exc))
+    return Entry(seq, entry_id, parent, kind, created, payload)
 
 
 def metadata_conditions(metadata: Mapping[str, Any], params: list[Any]) -> list[str]:
