@@ -133,6 +133,7 @@ async def measure(durability: str, history: int, folder: Path) -> dict[str, Any]
             ours_total, raw_total = ours_total + ours, raw_total + theirs
 
         load_ratios: list[float] = []
+        load_times: list[tuple[float, float]] = []
         loaded: list[Any] = []
         raw_loaded: list[Any] = []
         for _ in range(LOADS):
@@ -148,7 +149,9 @@ async def measure(durability: str, history: int, folder: Path) -> dict[str, Any]
             gc.collect()
             started = time.perf_counter()
             raw_loaded = raw.load()
-            load_ratios.append(ours / (time.perf_counter() - started))
+            theirs = time.perf_counter() - started
+            load_ratios.append(ours / theirs)
+            load_times.append((ours, theirs))
         assert len(loaded) == len(raw_loaded) == history + APPENDS
     raw.db.close()
     checkpoint = sqlite3.connect(ours_path)
@@ -160,6 +163,8 @@ async def measure(durability: str, history: int, folder: Path) -> dict[str, Any]
         "raw_append_us": raw_total / APPENDS * 1e6,
         "append": ratios,
         "load": load_ratios,
+        "load_ms": [statistics.median(t[0] for t in load_times) * 1e3],
+        "raw_load_ms": [statistics.median(t[1] for t in load_times) * 1e3],
         "bytes": [ours_path.stat().st_size / payload],
     }
 
@@ -207,14 +212,16 @@ def report(results: list[tuple[str, int, dict[str, Any]]]) -> list[str]:
     """Print the table and the verdicts; return the missed targets."""
     print(
         f"{'durability':<10} {'history':>7} {'ours us':>8} {'raw us':>7} "
-        f"{'append ratio':>20} {'load ratio':>20} {'bytes/payload':>13}"
+        f"{'append ratio':>20} {'load ratio':>20} {'bytes/payload':>13} {'load ms':>8} "
+        f"{'raw ms':>7}"
     )
     for durability, history, r in results:
         if "concurrency" in r:
             continue
         print(
             f"{durability:<10} {history:>7} {r['append_us']:>8.0f} {r['raw_append_us']:>7.0f} "
-            f"{_spread(r['append']):>20} {_spread(r['load']):>20} {r['bytes'][0]:>13.2f}"
+            f"{_spread(r['append']):>20} {_spread(r['load']):>20} {r['bytes'][0]:>13.2f} "
+            f"{r['load_ms'][0]:>8.1f} {r['raw_load_ms'][0]:>7.1f}"
         )
     by = {(d, h): r for d, h, r in results}
     failed = []

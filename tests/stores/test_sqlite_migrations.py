@@ -141,10 +141,10 @@ async def test_a_token_count_is_stored_in_its_column_and_read_back_in_place(
         appended = await store.append_entries("t", "s1", drafts)
         assert [e.payload for e in appended.entries] == payloads
     conn = sqlite3.connect(path)
-    rows = conn.execute("SELECT payload, tokens FROM entries ORDER BY rid").fetchall()
+    rows = conn.execute("SELECT payload, tokens, body FROM entries ORDER BY rid").fetchall()
     conn.close()
-    assert rows[0] == ('{"role":"user","content":"hi"}', 7)
-    assert [tokens for _, tokens in rows[1:]] == [None, None, None]
+    assert rows[0] == ('{"role":"user"}', 7, "hi")
+    assert [tokens for _, tokens, _ in rows[1:]] == [None, None, None]
     async with open_store(f"sqlite:///{path}") as store:
         read = await store.read_entries("t", "s1")
         assert [e.payload for e in read] == payloads

@@ -94,6 +94,13 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE entries ADD COLUMN tokens INTEGER;
     """,
+    # 5: a message's text in a column of its own. A payload whose first key is "role" and
+    # second "content" with a string keeps that string here, as plain text, and the rest
+    # of the payload as the JSON: the text takes no JSON escapes on disk and a read does
+    # not unescape it; reads put it back as the payload's second key. NULL: not split.
+    """
+    ALTER TABLE entries ADD COLUMN body TEXT;
+    """,
 ]
 
 LIVE_COLUMNS = ("head_seq", "last_seq", "message_count", "total_tokens", "fresh_tokens")

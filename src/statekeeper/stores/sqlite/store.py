@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import sqlite3
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, cast
 
 from statekeeper.core.messages import utcnow
@@ -27,7 +27,6 @@ from statekeeper.errors import (
     StoreFullError,
 )
 from statekeeper.ids import validate_id
-from statekeeper.jsoncodec import gc_paused, loads
 from statekeeper.stores.base import (
     Entry,
     Page,
@@ -43,7 +42,6 @@ from statekeeper.stores.rules import (
     check_read,
     check_rewrites,
     check_tenant_and_id,
-    corrupt_entry,
     decode_cursor,
     decode_session,
     new_session_record,
@@ -58,16 +56,14 @@ from statekeeper.stores.sqlite.rows import (
     SAVE_ALL,
     SAVE_LIVE,
     SELECT_ENTRIES,
+    entries_of,
     metadata_conditions,
-    split_tokens,
+    split_payload,
     stored_payload,
 )
 from statekeeper.stores.sqlite.schema import LIVE_COLUMNS, SEQ_BITS
 
 __all__ = ["SQLiteStore"]
-
-
-_EXACT_US = 2**52  # times whose float seconds convert exactly (see rules.from_micros)
 
 
 class _Stale(Exception):
@@ -233,7 +229,7 @@ class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
         if not ids:
             return {}
         marks = ",".join("?" * len(ids))
-        found = self._entries(
+        found = entries_of(
             db,
             f"{SELECT_ENTRIES} WHERE session_sk=? AND id IN ({marks})",
             [sk, *ids],
@@ -276,7 +272,7 @@ class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
             try:
                 db.executemany(
                     "INSERT INTO entries (rid, session_sk, id, parent_seq, kind, created_us,"
-                    " payload, tokens) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    " payload, tokens, body) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [
                         (
                             base_rid | e.seq,
@@ -285,7 +281,7 @@ class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
                             e.parent_seq,
                             e.kind,
                             _us(e.created_at),
-                            *split_tokens(e.payload, text),
+                            *split_payload(e.payload, text),
                         )
                         for e, text, _ in writes
                     ],
@@ -301,45 +297,6 @@ class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
             return await self.load_head(tenant, session_id, ids)
         self._note_write(sum(len(w.text) for w in writes), commits=0)
         return None
-
-    def _entries(self, db: sqlite3.Connection, sql: str, params: Sequence[Any]) -> list[Entry]:
-        # The loop that reads whole transcripts: the usual row is decoded right here,
-        # anything else (not a JSON object, a time far from now) by `_entry`. Entries are
-        # made with tuple.__new__, as Entry(...) does, minus its Python-level call.
-        out: list[Entry] = []
-        append, timestamp, new = out.append, datetime.fromtimestamp, tuple.__new__
-        with gc_paused():
-            for row in db.execute(sql, params):
-                try:
-                    payload = loads(row[5])
-                except ValueError:
-                    payload = None
-                created_us = row[4]
-                if type(payload) is dict and -_EXACT_US < created_us < _EXACT_US:
-                    if row[6] is not None:
-                        payload["tokens"] = row[6]
-                    created = timestamp(created_us / 1e6, UTC)
-                    append(new(Entry, (row[0], row[1], row[2], row[3], created, payload)))
-                else:
-                    append(self._entry(*row))
-        return out
-
-    @staticmethod
-    def _entry(
-        seq: int,
-        entry_id: str,
-        parent: int | None,
-        kind: str,
-        created_us: int,
-        text: str,
-        tokens: int | None,
-    ) -> Entry:
-        created = _dt(created_us)
-        try:
-            payload = stored_payload(text, tokens)
-        except ValueError as exc:
-            return corrupt_entry(seq, entry_id, parent, created, str(text), str(exc))
-        return Entry(seq, entry_id, parent, kind, created, payload)
 
     async def read_entries(
         self,
@@ -359,7 +316,7 @@ class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
             last = (1 << SEQ_BITS) - 1 if until_seq is None else min(until_seq, (1 << SEQ_BITS) - 1)
             if after_seq >= last:
                 return []
-            return self._entries(
+            return entries_of(
                 db,
                 f"{SELECT_ENTRIES} WHERE rid>? AND rid<=? ORDER BY rid LIMIT ?",
                 [low | max(after_seq, 0), low | last, _limit(limit)],
@@ -411,18 +368,19 @@ class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
             done = 0
             for entry_id, (expected, text) in checked.items():
                 row = db.execute(
-                    "SELECT rid, payload, tokens FROM entries WHERE session_sk=? AND id=?",
+                    "SELECT rid, payload, tokens, body FROM entries WHERE session_sk=? AND id=?",
                     (sk, entry_id),
                 ).fetchone()
                 if row is None:
                     continue
                 try:
-                    stored = stored_payload(row[1], row[2])
+                    stored = stored_payload(row[1], row[2], row[3])
                 except ValueError:
                     continue  # damaged: never what the caller expects
                 if stored == expected:
                     db.execute(
-                        "UPDATE entries SET payload=?, tokens=NULL WHERE rid=?", (text, row[0])
+                        "UPDATE entries SET payload=?, tokens=NULL, body=NULL WHERE rid=?",
+                        (text, row[0]),
                     )
                     done += 1
             return done
@@ -435,9 +393,7 @@ class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
 
         def get(db: sqlite3.Connection) -> Entry:
             sk, _ = self._head(db, tenant, session_id)
-            found = self._entries(
-                db, f"{SELECT_ENTRIES} WHERE session_sk=? AND id=?", [sk, entry_id]
-            )
+            found = entries_of(db, f"{SELECT_ENTRIES} WHERE session_sk=? AND id=?", [sk, entry_id])
             if not found:
                 raise NotFoundError(f"entry {entry_id!r} not found in session {session_id!r}")
             return found[0]
