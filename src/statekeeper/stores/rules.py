@@ -131,9 +131,11 @@ def apply_patch(
 
     ``internal`` carries store-maintained fields (``last_seq``, ``head_seq``) of an append.
     """
-    changes: dict[str, Any] = dict(internal or {})
-    changes.update({name: getattr(record, name) + n for name, n in patch.add.items()})
-    changes["version"] = record.version + 1
+    stored = record.__dict__
+    changes: dict[str, Any] = dict(internal) if internal else {}
+    for name, n in patch.add.items():  # counters (SessionPatch refuses other names)
+        changes[name] = stored[name] + n
+    changes["version"] = stored["version"] + 1
     changes["last_active"] = now
     if patch.set:
         data = record.model_dump()
@@ -145,7 +147,9 @@ def apply_patch(
             raise InvalidPayloadError(f"invalid session update: {exc}") from exc
     else:
         # Counters are ints and the rest is unchanged: nothing to validate again.
-        updated = trusted(SessionRecord, {**record.__dict__, **changes})
+        fields = stored.copy()
+        fields.update(changes)
+        updated = trusted(SessionRecord, fields)
     if not 0 <= updated.head_seq <= updated.last_seq:
         raise InvalidInputError(
             f"head_seq {updated.head_seq} is not an entry of session {record.id!r} "
