@@ -1,4 +1,4 @@
-"""The engine's per-session lock: first come, first served, and cancellation never
+"""The engine's per-session lock (`FifoLock`): first come, first served, and cancellation never
 leaves it held (a held lock would stall every later write to that session)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from statekeeper.stores.base import EntryDraft, SessionRecord
 from statekeeper.stores.engine import AppendEngine, EventWrite, Snapshot, Write
-from statekeeper.stores.engine import _Slot as Slot
+from statekeeper.stores.fifo_lock import FifoLock as Slot
 
 
 async def test_waiters_take_the_lock_in_arrival_order_and_cancelled_ones_are_skipped() -> None:

@@ -32,7 +32,6 @@ generation): versions restart at 1 when a session is deleted and created again.
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Hashable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -51,6 +50,7 @@ from statekeeper.stores.base import (
     SessionRecord,
 )
 from statekeeper.stores.engine_types import EventWrite, HeadBackend, Planned, Snapshot, Write
+from statekeeper.stores.fifo_lock import FifoLock
 from statekeeper.stores.rules import (
     apply_patch,
     check_session_record,
@@ -85,45 +85,17 @@ class _Change:
     done: asyncio.Future[Any]
 
 
-class _Slot:
-    """The writes of one session through this handle: a first-come, first-served lock
-    (held by the writer whose change is being committed) and the changes queued behind it.
+class _Slot(FifoLock):
+    """The writes of one session through this handle: the lock held by the writer whose
+    change is being committed, and the changes queued behind it. Reused (every append
+    takes one)."""
 
-    Not `asyncio.Lock`: an uncontended acquire here is a plain call, not a coroutine,
-    and slots are reused, because every append takes one."""
-
-    __slots__ = ("busy", "queue", "users", "waiters")
+    __slots__ = ("queue", "users")
 
     def __init__(self) -> None:
-        self.busy = False
+        super().__init__()
         self.queue: list[_Change] = []
         self.users = 0
-        self.waiters: deque[asyncio.Future[None]] = deque()
-
-    async def acquire(self) -> None:
-        """Wait until this caller holds the lock."""
-        if not self.busy:
-            self.busy = True
-            return
-        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.waiters.append(turn)
-        try:
-            await turn
-        except asyncio.CancelledError:
-            if turn.done() and not turn.cancelled():
-                self.release()  # handed the lock just as we were cancelled: pass it on
-            else:
-                self.waiters.remove(turn)
-            raise
-
-    def release(self) -> None:
-        """Hand the lock to the longest waiter still waiting, else free it."""
-        while self.waiters:
-            turn = self.waiters.popleft()
-            if not turn.done():
-                turn.set_result(None)  # it holds the lock now: ``busy`` stays set
-                return
-        self.busy = False
 
 
 _SPARE_SLOTS = 64
@@ -280,7 +252,7 @@ class AppendEngine:
             # and the lock is free (taken without waiting). Callers arriving meanwhile
             # find the slot and queue behind its lock.
             slot = self._slot(key)
-            slot.busy = True
+            slot.try_acquire()  # a slot nobody holds: always free
             try:
                 return await self._apply_alone(tenant, session_id, plan, ids)
             finally:
