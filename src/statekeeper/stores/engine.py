@@ -241,7 +241,8 @@ class AppendEngine:
         slot.users -= 1
         if not slot.users and self._slots.get(key) is slot:
             del self._slots[key]
-            if len(self._spare) < _SPARE_SLOTS:
+            idle = not (slot.busy or slot.waiters or slot.queue)
+            if idle and len(self._spare) < _SPARE_SLOTS:  # only a clean slot is reused
                 self._spare.append(slot)
 
     async def submit(self, tenant: str, session_id: str, plan: Plan, ids: Sequence[str]) -> Any:
@@ -266,24 +267,45 @@ class AppendEngine:
         slot.queue.append(change)  # before waiting: the holder of the lock may batch it
         try:
             await slot.acquire()
+            held = True
             try:
                 if slot.queue and not done.done():
                     batch, slot.queue = slot.queue, []
                     if len(batch) == 1:
                         await self._apply(tenant, session_id, batch)
                     else:
-                        # Other callers wait on this batch: finish it even if we are cancelled.
-                        await asyncio.shield(self._apply(tenant, session_id, batch))
+                        # Other callers wait on this batch: it runs to its end even if we
+                        # are cancelled, and holds the lock until then.
+                        task = asyncio.ensure_future(self._apply(tenant, session_id, batch))
+                        try:
+                            await asyncio.shield(task)
+                        except asyncio.CancelledError:
+                            if not task.done():
+                                held = False
+                                self._hand_over(key, slot, task)
+                            raise
             finally:
-                slot.release()
-        except asyncio.CancelledError:
-            if change in slot.queue:  # cancelled before anyone planned it: drop it
+                if held:
+                    slot.release()
+        except BaseException:
+            if change in slot.queue:  # failed or cancelled before anyone planned it: drop it
                 slot.queue.remove(change)
                 done.cancel()
             raise
         finally:
             self._release(key, slot)
         return await done
+
+    def _hand_over(self, key: tuple[str, str], slot: _Slot, task: asyncio.Future[None]) -> None:
+        """Let a running batch hold the lock (and the slot) until it ends: its leader was
+        cancelled, and no other commit of this session may start before it has."""
+        slot.users += 1
+
+        def finished(_: object) -> None:
+            slot.release()
+            self._release(key, slot)
+
+        task.add_done_callback(finished)
 
     async def _apply_alone(
         self, tenant: str, session_id: str, plan: Plan, ids: Sequence[str]

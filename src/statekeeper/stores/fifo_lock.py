@@ -40,7 +40,7 @@ class FifoLock:
         except asyncio.CancelledError:
             if turn.done() and not turn.cancelled():
                 self.release()  # handed the lock just as we were cancelled: pass it on
-            else:
+            elif turn in self.waiters:  # else a release() already dropped it, unserved
                 self.waiters.remove(turn)
             raise
 
