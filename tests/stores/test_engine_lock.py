@@ -1,6 +1,8 @@
-"""Cancelling writers at any point leaves the engine's sessions consistent: never two
-commits of one session in flight, no cancelled change committed later (or elsewhere),
-results that match the stored order, and every slot released clean.
+"""The engine's per-session lock (`FifoLock`) and cancellation: the lock goes to its
+waiters first come, first served, and cancelling writers at any point leaves every
+session consistent: never two commits of one session in flight, no cancelled change
+committed later (or elsewhere), results that match the stored order, every slot
+released clean.
 
 Writers are cancelled one at a time and all at once in creation order (as
 `asyncio.gather` and `asyncio.TaskGroup` do when they tear down), against a backend that
@@ -16,6 +18,7 @@ import pytest
 
 from statekeeper.stores.base import Entry, EntryDraft, SessionRecord
 from statekeeper.stores.engine import AppendEngine, EventWrite, Snapshot, Write
+from statekeeper.stores.fifo_lock import FifoLock
 
 
 class _Sessions:
@@ -29,6 +32,7 @@ class _Sessions:
         self.records: dict[str, SessionRecord] = {}
         self.entries: dict[str, dict[str, Entry]] = {}
         self.log: dict[str, list[str]] = {}
+        self.commits: list[list[str]] = []  # the entry ids of each commit that wrote
         self.in_flight: dict[str, int] = {}
         self.problems: list[str] = []
 
@@ -68,6 +72,7 @@ class _Sessions:
             if base.record.version != current.version or any(i in stored for i in ids):
                 return Snapshot(1, current, {i: stored[i] for i in ids if i in stored})
             self.records[session_id] = head
+            self.commits.append([w.entry.id for w in writes])
             for write in writes:
                 stored[write.entry.id] = write.entry
                 self.log.setdefault(session_id, []).append(write.entry.id)
@@ -90,6 +95,73 @@ def _unclean_slots(engine: AppendEngine) -> list[str]:
         if slot.busy or slot.waiters or slot.queue or slot.users:
             found.append("a reused slot is not clean")
     return found
+
+
+async def test_waiters_take_the_lock_in_arrival_order_and_cancelled_ones_are_skipped() -> None:
+    slot = FifoLock()
+    await slot.acquire()  # free: taken at once
+    order: list[int] = []
+
+    async def take(n: int) -> None:
+        await slot.acquire()
+        order.append(n)
+        slot.release()
+
+    tasks = [asyncio.create_task(take(n)) for n in range(4)]
+    await asyncio.sleep(0)  # every task is now waiting
+    tasks[1].cancel()
+    slot.release()
+    await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 5)
+    assert order == [0, 2, 3]
+    assert not slot.busy
+    assert not slot.waiters
+
+
+async def test_a_waiter_cancelled_after_being_handed_the_lock_passes_it_on() -> None:
+    slot = FifoLock()
+    await slot.acquire()
+    first = asyncio.create_task(slot.acquire())
+    second = asyncio.create_task(slot.acquire())
+    await asyncio.sleep(0)
+    slot.release()  # handed to ``first``, which has not run yet
+    first.cancel()
+    await asyncio.gather(first, return_exceptions=True)
+    assert first.cancelled()
+    await asyncio.wait_for(second, 5)  # got the lock ``first`` passed on
+    assert slot.busy
+    slot.release()
+    assert not slot.busy
+
+
+async def test_a_writer_cancelled_while_committing_alone_frees_the_session() -> None:
+    backend = _Sessions(gated=True)
+    engine = AppendEngine(backend, max_payload_bytes=1 << 20)
+    alone = asyncio.create_task(_append(engine, "s", "a"))
+    await asyncio.sleep(0)  # holds the lock, waiting in commit
+    alone.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await alone
+    backend.gate.set()
+    assert await asyncio.wait_for(_append(engine, "s", "b"), 5) == 1
+    assert backend.commits == [["b"]]
+
+
+async def test_writers_queued_behind_a_commit_are_committed_together_in_order() -> None:
+    backend = _Sessions(gated=True)
+    engine = AppendEngine(backend, max_payload_bytes=1 << 20)
+    first = asyncio.create_task(_append(engine, "s", "a"))
+    await asyncio.sleep(0)
+    queued = [asyncio.create_task(_append(engine, "s", i)) for i in ("b", "c", "d")]
+    await asyncio.sleep(0)
+    queued[1].cancel()  # cancelled before anyone planned it: dropped
+    backend.gate.set()
+    assert await first == 1
+    outcomes = await asyncio.wait_for(asyncio.gather(*queued, return_exceptions=True), 5)
+    assert outcomes[0] == 2
+    assert outcomes[2] == 3
+    assert isinstance(outcomes[1], asyncio.CancelledError)
+    assert backend.commits == [["a"], ["b", "d"]]
+    assert await asyncio.wait_for(_append(engine, "s", "e"), 5) == 4  # the lock is free again
 
 
 async def test_a_holder_and_its_waiter_cancelled_together_commit_nothing_anywhere() -> None:
