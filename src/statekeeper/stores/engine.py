@@ -39,7 +39,6 @@ from typing import Any
 
 from statekeeper.core.messages import utcnow
 from statekeeper.core.typed import trusted
-from statekeeper.errors import InvalidInputError
 from statekeeper.ids import validate_id
 from statekeeper.stores.base import (
     AppendResult,
@@ -54,7 +53,6 @@ from statekeeper.stores.fifo_lock import FifoLock
 from statekeeper.stores.rules import (
     apply_patch,
     check_session_record,
-    check_tenant_and_id,
     check_version,
     event_texts,
     plan_append,
@@ -62,7 +60,6 @@ from statekeeper.stores.rules import (
 
 __all__ = [
     "AppendEngine",
-    "EngineWrites",
     "EventWrite",
     "HeadBackend",
     "Planned",
@@ -439,70 +436,6 @@ class AppendEngine:
         else:
             self.remember(tenant, current.token, current.record)
         return current
-
-
-class EngineWrites:
-    """Mixin for backends: `append_entries` and `update_session` through ``self._engine``."""
-
-    _engine: AppendEngine
-
-    async def append_entries(
-        self,
-        tenant: str,
-        session_id: str,
-        drafts: Sequence[EntryDraft],
-        *,
-        expected_version: int | None = None,
-        patch: SessionPatch | None = None,
-        move_head: bool = True,
-        events: EventBatch | None = None,
-    ) -> AppendResult:
-        """See `statekeeper.stores.base.TranscriptStore.append_entries`."""
-        check_tenant_and_id(tenant, session_id)
-        return await self._engine.append(
-            tenant,
-            session_id,
-            drafts,
-            expected_version=expected_version,
-            patch=patch,
-            move_head=move_head,
-            events=events,
-        )
-
-    async def update_session(
-        self,
-        tenant: str,
-        session_id: str,
-        patch: SessionPatch,
-        *,
-        expected_version: int | None = None,
-    ) -> SessionRecord:
-        """See `statekeeper.stores.base.SessionStore.update_session`."""
-        check_tenant_and_id(tenant, session_id)
-        return await self._engine.update(
-            tenant, session_id, patch, expected_version=expected_version
-        )
-
-    async def rewrite_session_fields(
-        self, tenant: str, session_id: str, fields: dict[str, Any], *, expected_version: int
-    ) -> SessionRecord:
-        """Store a head's title, metadata, delivery or state in another form meaning the
-        same (re-encrypted: `statekeeper.stores.sealed.reseal`), with compare-and-set;
-        ``last_active`` is kept, so listings keep their order."""
-        check_tenant_and_id(tenant, session_id)
-        if not set(fields) <= _REWRITABLE:
-            raise InvalidInputError(f"only {sorted(_REWRITABLE)} can be rewritten in place")
-        limit = self._engine.max_payload_bytes
-
-        def plan(record: SessionRecord, existing: dict[str, Entry]) -> Planned:
-            check_version(record, expected_version)
-            updated = record.model_copy(update={**fields, "version": record.version + 1})
-            return Planned(check_session_record(updated, limit), result=updated)
-
-        return await self._engine.submit(tenant, session_id, plan, ())  # type: ignore[no-any-return]
-
-
-_REWRITABLE = frozenset({"title", "metadata", "delivery", "state"})
 
 
 def _consume(future: asyncio.Future[Any]) -> None:

@@ -30,7 +30,8 @@ from statekeeper.stores.base import (
     SessionRecord,
     VersionedRecord,
 )
-from statekeeper.stores.engine import AppendEngine, EngineWrites, EventWrite, Snapshot, Write
+from statekeeper.stores.engine import AppendEngine, EventWrite, Snapshot, Write
+from statekeeper.stores.engine_writes import EngineWrites
 from statekeeper.stores.options import StoreOptions
 from statekeeper.stores.rules import (
     apply_patch,

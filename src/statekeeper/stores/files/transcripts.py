@@ -19,7 +19,8 @@ from statekeeper.core.messages import utcnow
 from statekeeper.errors import NotFoundError
 from statekeeper.ids import validate_id
 from statekeeper.stores.base import Entry, SessionPatch, SessionRecord
-from statekeeper.stores.engine import AppendEngine, EngineWrites, EventWrite, Snapshot, Write
+from statekeeper.stores.engine import AppendEngine, EventWrite, Snapshot, Write
+from statekeeper.stores.engine_writes import EngineWrites
 from statekeeper.stores.files.layout import Layout, read_at
 from statekeeper.stores.files.logs import (
     EPOCH,

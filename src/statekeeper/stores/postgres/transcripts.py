@@ -31,7 +31,8 @@ from statekeeper.errors import (
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES, gc_paused, loads
 from statekeeper.stores.base import Entry, Event, SessionPatch, SessionRecord
-from statekeeper.stores.engine import AppendEngine, EngineWrites, EventWrite, Snapshot, Write
+from statekeeper.stores.engine import AppendEngine, EventWrite, Snapshot, Write
+from statekeeper.stores.engine_writes import EngineWrites
 from statekeeper.stores.postgres.conn import (
     Careful,
     Connection,

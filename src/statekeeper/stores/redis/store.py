@@ -66,7 +66,8 @@ from statekeeper.stores.base import (
     SessionQuery,
     SessionRecord,
 )
-from statekeeper.stores.engine import AppendEngine, EngineWrites
+from statekeeper.stores.engine import AppendEngine
+from statekeeper.stores.engine_writes import EngineWrites
 from statekeeper.stores.options import StoreOptions
 from statekeeper.stores.redis.base import (
     DEFAULT_SOCKET_TIMEOUT,

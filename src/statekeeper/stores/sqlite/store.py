@@ -34,7 +34,8 @@ from statekeeper.stores.base import (
     SessionQuery,
     SessionRecord,
 )
-from statekeeper.stores.engine import AppendEngine, EngineWrites, EventWrite, Snapshot, Write
+from statekeeper.stores.engine import AppendEngine, EventWrite, Snapshot, Write
+from statekeeper.stores.engine_writes import EngineWrites
 from statekeeper.stores.options import StoreOptions
 from statekeeper.stores.rules import (
     apply_patch,
