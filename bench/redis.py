@@ -14,7 +14,9 @@ each batch gives one ratio (ours time / raw time), reported as median [min-max].
 (``MEMORY USAGE`` of every key of each side) is compared with the payload, the JSON of
 the messages. Appends must stay O(1): ours at ``HISTORY`` messages against ours at 10
 (interleaved the same way; each batch of the short side appends to a session of its
-own that holds 10 messages, so every short append lands at 10 to 10 + ``O1_BATCH``).
+own that holds 10 messages, so every short append lands at 10 to 10 + ``O1_BATCH``),
+and O(1) in the head's size: appends to a session holding ``HEAD_STATE`` bytes of state
+against appends to one without, interleaved the same way.
 Extra information: 8 writers on 8 sessions against 8 raw writers on 8
 lists, one round of ``PER_WRITER`` appends each per ratio.
 
@@ -53,7 +55,8 @@ O1_BATCHES, O1_BATCH = 10, 20  # ours at HISTORY vs ours at 10 (+ 1 warm-up batc
 SHORT = 10
 LOADS = 7
 WRITERS, PER_WRITER, ROUNDS = 8, 40, 5
-TARGETS = {"append": 1.5, "growth": 1.5}
+HEAD_STATE = 50_000  # bytes of session state (incompressible) for the head-size check
+TARGETS = {"append": 1.5, "growth": 1.5, "head_size": 1.5}
 """Upper limits: ours / raw at ``HISTORY`` messages (issue 9), and ours at ``HISTORY`` /
 ours at ``SHORT`` messages (appends are O(1) in the history's length)."""
 
@@ -111,10 +114,12 @@ async def measure(client: Redis, prefix: str) -> dict[str, Any]:
         bytes_raw = await memory(client, f"{prefix}-raw/*") / payload
 
         growth = await o1(manager, session, appended)  # after the loads: they compare sizes
+        head_size = await heavy_head(manager)
         concurrent = await writers(manager, client, f"{prefix}-raw")
     return {
         "append": append,
         "growth": growth,
+        "head_size": head_size,
         "load": load,
         "concurrent": concurrent,
         "bytes": {"ours": bytes_ours, "raw": bytes_raw},
@@ -136,6 +141,25 @@ async def o1(manager: SessionManager, long: Session, first: int) -> Ratios:
         await shorts[n // O1_BATCH].append(as_message(fresh[n]))
 
     return await interleave(at_history, at_short, O1_BATCHES, O1_BATCH)
+
+
+async def heavy_head(manager: SessionManager) -> Ratios:
+    """Appends to a session holding ``HEAD_STATE`` bytes of state against appends to one
+    without: O(1) in the head's size (an append stores the head's live fields only)."""
+    heavy, light = await manager.create(), await manager.create()
+    await heavy.state.update({"notes": os.urandom(HEAD_STATE // 2).hex()})
+    fresh = [message_dict(n) for n in range((O1_BATCHES + 1) * O1_BATCH)]
+
+    async def ours_heavy(n: int) -> None:
+        await heavy.append(as_message(fresh[n]))
+
+    async def ours_light(n: int) -> None:
+        await light.append(as_message(fresh[n]))
+
+    ratios = await interleave(ours_heavy, ours_light, O1_BATCHES, O1_BATCH)
+    await heavy.delete()
+    await light.delete()
+    return ratios
 
 
 async def writers(manager: SessionManager, client: Redis, raw_prefix: str) -> Ratios:
@@ -178,6 +202,7 @@ def report(results: dict[str, Any]) -> list[str]:
     rows = [
         (f"append at {HISTORY:,}", results["append"]),
         (f"ours at {HISTORY:,} / at {SHORT}", results["growth"]),
+        (f"append, {HEAD_STATE // 1000} KB state vs none", results["head_size"]),
         (f"load {HISTORY + (BATCHES + 1) * BATCH:,} messages", results["load"]),
         (f"{WRITERS} writers x {PER_WRITER} appends", results["concurrent"]),
     ]
@@ -189,6 +214,11 @@ def report(results: dict[str, Any]) -> list[str]:
     verdicts.at_most(f"append at {HISTORY:,} vs raw RPUSH", results["append"], TARGETS["append"])
     verdicts.at_most(
         f"ours: append at {HISTORY:,} / at {SHORT}", results["growth"], TARGETS["growth"]
+    )
+    verdicts.at_most(
+        f"append, {HEAD_STATE // 1000} KB state / none (O(1))",
+        results["head_size"],
+        TARGETS["head_size"],
     )
     verdicts.info("load vs LRANGE + json.loads", results["load"])
     verdicts.info(f"{WRITERS} writers on {WRITERS} sessions vs raw", results["concurrent"])

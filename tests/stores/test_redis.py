@@ -31,6 +31,7 @@ from statekeeper.errors import (
     ConflictError,
     InvalidInputError,
     NotFoundError,
+    StoreCorruptError,
     StoreFullError,
     StoreReadOnlyError,
     StoreUnavailableError,
@@ -641,26 +642,68 @@ def test_script_commands_are_packed_as_redis_py_packs_them() -> None:
             pack(["EVALSHA", bad])
 
 
-async def test_the_stored_head_is_the_whole_record_after_appends_and_updates(
+async def test_an_append_stores_the_live_fields_and_leaves_the_document(
     store: RedisStore, prefix: str
 ) -> None:
     await store.create_session(SessionRecord(id="s1", tenant=TENANT, metadata={"a": 1}))
     await store.append_entries(TENANT, "s1", [draft("e1")])
-    await store.update_session(TENANT, "s1", SessionPatch(set={"title": "t", "state": {"k": [1]}}))
-    last = await store.append_entries(
-        TENANT, "s1", [draft("e2"), draft("e3")], patch=SessionPatch(add={"total_tokens": 5})
-    )
+    patch = SessionPatch(set={"title": "t", "state": {"k": [1]}})
+    updated = await store.update_session(TENANT, "s1", patch)
     client = Redis.from_url(REDIS_URL)
+    key = f"{prefix}/{{{TENANT}}}/s/s1"
     try:
-        doc = await client.hget(f"{prefix}/{{{TENANT}}}/s/s1", "doc")
+        doc, live = await client.hmget(key, "doc", "live")
+        assert live is None  # an update writes the whole document
+        assert SessionRecord.model_validate_json(doc) == updated
+        last = await store.append_entries(
+            TENANT, "s1", [draft("e2"), draft("e3")], patch=SessionPatch(add={"total_tokens": 5})
+        )
+        after, live = await client.hmget(key, "doc", "live")
     finally:
         await client.aclose()
-    stored = SessionRecord.model_validate_json(doc)
-    assert stored == last.session
-    assert (stored.title, stored.metadata, stored.state) == ("t", {"a": 1}, {"k": [1]})
-    assert (stored.total_tokens, stored.last_seq, stored.head_seq) == (5, 3, 3)
+    assert after == doc  # the append did not send the document again
+    head = last.session
+    assert json.loads(live) == [
+        head.version,
+        round(head.last_active.timestamp() * 1_000_000),
+        3,
+        3,
+        head.message_count,
+        5,
+        head.fresh_tokens,
+    ]
+    assert (head.title, head.metadata, head.state) == ("t", {"a": 1}, {"k": [1]})
+    other = await open_store(REDIS_URL, prefix=prefix)
+    try:  # a fresh handle reads the document with the live fields over it
+        assert await other.get_session(TENANT, "s1") == head
+        assert (await other.list_sessions(TENANT, SessionQuery())).items == [head]
+        again = await other.append_entries(TENANT, "s1", [draft("e4")])
+        assert again.session.last_seq == 4
+        assert (await store.get_session(TENANT, "s1")).title == "t"
+    finally:
+        await other.close()
+
+
+@pytest.mark.parametrize("live", [b"[1,2]", b"not json", b'[1,2,3,4,5,6,"x"]', b"[1,2,3,4,5,6,-1]"])
+async def test_damaged_live_fields_are_reported_and_the_session_can_be_deleted(
+    store: RedisStore, prefix: str, live: bytes
+) -> None:
+    await store.create_session(SessionRecord(id="s1", tenant=TENANT))
+    await store.append_entries(TENANT, "s1", [draft("e1")])
+    client = Redis.from_url(REDIS_URL)
+    try:
+        await client.hset(f"{prefix}/{{{TENANT}}}/s/s1", "live", live)
+    finally:
+        await client.aclose()
     other = await open_store(REDIS_URL, prefix=prefix)
     try:
-        assert await other.get_session(TENANT, "s1") == last.session
+        with pytest.raises(StoreCorruptError, match="s1"):
+            await other.get_session(TENANT, "s1")
+        page = await other.list_sessions(TENANT, SessionQuery())
+        assert page.items == []
+        assert [c.id for c in page.corrupt] == ["s1"]
+        await other.delete_session(TENANT, "s1")
+        with pytest.raises(NotFoundError):
+            await other.get_session(TENANT, "s1")
     finally:
         await other.close()

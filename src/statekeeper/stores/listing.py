@@ -40,11 +40,25 @@ __all__ = [
 ]
 
 
-def decode_session(tenant: str, session_id: str, doc: str | bytes, where: str) -> SessionRecord:
+def decode_session(
+    tenant: str,
+    session_id: str,
+    doc: str | bytes,
+    where: str,
+    current: Callable[[], dict[str, Any]] | None = None,
+) -> SessionRecord:
     """A stored session head; `StoreCorruptError` naming the id and the fix if it cannot
-    be decoded, or holds another session's record."""
+    be decoded, or holds another session's record. ``current`` gives fields stored
+    apart from the document that replace its own (a `ValueError` if they are damaged)."""
     try:
-        record = SessionRecord.model_validate_json(doc)
+        if current is None:
+            record = SessionRecord.model_validate_json(doc)
+        else:
+            data = loads(doc)
+            if type(data) is not dict:
+                raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+            data.update(current())
+            record = SessionRecord.model_validate(data)
         if (record.tenant, record.id) != (tenant, session_id):
             raise ValueError(f"it holds session {record.id!r} of tenant {record.tenant!r}")
     except ValueError as exc:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from statekeeper.errors import PayloadTooLargeError
+from statekeeper.jsoncodec import loads
 from statekeeper.stores.base import SessionRecord
 from statekeeper.stores.engine import EventWrite, Snapshot, Write
 from statekeeper.stores.redis.base import (
@@ -27,9 +28,41 @@ from statekeeper.stores.redis.base import (
 from statekeeper.stores.redis.records import EVENT_NOTICES_KEPT
 from statekeeper.stores.redis.scripts import COMMIT, COMMIT_EVENTS
 from statekeeper.stores.redis.wire import ScriptArg
-from statekeeper.stores.rules import decode_session, session_not_found
+from statekeeper.stores.rules import (
+    decode_session,
+    document_fields,
+    from_micros,
+    same_document,
+    session_not_found,
+)
 
-__all__ = ["RedisHeads"]
+__all__ = ["LIVE", "RedisHeads", "live_fields"]
+
+LIVE = (
+    "version",
+    "last_active",
+    "head_seq",
+    "last_seq",
+    "message_count",
+    "total_tokens",
+    "fresh_tokens",
+)
+"""The head fields every append changes. An append that changes no other field stores
+these alone (the head's ``live`` field, a JSON array of integers in this order, the time
+in microseconds) and leaves the stored document as it was."""
+DOC_FIELDS = document_fields(LIVE)
+
+
+def live_fields(text: bytes) -> dict[str, Any]:
+    """The fields a stored ``live`` array holds; `ValueError` if it is damaged."""
+    values = loads(text)
+    if type(values) is not list or len(values) != len(LIVE):
+        raise ValueError(f"its live fields {text[:80]!r} are not {len(LIVE)} numbers")
+    if not all(type(v) is int and v >= 0 for v in values):
+        raise ValueError(f"its live fields {text[:80]!r} are not counts")
+    fields = dict(zip(LIVE, values, strict=True))
+    fields["last_active"] = from_micros(fields["last_active"])
+    return fields
 
 
 class RedisHeads:
@@ -42,10 +75,31 @@ class RedisHeads:
         self._base = base
         self._keys: dict[tuple[str, str], tuple[str, ...]] = {}
 
-    def decode(self, tenant: str, session_id: str, doc: bytes | str) -> SessionRecord:
-        """A stored head; `StoreCorruptError` (naming the id and the fix) if it cannot be
-        decoded."""
-        return decode_session(tenant, session_id, doc, f"Redis {self._base.url}")
+    def decode(self, tenant: str, session_id: str, stored: bytes | str) -> SessionRecord:
+        """A stored head, as the scripts read it: its document, then (after a newline)
+        its live fields if they moved since the document was written. `StoreCorruptError`
+        (naming the id and the fix) if it cannot be decoded."""
+        text = to_bytes(stored)
+        doc, newline, live = text.rpartition(b"\n")  # compact JSON holds no newline
+        where = f"Redis {self._base.url}"
+        if not newline:
+            return decode_session(tenant, session_id, text, where)
+        return decode_session(tenant, session_id, doc, where, lambda: live_fields(live))
+
+    @staticmethod
+    def stored(base: SessionRecord, head: SessionRecord, limit: int) -> str:
+        """What a commit stores for ``head`` over ``base``: its live fields when nothing
+        else changed (the stored document stays), else its whole document."""
+        if same_document(base, head, DOC_FIELDS):
+            values = [getattr(head, name) for name in LIVE]
+            values[1] = us(head.last_active)
+            return "[" + ",".join(map(str, values)) + "]"
+        doc = head.model_dump_json()
+        if len(doc) > limit:
+            raise PayloadTooLargeError(
+                f"session {head.id!r} record would be {len(doc)} bytes; the limit is {limit}"
+            )
+        return doc
 
     async def load_head(self, tenant: str, session_id: str, ids: Sequence[str]) -> Snapshot:
         """The stored head and the stored entries among ``ids`` (one atomic read)."""
@@ -74,12 +128,7 @@ class RedisHeads:
         """
         token = base.token
         assert isinstance(token, bytes)
-        doc = head.model_dump_json()
-        limit = self._base.max_payload_bytes
-        if len(doc) > limit:
-            raise PayloadTooLargeError(
-                f"session {session_id!r} record would be {len(doc)} bytes; the limit is {limit}"
-            )
+        doc = self.stored(base.record, head, self._base.max_payload_bytes)
         written = {w.entry.id for w in writes}
         extra = [i for i in ids if i not in written]
         args: list[ScriptArg] = [token, base.record.version, head.version, doc]

@@ -116,6 +116,18 @@ class Script:
 # A transcript entry is one member of the session's entries sorted set, scored by its seq
 # (see base.encode_entry): a JSON header, a newline, the payload's JSON text.
 
+# A head is a hash: its generation ('g'), version ('v'), its document ('doc') and, when
+# only the fields every append changes have moved since the document was written,
+# those fields ('live': a JSON array, see `heads.LIVE`) instead of a new document.
+# Readers get both as one text, "<doc>\n<live>" (compact JSON never holds a newline).
+_HEAD_DOC = """
+local function head_doc(key)
+  local parts = redis.call('HMGET', key, 'doc', 'live')
+  if parts[1] and parts[2] then return parts[1] .. '\\n' .. parts[2] end
+  return parts[1]
+end
+"""
+
 _CHECK_HEAD = """
 local g = redis.call('HGET', KEYS[1], 'g')
 if not g then return {0} end
@@ -123,12 +135,13 @@ if not g then return {0} end
 
 _STALE = """
 if g ~= ARGV[1] or redis.call('HGET', KEYS[1], 'v') ~= ARGV[2] then
-  return {2, g, redis.call('HGET', KEYS[1], 'doc')}
+  return {2, g, head_doc(KEYS[1])}
 end
 """
 
 _SAVE_HEAD = """
 redis.call('HSET', KEYS[1], 'doc', ARGV[4], 'v', ARGV[3])
+redis.call('HDEL', KEYS[1], 'live')
 redis.call('ZADD', KEYS[4], ARGV[5], ARGV[6])
 """
 
@@ -164,7 +177,9 @@ return 1
 # atomic step (a step's events, say) goes after the write: its keys after KEYS[4], its
 # arguments from ``at`` on.
 
-_COMMIT_CHECK = """
+_COMMIT_CHECK = (
+    _HEAD_DOC
+    + """
 -- KEYS: head, entries, entry ids, sessions index
 -- ARGV: generation, base version, new version, new doc, score, session id,
 --       c, then c ids that must not be stored yet (besides the entries' own),
@@ -192,17 +207,23 @@ end
 for i = 8, 7 + c do check(ARGV[i]) end
 for i = first + 1, at - 1, 3 do check(ARGV[i]) end
 if #out > 3 or g ~= ARGV[1] or head[2] ~= ARGV[2] then
-  out[3] = redis.call('HGET', KEYS[1], 'doc')
+  out[3] = head_doc(KEYS[1])
   return out
 end
 """
+)
 
 _COMMIT_WRITE = """
 for i = first, at - 1, 3 do
   redis.call('ZADD', KEYS[2], ARGV[i], ARGV[i + 2])
   redis.call('HSET', KEYS[3], ARGV[i + 1], ARGV[i])
 end
-redis.call('HSET', KEYS[1], 'doc', ARGV[4], 'v', ARGV[3])
+if string.byte(ARGV[4]) == 123 then  -- '{': a whole new document
+  redis.call('HSET', KEYS[1], 'doc', ARGV[4], 'v', ARGV[3])
+  redis.call('HDEL', KEYS[1], 'live')
+else  -- '[': only the live fields moved; the stored document stays
+  redis.call('HSET', KEYS[1], 'live', ARGV[4], 'v', ARGV[3])
+end
 redis.call('ZADD', KEYS[4], ARGV[5], ARGV[6])
 """
 
@@ -249,12 +270,13 @@ return firsts
 
 LINKS = Script(
     "links",
-    """
+    _HEAD_DOC
+    + """
 -- KEYS: head, entries;  ARGV: -
 -- Returns {0} no such session, else {generation, doc, seq, header, seq, header, ...}.
 local g = redis.call('HGET', KEYS[1], 'g')
 if not g then return {0} end
-local out = {g, redis.call('HGET', KEYS[1], 'doc')}
+local out = {g, head_doc(KEYS[1])}
 local rows = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
 for i = 1, #rows, 2 do
   local m = rows[i]
@@ -274,6 +296,7 @@ PRUNE = Script(
 -- ARGV: generation, base version, new version, new doc, score, session id, then
 --       (seq, entry id) pairs to delete
 -- Returns {{1}} deleted; {{0}} no such session; {{2, generation, doc}} stale head.
+{_HEAD_DOC}
 {_CHECK_HEAD}
 {_STALE}
 for i = 7, #ARGV, 2 do
@@ -322,9 +345,10 @@ return {2, rows[1], seq}
 
 LIST_SESSIONS = Script(
     "list_sessions",
-    """
+    _HEAD_DOC
+    + """
 -- KEYS: sessions index;  ARGV: head key prefix, max score, min score, offset, count
--- Returns {scanned, "<score> <id>\\n<doc>", ...} for index rows offset.. newest first
+-- Returns {scanned, "<score> <id>\\n<head>", ...} for index rows offset.. newest first
 -- (heads deleted meanwhile are left out): one reply element per row, as parsing each
 -- element costs the client more than the bytes. Head keys are the prefix plus a
 -- member: they carry the same hash tag as the index, so they live in its slot.
@@ -332,7 +356,7 @@ local rows = redis.call('ZREVRANGEBYSCORE', KEYS[1], ARGV[2], ARGV[3],
                         'WITHSCORES', 'LIMIT', ARGV[4], ARGV[5])
 local out = {#rows / 2}
 for i = 1, #rows, 2 do
-  local doc = redis.call('HGET', ARGV[1] .. rows[i], 'doc')
+  local doc = head_doc(ARGV[1] .. rows[i])
   if doc then out[#out + 1] = rows[i + 1] .. ' ' .. rows[i] .. '\\n' .. doc end
 end
 return out

@@ -172,10 +172,13 @@ class RedisStore(EngineWrites, RedisRecords):
         check_tenant_and_id(tenant, session_id)
         client = self._redis
         with self._translated():
-            generation, doc = await client.hmget(self.keys.head(tenant, session_id), "g", "doc")
+            generation, doc, live = await client.hmget(
+                self.keys.head(tenant, session_id), "g", "doc", "live"
+            )
         if generation is None or doc is None:
             raise session_not_found(session_id)
-        record = self._heads.decode(tenant, session_id, doc)
+        stored = doc if live is None else to_bytes(doc) + b"\n" + to_bytes(live)
+        record = self._heads.decode(tenant, session_id, stored)
         self._engine.remember(tenant, to_bytes(generation), record)
         return record
 
