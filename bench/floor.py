@@ -8,6 +8,9 @@ Python and how much is the write itself:
 - **SQL only**: plain ``sqlite3`` running, on a real statekeeper file, exactly the
   statements an append commits (the head's live columns, the entry row; its indexes are
   the store's own), with the entry's JSON text precomputed: no statekeeper code runs;
+- **entry only**: the same, without the head's update (its row and the activity index):
+  what the write would cost if the head were not moved on every append (how far the
+  floor would drop with it);
 - **ours**: `Session.append` through the public API.
 
 An append changes four b-tree pages (the head row, the activity index, the entry and the
@@ -44,7 +47,8 @@ _INSERT = (
 class SqlOnly:
     """Our append's statements, driven by plain sqlite3 on a statekeeper file."""
 
-    def __init__(self, path: Path, synchronous: str, session_id: str) -> None:
+    def __init__(self, path: Path, synchronous: str, session_id: str, *, head: bool = True) -> None:
+        self.head = head
         self.db = sqlite3.connect(path, isolation_level=None)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute(f"PRAGMA synchronous={synchronous}")
@@ -58,8 +62,9 @@ class SqlOnly:
         now = time.time_ns() // 1000
         text = json.dumps(data, separators=(",", ":"))
         self.db.execute("BEGIN IMMEDIATE")
-        live = (self.seq, self.seq, self.seq, self.seq * 100, self.seq * 100)
-        self.db.execute(SAVE_LIVE, (now, self.version + 1, *live, self.sk, self.version))
+        if self.head:
+            live = (self.seq, self.seq, self.seq, self.seq * 100, self.seq * 100)
+            self.db.execute(SAVE_LIVE, (now, self.version + 1, *live, self.sk, self.version))
         self.db.execute(
             _INSERT,
             (
@@ -81,17 +86,21 @@ async def measure(durability: str, page_size: int, folder: Path) -> dict[str, An
     synchronous = "FULL" if durability == "power" else "NORMAL"
     ours_path = folder / f"ours-{durability}-{page_size}.db"
     floor_path = folder / f"floor-{durability}-{page_size}.db"
+    bare_path = folder / f"bare-{durability}-{page_size}.db"
     raw = Raw(folder / f"raw-{durability}-{page_size}.db", synchronous)
     filler = [message_dict(n) for n in range(HISTORY)]
     raw.fill(filler)
-    url = f"sqlite:///{floor_path}?page_size={page_size}"
-    async with open_store(url, durability=durability) as store:  # the floor's file
-        session = await SessionManager(store, "bench", max_messages=None).create()
-        await session.append(*(as_message(d) for d in filler))
-        floor_id = session.id
-    floor = SqlOnly(floor_path, synchronous, floor_id)
+    ids = {}
+    for path in (floor_path, bare_path):  # the floors' files, made by the store
+        url = f"sqlite:///{path}?page_size={page_size}"
+        async with open_store(url, durability=durability) as store:
+            session = await SessionManager(store, "bench", max_messages=None).create()
+            await session.append(*(as_message(d) for d in filler))
+            ids[path] = session.id
+    floor = SqlOnly(floor_path, synchronous, ids[floor_path])
+    bare = SqlOnly(bare_path, synchronous, ids[bare_path], head=False)
     url = f"sqlite:///{ours_path}?page_size={page_size}"
-    sides: dict[str, list[float]] = {"raw": [], "sql": [], "ours": []}
+    sides: dict[str, list[float]] = {"raw": [], "sql": [], "bare": [], "ours": []}
     async with open_store(url, durability=durability) as store:
         session = await SessionManager(store, "bench", max_messages=None).create()
         await session.append(*(as_message(d) for d in filler))
@@ -107,9 +116,14 @@ async def measure(durability: str, page_size: int, folder: Path) -> dict[str, An
             sides["sql"].append((time.perf_counter() - started) / BATCH * 1e6)
             started = time.perf_counter()
             for data in batch:
+                bare.append(data)
+            sides["bare"].append((time.perf_counter() - started) / BATCH * 1e6)
+            started = time.perf_counter()
+            for data in batch:
                 raw.append(data)
             sides["raw"].append((time.perf_counter() - started) / BATCH * 1e6)
     floor.db.close()
+    bare.db.close()
     raw.db.close()
     return {side: statistics.median(values) for side, values in sides.items()}
 
@@ -129,16 +143,20 @@ async def run() -> list[tuple[str, int, dict[str, Any]]]:
 def report(results: list[tuple[str, int, dict[str, Any]]]) -> list[str]:
     """Print the split; a diagnostic, so no target is missed here."""
     print(
-        f"{'durability':<10} {'page':>6} {'raw us':>7} {'SQL only us':>12} {'ours us':>8} "
-        f"{'SQL/raw':>8} {'ours/raw':>9} {'our Python us':>14}"
+        f"{'durability':<10} {'page':>6} {'raw us':>7} {'SQL only us':>12} {'entry only':>11} "
+        f"{'ours us':>8} {'SQL/raw':>8} {'entry/raw':>10} {'ours/raw':>9} {'our Python us':>14}"
     )
     for durability, page_size, r in results:
         print(
             f"{durability:<10} {page_size:>6} {r['raw']:>7.0f} {r['sql']:>12.0f} "
-            f"{r['ours']:>8.0f} {r['sql'] / r['raw']:>8.2f} {r['ours'] / r['raw']:>9.2f} "
+            f"{r['bare']:>11.0f} {r['ours']:>8.0f} {r['sql'] / r['raw']:>8.2f} "
+            f"{r['bare'] / r['raw']:>10.2f} {r['ours'] / r['raw']:>9.2f} "
             f"{r['ours'] - r['sql']:>14.0f}"
         )
-    print("(medians of batches; 'our Python' = ours - SQL only, the time statekeeper adds)")
+    print(
+        "(medians of batches; 'entry only' = our SQL without the head's update; "
+        "'our Python' = ours - SQL only, the time statekeeper adds)"
+    )
     return []
 
 
