@@ -30,7 +30,8 @@ from statekeeper.errors import (
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES, encode_json, loads
 from statekeeper.stores.base import ClosingStore, Entry, Event
-from statekeeper.stores.redis.scripts import Keys, Script
+from statekeeper.stores.redis.keys import Keys
+from statekeeper.stores.redis.scripts import Script
 from statekeeper.stores.redis.wire import ScriptArg, ScriptConnections, translate
 from statekeeper.stores.rules import corrupt_entry, from_micros, to_micros
 

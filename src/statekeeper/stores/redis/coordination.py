@@ -52,7 +52,8 @@ from statekeeper.errors import (
 from statekeeper.ids import validate_id
 from statekeeper.stores.base import Event, EventNotice
 from statekeeper.stores.redis.base import decode_event, run_script, to_text, translate
-from statekeeper.stores.redis.scripts import Keys, Script
+from statekeeper.stores.redis.keys import Keys
+from statekeeper.stores.redis.scripts import Script
 from statekeeper.stores.redis.store import RedisStore
 from statekeeper.stores.rules import check_record_ids, check_tenant_and_id, check_wait
 from statekeeper.tasks import cancel_and_wait

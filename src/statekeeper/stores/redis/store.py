@@ -6,7 +6,7 @@ extra. Durability is the server's: with ``appendonly yes`` and ``appendfsync alw
 acknowledged write survives a power loss; with Redis' defaults it may lose the last
 second, and without persistence everything on a restart.
 
-Keys (see `scripts.Keys`; ``P`` is the prefix, ``{t}`` the tenant as a hash tag)::
+Keys (see `keys.Keys`; ``P`` is the prefix, ``{t}`` the tenant as a hash tag)::
 
     P/{t}/s/<session>      hash    doc (SessionRecord JSON), v (version), g (generation)
     P/{t}/e/<session>      zset    transcript entries scored by seq (header + payload)
