@@ -308,11 +308,7 @@ class AppendEngine:
         self, tenant: str, session_id: str, plan: Plan, ids: Sequence[str]
     ) -> Any:
         """`_apply_batch` for a batch of one, returning its result or raising its error."""
-        cached = self.heads.get((tenant, session_id))
-        if cached is None:
-            state, proved = await self._load(tenant, session_id, ids), True
-        else:  # not proved current: errors count only against a head the backend returned
-            state, proved = Snapshot(cached[0], cached[1], {}), False
+        state, proved = await self._start(tenant, session_id, ids)
         while True:
             try:
                 planned = plan(state.record, state.existing)
@@ -326,7 +322,7 @@ class AppendEngine:
                     return planned.result
                 state, proved = await self._load(tenant, session_id, ids), True
                 continue
-            unknown = [i for i in ids if i not in state.existing] if state.existing else ids
+            unknown = [i for i in ids if i not in state.existing]
             logs = () if planned.events is None else (planned.events,)
             current = await self._commit(
                 tenant, session_id, state, planned.session, planned.writes, unknown, logs

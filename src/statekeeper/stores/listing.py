@@ -1,4 +1,5 @@
-"""Listing rules every backend shares: paging cursors, filters, and damaged rows.
+"""Listing rules every backend shares: paging cursors, filters, damaged rows, and a
+head's stored document (`encoded_head`, `decode_session`).
 
 A listing never fails because one stored row cannot be decoded: `page_of` (sessions)
 and `add_record` (records) report such a row as a `CorruptItem` naming the fix, and
@@ -15,7 +16,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from statekeeper.errors import InvalidInputError, StatekeeperError, StoreCorruptError
+from statekeeper.errors import (
+    InvalidInputError,
+    PayloadTooLargeError,
+    StatekeeperError,
+    StoreCorruptError,
+)
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import decode_json, encode_json, loads
 from statekeeper.stores.base import (
@@ -33,11 +39,23 @@ __all__ = [
     "decode_cursor",
     "decode_session",
     "encode_cursor",
+    "encoded_head",
     "json_scalar_equal",
     "matches_query",
     "page_of",
     "record_value",
 ]
+
+
+def encoded_head(record: SessionRecord, limit: int) -> str:
+    """A head's whole document as a backend stores it (its JSON), or
+    `PayloadTooLargeError` if it is over ``limit``."""
+    doc = record.model_dump_json()
+    if len(doc) > limit:
+        raise PayloadTooLargeError(
+            f"session {record.id!r} record would be {len(doc)} bytes; the limit is {limit}"
+        )
+    return doc
 
 
 def decode_session(

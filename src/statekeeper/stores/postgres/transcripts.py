@@ -25,7 +25,6 @@ from typing import Any, TypeVar, cast
 from statekeeper.core.messages import utcnow
 from statekeeper.errors import (
     NotFoundError,
-    PayloadTooLargeError,
     StatekeeperError,
 )
 from statekeeper.ids import validate_id
@@ -50,6 +49,7 @@ from statekeeper.stores.rules import (
     corrupt_entry,
     decode_session,
     document_fields,
+    encoded_head,
     same_document,
     same_payload,
     session_not_found,
@@ -128,12 +128,7 @@ class PostgresTranscripts(EngineWrites, PostgresBase):
 
     def _head_params(self, record: SessionRecord, *, metadata_changed: bool) -> tuple[Any, ...]:
         """The parameters that set a whole head row (``save_head``, ``append``)."""
-        doc = record.model_dump_json()
-        if len(doc) > self.max_payload_bytes:
-            raise PayloadTooLargeError(
-                f"session {record.id!r} record would be {len(doc)} bytes; "
-                f"the limit is {self.max_payload_bytes}"
-            )
+        doc = encoded_head(record, self.max_payload_bytes)
         meta = metadata_tokens(record.metadata) if metadata_changed else None
         return (record.agent_id, record.last_active, record.version, meta, doc, *_counters(record))
 

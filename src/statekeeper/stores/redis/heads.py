@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from statekeeper.errors import PayloadTooLargeError
 from statekeeper.jsoncodec import loads
 from statekeeper.stores.base import SessionRecord
 from statekeeper.stores.engine import EventWrite, Snapshot, Write
@@ -31,6 +30,7 @@ from statekeeper.stores.redis.wire import ScriptArg
 from statekeeper.stores.rules import (
     decode_session,
     document_fields,
+    encoded_head,
     from_micros,
     same_document,
     session_not_found,
@@ -81,9 +81,18 @@ class RedisHeads:
         (naming the id and the fix) if it cannot be decoded."""
         text = to_bytes(stored)
         doc, newline, live = text.rpartition(b"\n")  # compact JSON holds no newline
-        where = f"Redis {self._base.url}"
         if not newline:
-            return decode_session(tenant, session_id, text, where)
+            return self.decode_parts(tenant, session_id, text, None)
+        return self.decode_parts(tenant, session_id, doc, live)
+
+    def decode_parts(
+        self, tenant: str, session_id: str, doc: bytes | str, live: bytes | None
+    ) -> SessionRecord:
+        """A stored head from its document and its live fields (None: the document is
+        current)."""
+        where = f"Redis {self._base.url}"
+        if live is None:
+            return decode_session(tenant, session_id, doc, where)
         return decode_session(tenant, session_id, doc, where, lambda: live_fields(live))
 
     @staticmethod
@@ -94,12 +103,7 @@ class RedisHeads:
             values = [getattr(head, name) for name in LIVE]
             values[1] = us(head.last_active)
             return "[" + ",".join(map(str, values)) + "]"
-        doc = head.model_dump_json()
-        if len(doc) > limit:
-            raise PayloadTooLargeError(
-                f"session {head.id!r} record would be {len(doc)} bytes; the limit is {limit}"
-            )
-        return doc
+        return encoded_head(head, limit)
 
     async def load_head(self, tenant: str, session_id: str, ids: Sequence[str]) -> Snapshot:
         """The stored head and the stored entries among ``ids`` (one atomic read)."""

@@ -177,8 +177,8 @@ class RedisStore(EngineWrites, RedisRecords):
             )
         if generation is None or doc is None:
             raise session_not_found(session_id)
-        stored = doc if live is None else to_bytes(doc) + b"\n" + to_bytes(live)
-        record = self._heads.decode(tenant, session_id, stored)
+        live = None if live is None else to_bytes(live)
+        record = self._heads.decode_parts(tenant, session_id, doc, live)
         self._engine.remember(tenant, to_bytes(generation), record)
         return record
 

@@ -22,7 +22,6 @@ from statekeeper.errors import (
     AlreadyExistsError,
     InvalidInputError,
     NotFoundError,
-    PayloadTooLargeError,
     StoreCorruptError,
     StoreFullError,
 )
@@ -45,6 +44,7 @@ from statekeeper.stores.rules import (
     check_tenant_and_id,
     decode_cursor,
     decode_session,
+    encoded_head,
     new_session_record,
     page_of,
     same_document,
@@ -124,12 +124,7 @@ class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
         if same_document(base, record, DOC_FIELDS):
             cursor = db.execute(SAVE_LIVE, (*common, sk, base.version))
             return cursor.rowcount == 1
-        doc = record.model_dump_json()
-        if len(doc) > self.max_payload_bytes:
-            raise PayloadTooLargeError(
-                f"session {record.id!r} record would be {len(doc)} bytes; "
-                f"the limit is {self.max_payload_bytes}"
-            )
+        doc = encoded_head(record, self.max_payload_bytes)
         cursor = db.execute(SAVE_ALL, (*common, record.agent_id, doc, sk, base.version))
         return cursor.rowcount == 1
 
