@@ -1,0 +1,252 @@
+"""Event loops and threads: how one statekeeper object serves every thread and loop.
+
+asyncio objects belong to the loop that made them: a future completed from another
+thread never wakes its loop, and a database connection opened on one loop cannot be
+used on another. statekeeper's rule (see ``docs/stores.md``, "Threads and event loops"):
+
+- a store runs on its **home loop**, the loop that opened it (or first used it);
+- a call from **any other loop or thread** is handed to statekeeper's **background
+  loop** (one daemon thread per process, also the loop of `statekeeper.sync`), where the
+  store keeps a second set of its loop-bound parts (its append engine, its connections);
+- when the home loop has closed (one ``asyncio.run`` after another), the next caller's
+  loop becomes the home loop.
+
+The two sets of parts share the backend's storage, which orders them as it orders two
+processes (compare-and-set on the head's version). A call handed over runs to its end
+there whatever happens to its caller: a caller that is cancelled waits until the call
+has ended (done whole, or not at all); a caller whose loop closed is simply not told.
+
+This module holds the background loop (`background_loop`), the hand-over (`hand_off`),
+blocking calls from synchronous code (`run_blocking`), and the `HomeLoop` mixin that
+routes a store's coroutine methods and keeps its per-loop parts (`per_loop`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import inspect
+import os
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any, Generic, TypeVar, overload
+
+from statekeeper.errors import StatekeeperError, StoreUnavailableError
+
+__all__ = [
+    "HomeLoop",
+    "background_loop",
+    "hand_off",
+    "in_background",
+    "per_loop",
+    "run_blocking",
+]
+
+T = TypeVar("T")
+
+_start_lock = threading.Lock()
+_background: tuple[int, asyncio.AbstractEventLoop, threading.Thread] | None = None
+
+
+def background_loop() -> asyncio.AbstractEventLoop:
+    """statekeeper's background event loop (a daemon thread), started on first use.
+
+    One per process: a child made by ``fork`` starts its own on first use.
+    """
+    global _background
+    current = _background
+    if current is not None and current[0] == os.getpid():
+        return current[1]
+    with _start_lock:
+        current = _background
+        if current is not None and current[0] == os.getpid():
+            return current[1]
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_forever, name="statekeeper-loop", daemon=True)
+        thread.start()
+        _background = (os.getpid(), loop, thread)
+        return loop
+
+
+def in_background() -> bool:
+    """Whether the caller runs on the background loop."""
+    current = _background
+    return current is not None and asyncio.get_running_loop() is current[1]
+
+
+def _running() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def run_blocking(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` on the background loop and wait for its result, from synchronous code.
+
+    Refused with `StatekeeperError` inside a running event loop (waiting there would
+    block that loop): await the coroutine instead.
+    """
+    if _running() is not None:
+        coro.close()
+        raise StatekeeperError(
+            "a blocking statekeeper call was made from inside a running event loop, which "
+            "it would block; await the async API instead"
+        )
+    future = asyncio.run_coroutine_threadsafe(coro, background_loop())
+    try:
+        return future.result()
+    except BaseException:
+        if not future.done():  # KeyboardInterrupt while waiting: stop the call too
+            future.cancel()
+        raise
+
+
+async def hand_off(coro: Coroutine[Any, Any, T], loop: asyncio.AbstractEventLoop) -> T:
+    """Run ``coro`` on ``loop`` (another thread's) and await its outcome here.
+
+    The call runs to its end on ``loop`` whatever happens to this caller. Cancelling the
+    caller cancels the call there, and the caller waits until it has ended, so a
+    cancelled caller knows a write was done whole or not at all (as a call on its own
+    loop would). If this caller's loop closes meanwhile, the outcome is dropped.
+    """
+    caller = asyncio.get_running_loop()
+    try:
+        work = asyncio.run_coroutine_threadsafe(coro, loop)
+    except RuntimeError:  # the target loop has closed
+        coro.close()
+        raise StoreUnavailableError(
+            "the event loop this store's connections belong to has closed; open the store "
+            "from a URL so that it manages its own connections, or use it on that loop"
+        ) from None
+    landed: asyncio.Future[None] = caller.create_future()
+
+    def wake(_: concurrent.futures.Future[T]) -> None:
+        try:
+            caller.call_soon_threadsafe(_settle, landed)
+        except RuntimeError:
+            pass  # the caller's loop has closed: nobody is waiting
+
+    work.add_done_callback(wake)
+    try:
+        await asyncio.shield(landed)
+    except asyncio.CancelledError:
+        work.cancel()  # the call's own write paths finish a write that has started
+        await asyncio.wait([landed])
+        raise
+    return work.result()
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+# -- stores: per-loop parts and routed calls ---------------------------------------------
+
+_NOT_ROUTED = frozenset({"close", "aclose", "__aenter__", "__aexit__"})
+
+
+class HomeLoop:
+    """Mixin for stores: every public coroutine method runs on the store's home loop or
+    on the background loop (see the module docstring); per-loop parts via `per_loop`.
+
+    A store whose connections were given by the caller (a pool, a connection, a client)
+    sets ``movable = False``: calls from other loops are then handed to its home loop,
+    which must keep running (`StoreUnavailableError` once it has closed).
+    """
+
+    movable: bool = True
+    _home: asyncio.AbstractEventLoop | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name in dir(cls):
+            if name.startswith("_") or name in _NOT_ROUTED:
+                continue
+            value = inspect.getattr_static(cls, name)
+            if inspect.iscoroutinefunction(value) and not getattr(value, "_routed", False):
+                setattr(cls, name, _routed(value))
+
+    def _claim_home(self) -> asyncio.AbstractEventLoop:
+        """The loop a call from the running loop must run on (claiming a home if none)."""
+        loop = asyncio.get_running_loop()
+        home = self._home
+        if home is None or (home.is_closed() and self.movable):
+            self._home = home = loop
+        if loop is home:
+            return loop
+        if not self.movable:
+            return home
+        return background_loop()
+
+    async def _elsewhere(
+        self, target: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]
+    ) -> T:
+        return await hand_off(coro, target)
+
+
+def _routed(method: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    async def call(self: HomeLoop, *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        if loop is self._home:
+            return await method(self, *args, **kwargs)
+        target = self._claim_home()
+        if target is loop:
+            return await method(self, *args, **kwargs)
+        return await self._elsewhere(target, method(self, *args, **kwargs))
+
+    call._routed = True  # type: ignore[attr-defined]
+    return call
+
+
+class per_loop(Generic[T]):  # noqa: N801 - used as a decorator, like property
+    """A store attribute with one value per event loop it runs on, made on first use by
+    the decorated factory (``def _engine(self) -> AppendEngine``).
+
+    Values of loops that have closed are dropped when a new one is made. Outside a
+    running loop, the home loop's value is given (for code that runs on a worker thread
+    on the home loop's behalf).
+    """
+
+    def __init__(self, factory: Callable[[Any], T]) -> None:
+        self.factory = factory
+        self.key = f"_per_loop_{factory.__name__}"
+        self.__doc__ = factory.__doc__
+
+    @overload
+    def __get__(self, obj: None, owner: type[Any]) -> per_loop[T]: ...
+    @overload
+    def __get__(self, obj: object, owner: type[Any]) -> T: ...
+    def __get__(self, obj: object | None, owner: type[Any]) -> T | per_loop[T]:
+        if obj is None:
+            return self
+        values: dict[asyncio.AbstractEventLoop | None, T] | None = obj.__dict__.get(self.key)
+        if values is None:
+            values = obj.__dict__.setdefault(self.key, {})
+        loop = _running()
+        if loop is None:
+            loop = getattr(obj, "_home", None)
+        value = values.get(loop)
+        if value is None:
+            for old in [k for k in values if k is not None and k.is_closed()]:
+                del values[old]
+            value = values.setdefault(loop, self.factory(obj))
+        return value
+
+    def values(self, obj: object) -> list[T]:
+        """Every value made so far for ``obj`` (to close them), with its loop."""
+        made: dict[Any, T] = obj.__dict__.get(self.key, {})
+        return list(made.values())
+
+    def items(self, obj: object) -> list[tuple[asyncio.AbstractEventLoop | None, T]]:
+        """(loop, value) of every value made so far for ``obj``."""
+        made: dict[asyncio.AbstractEventLoop | None, T] = obj.__dict__.get(self.key, {})
+        return list(made.items())
+
+    def drop(self, obj: object) -> None:
+        """Forget every value of ``obj`` (after closing them)."""
+        obj.__dict__.pop(self.key, None)
+
