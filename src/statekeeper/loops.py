@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import inspect
 import os
@@ -123,10 +124,8 @@ async def hand_off(coro: Coroutine[Any, Any, T], loop: asyncio.AbstractEventLoop
     landed: asyncio.Future[None] = caller.create_future()
 
     def wake(_: concurrent.futures.Future[T]) -> None:
-        try:
+        with contextlib.suppress(RuntimeError):  # the caller's loop closed: nobody waits
             caller.call_soon_threadsafe(_settle, landed)
-        except RuntimeError:
-            pass  # the caller's loop has closed: nobody is waiting
 
     work.add_done_callback(wake)
     try:
@@ -202,7 +201,7 @@ def _routed(method: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., Any]
     return call
 
 
-class per_loop(Generic[T]):  # noqa: N801 - used as a decorator, like property
+class per_loop(Generic[T]):
     """A store attribute with one value per event loop it runs on, made on first use by
     the decorated factory (``def _engine(self) -> AppendEngine``).
 
@@ -249,4 +248,3 @@ class per_loop(Generic[T]):  # noqa: N801 - used as a decorator, like property
     def drop(self, obj: object) -> None:
         """Forget every value of ``obj`` (after closing them)."""
         obj.__dict__.pop(self.key, None)
-

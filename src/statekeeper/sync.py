@@ -6,20 +6,19 @@
     s = sessions.create(title="hello")
     s.append(Message.user("hi"))
 
-Each coroutine method of a wrapped object runs on one background event loop thread;
-objects it returns that have coroutine methods come back wrapped too. Calling it from
-inside a running event loop is refused (it would deadlock): use the async API there.
+Each coroutine method of a wrapped object runs on statekeeper's background event loop
+(`statekeeper.loops`), from any number of threads at once; objects it returns that have
+coroutine methods come back wrapped too. Calling it from inside a running event loop is
+refused with `StatekeeperError` (it would block that loop): use the async API there.
 """
 
 from __future__ import annotations
 
-import asyncio
 import inspect
-import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from statekeeper.errors import StatekeeperError
+from statekeeper.loops import run_blocking
 
 __all__ = ["Blocking", "BlockingRunner", "blocking"]
 
@@ -27,35 +26,15 @@ T = TypeVar("T")
 
 
 class BlockingRunner:
-    """One event loop on a daemon thread, shared by every wrapped object."""
-
-    def __init__(self) -> None:
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._lock = threading.Lock()
-
-    def _ensure(self) -> asyncio.AbstractEventLoop:
-        with self._lock:
-            if self._loop is None:
-                loop = asyncio.new_event_loop()
-                threading.Thread(
-                    target=loop.run_forever, name="statekeeper-sync", daemon=True
-                ).start()
-                self._loop = loop
-            return self._loop
+    """Runs coroutines on statekeeper's background loop (`statekeeper.loops`), one daemon
+    thread shared by every wrapped object and by stores called from other loops."""
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run a coroutine to completion from synchronous code."""
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            pass
-        else:
-            coro.close()
-            raise StatekeeperError(
-                "statekeeper.sync was called from inside a running event loop, which would "
-                "block it; await the async API instead"
-            )
-        return asyncio.run_coroutine_threadsafe(coro, self._ensure()).result()
+        """Run a coroutine to completion from synchronous code (any thread).
+
+        Refused with `StatekeeperError` inside a running event loop (it would block it).
+        """
+        return run_blocking(coro)
 
     def wrap(self, obj: Any) -> Any:
         """``obj`` with its coroutine methods made blocking."""

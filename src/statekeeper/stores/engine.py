@@ -32,6 +32,7 @@ generation): versions restart at 1 when a session is deleted and created again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable, Hashable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -101,11 +102,21 @@ _SPARE_SLOTS = 64
 class AppendEngine:
     """Appends and head updates of one store handle, over a backend's two primitives."""
 
-    def __init__(self, backend: HeadBackend, *, max_payload_bytes: int) -> None:
+    def __init__(
+        self,
+        backend: HeadBackend,
+        *,
+        max_payload_bytes: int,
+        heads: dict[tuple[str, str], tuple[Hashable, SessionRecord]] | None = None,
+    ) -> None:
         self._backend = backend
         self.max_payload_bytes = max_payload_bytes
-        # (tenant, id) -> (token, head) as this handle last committed or read it.
-        self.heads: dict[tuple[str, str], tuple[Hashable, SessionRecord]] = {}
+        # (tenant, id) -> (token, head) as this handle last committed or read it. The
+        # engines of one store on several loops share it (`heads`): an entry is a head
+        # that was stored, and every commit checks the head it planned from anyway.
+        self.heads: dict[tuple[str, str], tuple[Hashable, SessionRecord]] = (
+            {} if heads is None else heads
+        )
         self._slots: dict[tuple[str, str], _Slot] = {}
         self._spare: list[_Slot] = []  # released slots, reused
 
@@ -118,7 +129,9 @@ class AppendEngine:
         if known is not None and known[0] == token and known[1].version > record.version:
             return  # a later commit of this handle already landed
         if known is None and len(self.heads) >= _MAX_CACHED_HEADS:
-            del self.heads[next(iter(self.heads))]
+            # Another loop's engine may change the dict meanwhile: evicting is best effort.
+            with contextlib.suppress(RuntimeError, KeyError, StopIteration):
+                del self.heads[next(iter(self.heads))]
         self.heads[key] = (token, record)
 
     def forget(self, tenant: str, session_id: str) -> None:

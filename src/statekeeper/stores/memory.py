@@ -7,10 +7,11 @@ text, never live objects, so callers cannot change stored data by mutating a res
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import JsonValue
 
@@ -18,6 +19,7 @@ from statekeeper.core.messages import utcnow
 from statekeeper.errors import AlreadyExistsError, NotFoundError
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES, decode_json
+from statekeeper.loops import HomeLoop, per_loop
 from statekeeper.stores.base import (
     ClosingStore,
     Entry,
@@ -57,6 +59,8 @@ from statekeeper.stores.rules import (
 
 __all__ = ["MemoryStore"]
 
+T = TypeVar("T")
+
 
 @dataclass(eq=False)
 class _Transcript:
@@ -80,8 +84,24 @@ class _Record:
         return self.expires_at is None or self.expires_at > now
 
 
-class MemoryStore(EngineWrites, ClosingStore):
-    """A store that keeps everything in this process's memory."""
+def _locked(
+    method: Callable[..., Coroutine[Any, Any, T]],
+) -> Callable[..., Coroutine[Any, Any, T]]:
+    async def call(self: Any, *args: Any, **kwargs: Any) -> T:
+        with self._mutex:  # the body never suspends: the lock is never held across a wait
+            return await method(self, *args, **kwargs)
+
+    call.__name__, call.__doc__ = method.__name__, method.__doc__
+    return call
+
+
+class MemoryStore(EngineWrites, HomeLoop, ClosingStore):
+    """A store that keeps everything in this process's memory.
+
+    Its operations run on two loops at most (see `statekeeper.loops`); each one's body
+    is synchronous and holds the store's mutex, so the other loop's thread never sees
+    half of a change.
+    """
 
     def __init__(self, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> None:
         self.url = "memory://"
@@ -91,7 +111,12 @@ class MemoryStore(EngineWrites, ClosingStore):
         self._records: dict[tuple[str, str, str], _Record] = {}
         self._events: dict[tuple[str, str], list[tuple[str, str, datetime, str]]] = {}
         self._created = 0  # generations: tell a re-created session from the deleted one
-        self._engine = AppendEngine(self, max_payload_bytes=max_payload_bytes)
+        self._mutex = threading.RLock()
+        self._heads: dict[tuple[str, str], Any] = {}
+
+    @per_loop
+    def _engine(self) -> AppendEngine:
+        return AppendEngine(self, max_payload_bytes=self.max_payload_bytes, heads=self._heads)
 
     async def close(self) -> None:
         """Nothing to release."""
@@ -105,6 +130,7 @@ class MemoryStore(EngineWrites, ClosingStore):
         except KeyError:
             raise session_not_found(session_id) from None
 
+    @_locked
     async def create_session(self, record: SessionRecord) -> SessionRecord:
         record = new_session_record(record, self.max_payload_bytes)
         if (record.tenant, record.id) in self._sessions:
@@ -114,9 +140,11 @@ class MemoryStore(EngineWrites, ClosingStore):
         self._transcripts[record.tenant, record.id] = _Transcript(self._created)
         return record
 
+    @_locked
     async def get_session(self, tenant: str, session_id: str) -> SessionRecord:
         return self._session(tenant, session_id)
 
+    @_locked
     async def list_sessions(self, tenant: str, query: SessionQuery) -> Page:
         validate_id(tenant, "tenant")
         rows = sorted(
@@ -133,6 +161,7 @@ class MemoryStore(EngineWrites, ClosingStore):
         cursor = encode_cursor(items[-1].last_active, items[-1].id) if more else None
         return Page(items=items, next_cursor=cursor)
 
+    @_locked
     async def delete_session(self, tenant: str, session_id: str) -> None:
         self._session(tenant, session_id)
         del self._sessions[tenant, session_id]
@@ -141,6 +170,7 @@ class MemoryStore(EngineWrites, ClosingStore):
 
     # -- transcripts ---------------------------------------------------------------------
 
+    @_locked
     async def load_head(self, tenant: str, session_id: str, ids: Sequence[str]) -> Snapshot:
         """The engine's read primitive."""
         record = self._session(tenant, session_id)
@@ -148,6 +178,7 @@ class MemoryStore(EngineWrites, ClosingStore):
         existing = {i: transcript.entry(transcript.by_id[i]) for i in ids if i in transcript.by_id}
         return Snapshot(transcript.gen, record, existing)
 
+    @_locked
     async def commit_head(
         self,
         tenant: str,
@@ -180,6 +211,7 @@ class MemoryStore(EngineWrites, ClosingStore):
             self._log_events(tenant, log)
         return None
 
+    @_locked
     async def read_entries(
         self,
         tenant: str,
@@ -196,6 +228,7 @@ class MemoryStore(EngineWrites, ClosingStore):
         seqs = [s for s in transcript.rows if after_seq < s <= last]
         return [transcript.entry(seq) for seq in seqs[:limit]]
 
+    @_locked
     async def prune_entries(
         self, tenant: str, session_id: str, *, kind: str, before_seq: int, id_prefix: str = ""
     ) -> int:
@@ -212,6 +245,7 @@ class MemoryStore(EngineWrites, ClosingStore):
             self._engine.forget(tenant, session_id)
         return len(doomed)
 
+    @_locked
     async def rewrite_entry_payloads(
         self, tenant: str, session_id: str, payloads: Mapping[str, tuple[Any, Any]]
     ) -> int:
@@ -227,6 +261,7 @@ class MemoryStore(EngineWrites, ClosingStore):
                 done += 1
         return done
 
+    @_locked
     async def get_entry(self, tenant: str, session_id: str, entry_id: str) -> Entry:
         validate_id(entry_id, "entry id")
         self._session(tenant, session_id)
@@ -243,12 +278,14 @@ class MemoryStore(EngineWrites, ClosingStore):
         found = self._records.get((tenant, namespace, key))
         return found if found is not None and found.live(utcnow()) else None
 
+    @_locked
     async def get_record(self, tenant: str, namespace: str, key: str) -> VersionedRecord:
         found = self._live(tenant, namespace, key)
         if found is None:
             raise record_not_found(namespace, key)
         return _versioned(namespace, key, found)
 
+    @_locked
     async def put_record(
         self,
         tenant: str,
@@ -267,6 +304,7 @@ class MemoryStore(EngineWrites, ClosingStore):
         self._records[tenant, namespace, key] = stored
         return _versioned(namespace, key, stored)
 
+    @_locked
     async def list_records(
         self,
         tenant: str,
@@ -289,6 +327,7 @@ class MemoryStore(EngineWrites, ClosingStore):
             _versioned(namespace, k, self._records[tenant, namespace, k]) for k in keys[:limit]
         )
 
+    @_locked
     async def delete_record(
         self, tenant: str, namespace: str, key: str, *, expected_version: int | None = None
     ) -> None:
@@ -300,6 +339,7 @@ class MemoryStore(EngineWrites, ClosingStore):
 
     # -- events --------------------------------------------------------------------------
 
+    @_locked
     async def append_events(
         self, tenant: str, log_id: str, events: Sequence[EventDraft]
     ) -> list[Event]:
@@ -313,6 +353,7 @@ class MemoryStore(EngineWrites, ClosingStore):
             log.append((event.stream, event.kind, event.ts, text))
         return write.stored(first)
 
+    @_locked
     async def read_events(
         self, tenant: str, log_id: str, *, after_seq: int = 0, limit: int | None = None
     ) -> list[Event]:
@@ -326,10 +367,12 @@ class MemoryStore(EngineWrites, ClosingStore):
             for seq in range(start, stop)
         ]
 
+    @_locked
     async def delete_event_log(self, tenant: str, log_id: str) -> None:
         check_record_ids(tenant, log_id)
         self._events.pop((tenant, log_id), None)
 
+    @_locked
     async def rewrite_event_payloads(
         self, tenant: str, log_id: str, payloads: Mapping[int, tuple[Any, Any]]
     ) -> int:

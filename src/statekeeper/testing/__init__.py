@@ -9,8 +9,8 @@ or from Python, with `validate`, which returns a `Report`. A backend joins the r
 with `url_backend` (a URL whose scheme knows how to make fresh stores, see
 `register_scheme`) or with the `backend` decorator (an async generator yielding a fresh
 store). Tests check `BASE` behaviour, which every backend must have, or an extended
-capability (`SHARED`, `PROCESSES`, `DAMAGE`, `REWRITE`), skipped with the reason on
-backends without it.
+capability (`SHARED`, `PROCESSES`, `DAMAGE`, `REWRITE`, `THREADS`), skipped with the
+reason on backends without it.
 
 Importing this package does not import pytest; running the suite does. See
 ``docs/testing.md``.
@@ -27,6 +27,7 @@ from statekeeper.testing.registry import (
     REWRITE,
     SCHEMES,
     SHARED,
+    THREADS,
     Backend,
     BackendContext,
     Scheme,
@@ -51,6 +52,7 @@ __all__ = [
     "REWRITE",
     "SCHEMES",
     "SHARED",
+    "THREADS",
     "Backend",
     "BackendContext",
     "CaseResult",

@@ -20,8 +20,8 @@ Any other backend registers an async generator that yields a fresh store and cle
 
 Every test taking the ``store`` fixture then runs once per backend, with its name as the
 test id (``test_x[mydb]``). Capabilities: every backend must pass the `BASE` tests;
-`SHARED`, `PROCESSES`, `DAMAGE` and `REWRITE` tests run on backends that declare them and are
-skipped, with the reason, on the others.
+`SHARED`, `PROCESSES`, `DAMAGE`, `REWRITE` and `THREADS` tests run on backends that declare
+them and are skipped, with the reason, on the others.
 
 Nothing here imports pytest until a pytest mark is asked for.
 """
@@ -51,6 +51,7 @@ __all__ = [
     "REWRITE",
     "SCHEMES",
     "SHARED",
+    "THREADS",
     "Backend",
     "BackendContext",
     "Scheme",
@@ -77,12 +78,17 @@ REWRITE = "rewrite"
 """Capability: stored entry and event payloads can be rewritten in place
 (``rewrite_entry_payloads``, ``rewrite_event_payloads``: what `statekeeper reseal` uses;
 see ``docs/stores.md``)."""
+THREADS = "threads"
+"""Capability: one store object serves any thread and any event loop at once (a loop of
+each thread, ``asyncio.run`` per call, the blocking facade), its callers cancelled or
+their loops closed mid-write: no call hangs, no write is lost, torn or interleaved."""
 CAPABILITIES: Mapping[str, str] = {
     BASE: "the store protocol every backend must implement",
     SHARED: "a second handle on the same data, as another process would hold",
     PROCESSES: "other OS processes writing to the same data, opened by URL",
     DAMAGE: "stored rows the suite can damage below the API (statekeeper.testing.damage)",
     REWRITE: "entry and event payloads rewritten in place (what statekeeper reseal uses)",
+    THREADS: "one store object used from many threads and event loops at once",
 }
 """Every capability the suite knows, with a one-line description."""
 EXTENDED = frozenset(CAPABILITIES) - {BASE}

@@ -31,6 +31,7 @@ from statekeeper.testing.registry import (
     PROCESSES,
     REWRITE,
     SHARED,
+    THREADS,
     BackendContext,
     register_scheme,
     url_backend,
@@ -147,11 +148,11 @@ async def _drop_redis(url: str, ctx: BackendContext) -> None:
 
 # -- registration -------------------------------------------------------------------------
 
-SERVED = (SHARED, PROCESSES, DAMAGE, REWRITE)
+SERVED = (SHARED, PROCESSES, DAMAGE, REWRITE, THREADS)
 """What every built-in backend that keeps its data outside the process can do (the suite
 damages its stored rows with `statekeeper.testing.damage`)."""
 
-register_scheme("memory", lambda url, ctx: url, capabilities=(REWRITE,))
+register_scheme("memory", lambda url, ctx: url, capabilities=(REWRITE, THREADS))
 register_scheme("sqlite", lambda url, ctx: _in_folder(url, ctx, "state.db"), capabilities=SERVED)
 register_scheme("files", lambda url, ctx: _in_folder(url, ctx, "root"), capabilities=SERVED)
 for _name in ("postgresql", "postgres"):
@@ -192,8 +193,8 @@ os.environ.setdefault(
 _SEALED = f"keyring=env:{TEST_KEYRING_VAR}"
 # Rewriting payloads is a primitive of the plain backend under the wrapper (reseal calls
 # it on `SealedStore.wrapped`, tests/sealed test it there): the sealed ones lack `REWRITE`.
-_SEALED_SERVED = (SHARED, PROCESSES, DAMAGE)
-url_backend("memory-sealed", f"memory://?{_SEALED}", capabilities=())
+_SEALED_SERVED = (SHARED, PROCESSES, DAMAGE, THREADS)
+url_backend("memory-sealed", f"memory://?{_SEALED}", capabilities=(THREADS,))
 url_backend("sqlite-sealed", f"sqlite:///state.db?{_SEALED}", capabilities=_SEALED_SERVED)
 url_backend("files-sealed", f"files:///root?{_SEALED}", capabilities=_SEALED_SERVED)
 url_backend(

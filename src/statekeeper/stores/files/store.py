@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
@@ -17,6 +18,7 @@ from statekeeper.errors import (
 )
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES, encode_json, loads
+from statekeeper.loops import HomeLoop, per_loop
 from statekeeper.stores.base import (
     ClosingStore,
     Durability,
@@ -62,7 +64,7 @@ T = TypeVar("T")
 _MARKER = ".statekeeper"
 
 
-class FileStore(FileTranscripts, ClosingStore):
+class FileStore(FileTranscripts, HomeLoop, ClosingStore):
     """A store in plain JSON / JSONL files under one directory.
 
     Open with ``await FileStore.open(path)`` or ``open_store("files:///path")``.
@@ -85,8 +87,12 @@ class FileStore(FileTranscripts, ClosingStore):
         self._records = RecordFiles(self._files)
         self._events = EventFiles(self._files)
         self._worker = Worker("statekeeper-files")
-        self._engine = AppendEngine(self, max_payload_bytes=max_payload_bytes)
+        self._heads: dict[tuple[str, str], Any] = {}
         self._closed = False
+
+    @per_loop
+    def _engine(self) -> AppendEngine:
+        return AppendEngine(self, max_payload_bytes=self.max_payload_bytes, heads=self._heads)
 
     @classmethod
     async def open(cls, root: str | os.PathLike[str], **options: Any) -> FileStore:
@@ -97,6 +103,7 @@ class FileStore(FileTranscripts, ClosingStore):
         except BaseException:
             store._worker.shutdown()
             raise
+        store._home = asyncio.get_running_loop()
         return store
 
     async def close(self) -> None:

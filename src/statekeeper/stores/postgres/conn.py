@@ -9,6 +9,7 @@ Passwords never appear in a URL, repr or message made here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import warnings
 from collections.abc import Awaitable, Callable
@@ -33,6 +34,7 @@ from statekeeper.errors import (
     StoreUnavailableError,
 )
 from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES
+from statekeeper.loops import HomeLoop, hand_off, per_loop
 from statekeeper.stores.base import ClosingStore
 from statekeeper.stores.postgres.schema import (
     DEFAULT_SCHEMA,
@@ -60,6 +62,7 @@ __all__ = [
 Connection = psycopg.AsyncConnection[Any]
 T = TypeVar("T")
 ATTEMPTS = 5
+_CLOSE_WAIT = 5.0  # seconds `close` waits for another loop to close its connections
 
 
 def parse_location(location: str, extra: dict[str, str]) -> tuple[str, str]:
@@ -110,14 +113,39 @@ def describe(conninfo: str) -> str:
 
 
 class PoolSource:
-    """Connections from a psycopg_pool `AsyncConnectionPool`."""
+    """Connections from a psycopg_pool `AsyncConnectionPool`.
 
-    def __init__(self, pool: AsyncConnectionPool[Any], *, owned: bool, timeout: float) -> None:
+    A pool belongs to one event loop. A source that can make its pool (``make``, for a
+    store that owns it) makes another for another loop (`twin`), opened on first use.
+    """
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Any],
+        *,
+        owned: bool,
+        timeout: float,
+        make: Callable[[], AsyncConnectionPool[Any]] | None = None,
+        opened: bool = True,
+    ) -> None:
         self.pool = pool
         self.owned = owned
         self.timeout = timeout
+        self.make = make
+        self._opened = opened
+
+    def twin(self) -> PoolSource | None:
+        """A source like this one with a pool of its own (for another loop), if it can."""
+        if self.make is None:
+            return None
+        return PoolSource(
+            self.make(), owned=True, timeout=self.timeout, make=self.make, opened=False
+        )
 
     async def acquire(self) -> Connection:
+        if not self._opened:
+            self._opened = True
+            await self.pool.open(wait=False)
         conn: Connection = await self.pool.getconn(timeout=self.timeout)
         return conn
 
@@ -125,7 +153,7 @@ class PoolSource:
         await self.pool.putconn(conn)  # the pool drops a broken one
 
     async def close(self) -> None:
-        if self.owned:
+        if self.owned and self._opened:
             await self.pool.close()
 
 
@@ -157,6 +185,10 @@ class SingleConnectionSource:
     async def close(self) -> None:
         if self.owned:
             await self.conn.close()
+
+    def twin(self) -> None:
+        """None: a caller's connection serves its own loop only."""
+        return None
 
 
 ConnectionSource = PoolSource | SingleConnectionSource
@@ -240,8 +272,13 @@ class Careful(Exception):
     """Internal: a one-statement fast path cannot be used; take the locked one."""
 
 
-class PostgresBase(ClosingStore):
-    """Connections, transactions, retries and migrations of a PostgreSQL store."""
+class PostgresBase(HomeLoop, ClosingStore):
+    """Connections, transactions, retries and migrations of a PostgreSQL store.
+
+    Connections belong to an event loop: the store's own pool serves its home loop, and
+    a twin pool (same settings) serves the background loop, where calls from other loops
+    run (`statekeeper.loops`). A caller's pool or connection serves its own loop only.
+    """
 
     def __init__(
         self,
@@ -255,17 +292,39 @@ class PostgresBase(ClosingStore):
         self.schema = schema
         self.max_payload_bytes = max_payload_bytes
         self.url = url
-        self._source: ConnectionSource | None = source
+        self._given: ConnectionSource | None = source
+        self._twins: dict[asyncio.AbstractEventLoop, ConnectionSource] = {}
+        self.movable = source.twin() is not None if isinstance(source, PoolSource) else False
         self.notify_channel: str | None = None
         """When set, each event append also sends a NOTIFY on this channel (at commit)."""
-        # Writes under way: `close` lets them end before it closes the connections.
-        self._tasks: set[asyncio.Task[Any]] = set()
+
+    @per_loop
+    def _tasks(self) -> set[asyncio.Task[Any]]:
+        """Writes under way on a loop: `close` lets them end before it closes."""
+        return set()
+
+    @property
+    def _source(self) -> ConnectionSource | None:
+        """The connections of the running loop (None once the store is closed)."""
+        given = self._given
+        if given is None:
+            return None
+        loop = asyncio.get_running_loop()
+        if loop is self._home or self._home is None:
+            return given
+        twin = self._twins.get(loop)
+        if twin is None:
+            made = given.twin()
+            if made is None:  # a caller's connections: routed to the home loop only
+                return given
+            twin = self._twins.setdefault(loop, made)
+        return twin
 
     def __repr__(self) -> str:
         return f"PostgresStore({self.url!r}, schema={self.schema!r})"
 
     def __del__(self) -> None:
-        source = getattr(self, "_source", None)
+        source = getattr(self, "_given", None)
         if source is not None and source.owned:
             warnings.warn(
                 f"{self!r} was not closed; call await store.close()",
@@ -274,12 +333,31 @@ class PostgresBase(ClosingStore):
             )
 
     async def close(self) -> None:
-        """Let writes under way end, then close what the store opened (not a caller's)."""
-        while self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-        source, self._source = self._source, None
-        if source is not None:
-            await source.close()
+        """Let writes under way end, then close what the store opened (not a caller's),
+        on every loop it has connections on. Idempotent."""
+        given, self._given = self._given, None
+        if given is None:
+            return
+        twins, self._twins = self._twins, {}
+        parts: list[tuple[asyncio.AbstractEventLoop | None, ConnectionSource]] = [
+            (self._home, given),
+            *twins.items(),
+        ]
+        here = asyncio.get_running_loop()
+        for loop, source in parts:
+            if loop is None or loop is here:
+                await self._drain(source)
+            elif not loop.is_closed():
+                # A loop that does not answer (blocked, or stopped for good) keeps its
+                # connections: the process ends them.
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(hand_off(self._drain(source), loop), _CLOSE_WAIT)
+
+    async def _drain(self, source: ConnectionSource) -> None:
+        tasks = self._tasks
+        while tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        await source.close()
 
     async def migrate(self) -> None:
         """Create or upgrade the schema; `SchemaVersionError` if it is newer than ours."""

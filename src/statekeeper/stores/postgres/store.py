@@ -20,6 +20,7 @@ its commit, or is idempotent (reads, appends, whose retry finds its own entries)
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -100,6 +101,7 @@ class PostgresStore(PostgresTranscripts, PostgresRecordsAndEvents):
         if notify_channel is not None:
             store.notify_channel = validate_channel(notify_channel)
         await store.migrate()
+        store._home = asyncio.get_running_loop()
         return store
 
     @classmethod
@@ -250,23 +252,28 @@ async def _open_owned(location: str, options: StoreOptions) -> PostgresStore:
         ).migrate()
     finally:
         await first.close()
-    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-        conninfo,
-        min_size=min_size,
-        max_size=max_size,
-        kwargs={"autocommit": True, "options": settings},
-        open=False,
-        timeout=timeout,
-        name=f"statekeeper:{schema}",
-    )
+
+    def make() -> AsyncConnectionPool[Any]:
+        return AsyncConnectionPool(
+            conninfo,
+            min_size=min_size,
+            max_size=max_size,
+            kwargs={"autocommit": True, "options": settings},
+            open=False,
+            timeout=timeout,
+            name=f"statekeeper:{schema}",
+        )
+
+    pool = make()
     await pool.open(wait=False)
     store = PostgresStore(
-        PoolSource(pool, owned=True, timeout=timeout),
+        PoolSource(pool, owned=True, timeout=timeout, make=make),
         schema=schema,
         max_payload_bytes=limit,
         url=url,
     )
     store.notify_channel = channel
+    store._home = asyncio.get_running_loop()
     return store
 
 

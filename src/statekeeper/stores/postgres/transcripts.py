@@ -29,6 +29,7 @@ from statekeeper.errors import (
 )
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES, gc_paused, loads
+from statekeeper.loops import per_loop
 from statekeeper.stores.base import Entry, Event, SessionPatch, SessionRecord
 from statekeeper.stores.engine import AppendEngine, EventWrite, Snapshot, Write
 from statekeeper.stores.engine_writes import EngineWrites
@@ -99,9 +100,12 @@ class PostgresTranscripts(EngineWrites, PostgresBase):
         url: str = "postgresql://",
     ) -> None:
         super().__init__(source, schema=schema, max_payload_bytes=max_payload_bytes, url=url)
-        self._engine = AppendEngine(self, max_payload_bytes=max_payload_bytes)
         # (tenant, id) -> (sk, record) of heads this store last read or committed.
-        self._heads = self._engine.heads
+        self._heads: dict[tuple[str, str], Any] = {}
+
+    @per_loop
+    def _engine(self) -> AppendEngine:
+        return AppendEngine(self, max_payload_bytes=self.max_payload_bytes, heads=self._heads)
 
     async def close(self) -> None:
         await super().close()

@@ -15,12 +15,14 @@ them through that client, so its pool settings (limits, sentinels) apply.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 from statekeeper.errors import (
     InvalidInputError,
@@ -29,6 +31,7 @@ from statekeeper.errors import (
 )
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES, encode_json, loads
+from statekeeper.loops import HomeLoop, hand_off, per_loop
 from statekeeper.stores.base import ClosingStore, Entry, Event
 from statekeeper.stores.redis.keys import Keys
 from statekeeper.stores.redis.scripts import Script
@@ -79,7 +82,7 @@ def to_text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-class RedisBase(ClosingStore):
+class RedisBase(HomeLoop, ClosingStore):
     """A client, the store's key names, and running scripts with translated errors."""
 
     def __init__(
@@ -89,26 +92,50 @@ class RedisBase(ClosingStore):
         prefix: str = "statekeeper",
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         owns_client: bool = False,
+        make: Callable[[], Redis] | None = None,
     ) -> None:
         validate_id(prefix, "key prefix")
         self.prefix = prefix
         self.max_payload_bytes = max_payload_bytes
         self.keys = Keys(prefix)
-        self._client: Redis | None = client
+        self._given: Redis | None = client
         self._owns_client = owns_client
+        # A client belongs to one event loop: a store that made its client (``make``)
+        # makes another for the background loop; a caller's client serves its own loop.
+        self._make = make if owns_client else None
+        self.movable = self._make is not None
         info = client.connection_pool.connection_kwargs
         where = info.get("path") or f"{info.get('host', 'localhost')}:{info.get('port', 6379)}"
         self._where = f"{where}/{info.get('db', 0)}"
         self.url = f"redis://{self._where}?prefix={prefix}"
+
+    @per_loop
+    def _parts(self) -> _LoopParts:
+        """The client and script connections of the running loop."""
+        client = self._given
+        if client is None:
+            raise StoreUnavailableError("the store is closed; open a new one")
+        home = self._home
+        if self._make is not None and home is not None and _loop() is not home:
+            client = self._make()
         # Own connections for scripts only with a pool of our own making (see the module).
-        self._scripts = (
+        scripts = (
             ScriptConnections(client.connection_pool, self._where)
-            if owns_client and type(client.connection_pool) is ConnectionPool
+            if self._owns_client and type(client.connection_pool) is ConnectionPool
             else None
         )
+        return _LoopParts(client, scripts)
+
+    @property
+    def _client(self) -> Redis | None:
+        return None if self._given is None else self._parts.client
+
+    @property
+    def _scripts(self) -> ScriptConnections | None:
+        return self._parts.scripts
 
     def __del__(self) -> None:
-        if getattr(self, "_owns_client", False) and getattr(self, "_client", None) is not None:
+        if getattr(self, "_owns_client", False) and getattr(self, "_given", None) is not None:
             warnings.warn(
                 f"{type(self).__name__}({self._where}) was not closed; call await store.close()",
                 ResourceWarning,
@@ -116,12 +143,27 @@ class RedisBase(ClosingStore):
             )
 
     async def close(self) -> None:
-        """Close the connection pool if this store opened it. Idempotent."""
-        client, self._client = self._client, None
-        if self._scripts is not None:
-            await self._scripts.close()
-        if client is not None and self._owns_client:
-            await client.aclose()
+        """Close the connection pools if this store opened them (on every loop it has
+        connections on). Idempotent."""
+        if self._given is None:
+            return
+        parts = type(self)._parts.items(self)
+        type(self)._parts.drop(self)
+        self._given = None
+        here = _loop()
+        for loop, part in parts:
+            if loop is None or loop is here:
+                await self._close_parts(part)
+            elif not loop.is_closed():
+                # A loop that does not answer keeps its connections: the process ends them.
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(hand_off(self._close_parts(part), loop), 5.0)
+
+    async def _close_parts(self, parts: _LoopParts) -> None:
+        if parts.scripts is not None:
+            await parts.scripts.close()
+        if self._owns_client:
+            await parts.client.aclose()
 
     async def _check(self) -> None:
         """PING the server; `StoreUnavailableError` (and the store closed) if it fails."""
@@ -144,9 +186,9 @@ class RedisBase(ClosingStore):
 
     @property
     def _redis(self) -> Redis:
-        if self._client is None:
+        if self._given is None:
             raise StoreUnavailableError("the store is closed; open a new one")
-        return self._client
+        return self._parts.client
 
     @contextmanager
     def _translated(self) -> Iterator[None]:
@@ -157,10 +199,24 @@ class RedisBase(ClosingStore):
             raise translate(exc, self._where) from exc
 
     async def _run(self, script: Script, keys: Sequence[str], args: Sequence[ScriptArg]) -> Any:
-        client = self._redis  # StoreUnavailableError once closed
-        if self._scripts is not None:
-            return await self._scripts.run(script, keys, args)
-        return await run_script(client, script, keys, args, self._where)
+        if self._given is None:
+            raise StoreUnavailableError("the store is closed; open a new one")
+        parts = self._parts
+        if parts.scripts is not None:
+            return await parts.scripts.run(script, keys, args)
+        return await run_script(parts.client, script, keys, args, self._where)
+
+
+class _LoopParts(NamedTuple):
+    client: Redis
+    scripts: ScriptConnections | None
+
+
+def _loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 async def run_script(

@@ -46,8 +46,9 @@ append engine's read and commit primitives), `records` (records and event logs) 
 
 from __future__ import annotations
 
+import asyncio
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -59,6 +60,7 @@ from statekeeper.errors import (
 )
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES, gc_paused
+from statekeeper.loops import per_loop
 from statekeeper.stores.base import (
     Entry,
     Page,
@@ -124,12 +126,23 @@ class RedisStore(EngineWrites, RedisRecords):
         prefix: str = "statekeeper",
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         owns_client: bool = False,
+        make: Callable[[], Redis] | None = None,
     ) -> None:
         super().__init__(
-            client, prefix=prefix, max_payload_bytes=max_payload_bytes, owns_client=owns_client
+            client,
+            prefix=prefix,
+            max_payload_bytes=max_payload_bytes,
+            owns_client=owns_client,
+            make=make,
         )
         self._heads = RedisHeads(self)
-        self._engine = AppendEngine(self._heads, max_payload_bytes=max_payload_bytes)
+        self._cached: dict[tuple[str, str], Any] = {}
+
+    @per_loop
+    def _engine(self) -> AppendEngine:
+        return AppendEngine(
+            self._heads, max_payload_bytes=self.max_payload_bytes, heads=self._cached
+        )
 
     @classmethod
     async def open(
@@ -142,14 +155,23 @@ class RedisStore(EngineWrites, RedisRecords):
     ) -> RedisStore:
         """Connect to ``[[user]:password@]host[:port][/db]`` (or a unix socket path),
         check the server answers, and own the connection pool."""
-        client = connect(location, socket_timeout=socket_timeout)
+
+        def make() -> Redis:
+            return connect(location, socket_timeout=socket_timeout)
+
+        client = make()
         try:
             store = cls(
-                client, prefix=prefix, max_payload_bytes=max_payload_bytes, owns_client=True
+                client,
+                prefix=prefix,
+                max_payload_bytes=max_payload_bytes,
+                owns_client=True,
+                make=make,
             )
         except BaseException:
             await client.aclose()
             raise
+        store._home = asyncio.get_running_loop()
         await store._check()
         return store
 

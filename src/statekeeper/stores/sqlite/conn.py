@@ -33,6 +33,7 @@ from statekeeper.errors import (
     StoreUnavailableError,
 )
 from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES
+from statekeeper.loops import HomeLoop, per_loop
 from statekeeper.stores.base import ClosingStore, Durability
 from statekeeper.stores.sqlite.group import GroupCommit, Queued
 from statekeeper.stores.sqlite.schema import MIGRATIONS, SCHEMA_VERSION
@@ -47,7 +48,7 @@ _PAGE_SIZES = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
 _PAGES_PER_COMMIT = 4  # a commit also rewrites a few index and head pages
 
 
-class SQLiteConnection(ClosingStore):
+class SQLiteConnection(HomeLoop, ClosingStore):
     """The connection and transactions of a SQLite store (the base of `SQLiteStore`)."""
 
     def __init__(
@@ -79,7 +80,11 @@ class SQLiteConnection(ClosingStore):
         self._checkpoint: concurrent.futures.Future[None] | None = None
         self._conn: sqlite3.Connection | None = None
         self._checkpointer: sqlite3.Connection | None = None  # used on the worker only
-        self._group = GroupCommit(
+
+    @per_loop
+    def _group(self) -> GroupCommit:
+        """Group commit of the writes of one loop (see `statekeeper.loops`)."""
+        return GroupCommit(
             self._worker, self._commit_batch, enabled=self.durability is Durability.POWER
         )
 
@@ -92,6 +97,7 @@ class SQLiteConnection(ClosingStore):
         except BaseException:
             store._worker.shutdown()
             raise
+        store._home = asyncio.get_running_loop()
         return store
 
     def __del__(self) -> None:
@@ -109,7 +115,12 @@ class SQLiteConnection(ClosingStore):
         if self._checkpoint is not None:
             await asyncio.wrap_future(self._checkpoint)
         conn, self._conn = self._conn, None
-        self._worker.run_blocking(conn.close)
+
+        def close() -> None:
+            with self._lock:  # after a transaction another thread runs inline
+                conn.close()
+
+        self._worker.run_blocking(close)
         if self._checkpointer is not None:
             self._worker.run_blocking(self._checkpointer.close)
             self._checkpointer = None

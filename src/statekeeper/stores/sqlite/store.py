@@ -26,6 +26,7 @@ from statekeeper.errors import (
     StoreFullError,
 )
 from statekeeper.ids import validate_id
+from statekeeper.loops import per_loop
 from statekeeper.stores.base import (
     Entry,
     Page,
@@ -76,9 +77,12 @@ class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
 
     def __init__(self, path: str | os.PathLike[str], **options: Any) -> None:
         super().__init__(path, **options)
-        self._engine = AppendEngine(self, max_payload_bytes=self.max_payload_bytes)
         # (tenant, id) -> (sk, record): skips re-parsing an unchanged head on every append.
-        self._heads = self._engine.heads
+        self._heads: dict[tuple[str, str], Any] = {}
+
+    @per_loop
+    def _engine(self) -> AppendEngine:
+        return AppendEngine(self, max_payload_bytes=self.max_payload_bytes, heads=self._heads)
 
     def _write_failed(self) -> None:
         self._heads.clear()  # cached heads may be ahead of what is on disk

@@ -1,0 +1,494 @@
+"""The harness of the threads tests (`test_threads`): caller threads, the ways they call
+the store, the ledger of every batch they sent, and the checks made afterwards.
+
+A caller is a daemon thread (a hung one cannot keep the test process alive) that calls
+ONE store object from event loops of its own: one loop for all its calls
+(``new_event_loop`` + ``run_until_complete``), or a new one per call (``asyncio.run``),
+or none at all (the blocking facade). Every call is timed; the test waits for the callers
+with a deadline while its own loop (the store's home loop) keeps running, and fails
+naming the callers still stuck and what they were doing, instead of hanging.
+
+Each append is one `Batch` of entries with ids ``<batch>.<i>`` and the payload
+``{"batch": key, "i": i}``, so the checks can tell, from the stored entries alone, which
+batches landed, whole or not, and whether two were interleaved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable, Coroutine, Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, TypeVar
+
+from statekeeper.stores import Store
+from statekeeper.stores.base import AppendResult, Entry, EntryDraft, SessionPatch, SessionRecord
+
+from .support import TENANT
+
+__all__ = [
+    "CALL_LIMIT",
+    "OWN_LOOP",
+    "PER_CALL",
+    "WAIT_LIMIT",
+    "Batch",
+    "Caller",
+    "Ledger",
+    "abandon_in_closed_loop",
+    "abandon_in_exited_thread",
+    "append",
+    "append_abandoned_by_asyncio_run",
+    "append_cancelled",
+    "append_with_timeout",
+    "run_callers",
+    "verify",
+]
+
+T = TypeVar("T")
+
+CALL_LIMIT = 30.0
+"""Seconds one call may take. Every call is timed and a slower one fails the test."""
+WAIT_LIMIT = 60.0
+"""Seconds the callers of a test may take together: past it the test fails (naming the
+callers still stuck) instead of hanging."""
+SETTLE_LIMIT = 30.0
+"""Seconds the stored sessions may keep changing after the last caller ended (a write
+whose caller's loop closed may still land)."""
+OWN_LOOP = "own-loop"
+"""A caller making all its calls on one event loop of its own (``run_until_complete``)."""
+PER_CALL = "asyncio-run"
+"""A caller making each call in a new event loop (``asyncio.run``)."""
+
+
+def _quiet(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """The exception handler of loops closed with an append pending on purpose: their
+    task is reported as "destroyed but pending" when collected, which is the point."""
+    if str(context.get("message", "")).startswith("Task was destroyed but it is pending"):
+        return
+    loop.default_exception_handler(context)
+
+
+@dataclass(eq=False)
+class Batch:
+    """One ``append_entries`` call of several entries, and what its caller was told."""
+
+    key: str
+    session_id: str
+    size: int
+    how: str
+    """How it was sent: ``whole``, ``wait_for``, ``cancel``, ``closed-loop``, ..."""
+    drafts: list[EntryDraft] = field(init=False)
+    result: AppendResult | None = None
+    """What the store acknowledged (None: the caller was never told it was written)."""
+
+    def __post_init__(self) -> None:
+        self.drafts = [
+            EntryDraft(id=f"{self.key}.{i}", payload={"batch": self.key, "i": i})
+            for i in range(self.size)
+        ]
+
+    @property
+    def patch(self) -> SessionPatch:
+        """Counts the batch's entries in the head, atomically with them."""
+        return SessionPatch(add={"message_count": self.size})
+
+    def describe(self) -> str:
+        return f"batch {self.key} ({self.how}, {self.size} entries, {self.session_id})"
+
+
+class Ledger:
+    """What every caller of a test sent and saw (thread-safe)."""
+
+    def __init__(self, seed: int | str | None = None) -> None:
+        self.seed = seed
+        self.batches: list[Batch] = []
+        self.problems: list[str] = []
+        """Errors raised in callers and wrong things they saw."""
+        self.slow: list[str] = []
+        """Calls that took longer than `CALL_LIMIT`."""
+        self.calls = 0
+        self.longest = 0.0
+        self.leftovers: list[asyncio.AbstractEventLoop] = []
+        """Loops left open by threads that exited mid-write (closed when the test ends)."""
+        self.stuck: list[str] = []
+        """Helper threads that did not end."""
+        self._lock = threading.Lock()
+        self._keys: set[str] = set()
+
+    def batch(self, key: str, session_id: str, size: int, how: str) -> Batch:
+        """A new batch (keys are unique in a test)."""
+        made = Batch(key, session_id, size, how)
+        with self._lock:
+            assert key not in self._keys, key
+            self._keys.add(key)
+            self.batches.append(made)
+        return made
+
+    def problem(self, text: str) -> None:
+        with self._lock:
+            self.problems.append(text)
+
+    def failed(self, who: str, what: str, exc: BaseException) -> None:
+        """An exception a caller did not expect, with the end of its traceback."""
+        frames = traceback.format_exception(exc, limit=-4)
+        self.problem(f"{who}, {what}: {''.join(frames).strip()}")
+
+    def timed(self, who: str, what: str, seconds: float) -> None:
+        with self._lock:
+            self.calls += 1
+            self.longest = max(self.longest, seconds)
+            if seconds > CALL_LIMIT:
+                self.slow.append(f"{who}, {what}: {seconds:.1f} s")
+
+    def context(self) -> str:
+        """Said with every failure: the seed and what was sent."""
+        hows = Counter(b.how for b in self.batches)
+        acked = sum(b.result is not None for b in self.batches)
+        seed = "" if self.seed is None else f"seed {self.seed!r}; "
+        return (
+            f"{seed}{len(self.batches)} batches ({acked} acknowledged; "
+            f"{', '.join(f'{n} {h}' for h, n in sorted(hows.items()))}), {self.calls} calls, "
+            f"the longest {self.longest:.2f} s"
+        )
+
+    def close_leftovers(self) -> None:
+        """Close the loops that exited threads left open (nothing runs them any more)."""
+        while self.leftovers:
+            loop = self.leftovers.pop()
+            if not loop.is_running():
+                loop.close()
+
+
+class Caller(threading.Thread):
+    """A daemon thread calling the store from event loops of its own (or from none)."""
+
+    def __init__(
+        self,
+        name: str,
+        ledger: Ledger,
+        body: Callable[[Caller], None],
+        start_together: threading.Barrier | None = None,
+    ) -> None:
+        super().__init__(name=name, daemon=True)  # a hung caller must not keep us alive
+        self.ledger = ledger
+        self.body = body
+        self.start_together = start_together
+        self.doing = "starting"
+        self.since = time.monotonic()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        """Its own loop while it calls in `OWN_LOOP` mode."""
+
+    def run(self) -> None:
+        try:
+            if self.start_together is not None:
+                self.start_together.wait(WAIT_LIMIT)
+            self.body(self)
+        except BaseException as exc:
+            self.ledger.failed(self.name, self.doing, exc)
+        finally:
+            self._set_doing("done")
+
+    def _set_doing(self, what: str) -> None:
+        self.doing, self.since = what, time.monotonic()
+
+    def timed(self, what: str, call: Callable[[], T]) -> T:
+        """Run ``call`` here, timing it (and naming it if it hangs)."""
+        self._set_doing(what)
+        started = time.perf_counter()
+        try:
+            return call()
+        finally:
+            self.ledger.timed(self.name, what, time.perf_counter() - started)
+            self._set_doing(f"after {what}")
+
+    def call(self, what: str, make: Callable[[], Coroutine[Any, Any, T]], mode: str) -> T:
+        """Run the coroutine ``make()`` in ``mode``: on this thread's own loop, or in a
+        new one (``asyncio.run``)."""
+        if mode == PER_CALL:
+            return self.timed(what, lambda: asyncio.run(make()))
+        if self.loop is None or self.loop.is_closed():
+            self.loop = asyncio.new_event_loop()
+        loop = self.loop
+        return self.timed(what, lambda: loop.run_until_complete(make()))
+
+    def close_loop(self) -> None:
+        """Close this thread's own loop (as a program ending its loop would)."""
+        loop, self.loop = self.loop, None
+        if loop is not None and not loop.is_closed():
+            self.timed("closing its loop", lambda: _close(loop))
+
+    def helper(self, what: str, target: Callable[[], None]) -> None:
+        """Run ``target`` on a short-lived thread of its own and wait for it to end."""
+        thread = threading.Thread(target=target, name=f"{self.name}-helper", daemon=True)
+        started = time.perf_counter()
+        self._set_doing(what)
+        thread.start()
+        thread.join(CALL_LIMIT)
+        self.ledger.timed(self.name, what, time.perf_counter() - started)
+        if thread.is_alive():
+            with self.ledger._lock:
+                self.ledger.stuck.append(f"{self.name}, {what}: a helper thread never ended")
+        self._set_doing(f"after {what}")
+
+
+def _close(loop: asyncio.AbstractEventLoop) -> None:
+    try:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.run_until_complete(loop.shutdown_default_executor())
+    finally:
+        loop.close()
+
+
+async def run_callers(callers: Sequence[Caller], ledger: Ledger) -> None:
+    """Start the callers, wait for them (this loop keeps running meanwhile), and fail,
+    naming the stuck ones, if they are not done within `WAIT_LIMIT`; then fail on what
+    they saw go wrong and on calls slower than `CALL_LIMIT`."""
+    for caller in callers:
+        caller.start()
+    deadline = time.monotonic() + WAIT_LIMIT
+    while any(c.is_alive() for c in callers) and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)
+    now = time.monotonic()
+    stuck = [
+        f"{c.name}: {c.doing}, for {now - c.since:.1f} s" for c in callers if c.is_alive()
+    ] + ledger.stuck
+    assert not stuck, (
+        f"callers did not end within {WAIT_LIMIT:.0f} s ({ledger.context()}):\n  "
+        + "\n  ".join(stuck + ledger.problems)
+    )
+    assert not ledger.problems, f"({ledger.context()}):\n  " + "\n  ".join(ledger.problems)
+    assert not ledger.slow, (
+        f"calls slower than {CALL_LIMIT:.0f} s ({ledger.context()}):\n  "
+        + "\n  ".join(ledger.slow)
+    )
+
+
+# -- the ways a caller appends -------------------------------------------------------------
+
+
+def _append(store: Store, batch: Batch) -> Coroutine[Any, Any, AppendResult]:
+    return store.append_entries(TENANT, batch.session_id, batch.drafts, patch=batch.patch)
+
+
+def append(caller: Caller, store: Store, batch: Batch, mode: str) -> None:
+    """Append the batch and wait for the store's answer."""
+    batch.result = caller.call(f"appending {batch.key}", partial(_append, store, batch), mode)
+
+
+def append_with_timeout(
+    caller: Caller, store: Store, batch: Batch, mode: str, timeout: float
+) -> None:
+    """Append under ``asyncio.wait_for`` with a tiny timeout: often cancelled mid-write."""
+
+    async def attempt() -> None:
+        try:
+            batch.result = await asyncio.wait_for(_append(store, batch), timeout)
+        except TimeoutError:
+            pass
+
+    caller.call(f"appending {batch.key} within {timeout * 1000:.1f} ms", attempt, mode)
+
+
+def append_cancelled(caller: Caller, store: Store, batch: Batch, mode: str, spins: int) -> None:
+    """Start the append as a task and cancel it after ``spins`` loop iterations."""
+
+    async def attempt() -> None:
+        task = asyncio.ensure_future(_append(store, batch))
+        for _ in range(spins):
+            await asyncio.sleep(0)
+        task.cancel()
+        try:
+            batch.result = await task
+        except asyncio.CancelledError:
+            pass
+
+    caller.call(f"appending {batch.key}, cancelled after {spins} spins", attempt, mode)
+
+
+def append_abandoned_by_asyncio_run(
+    caller: Caller, store: Store, batch: Batch, spins: int
+) -> None:
+    """``asyncio.run`` of a function that starts the append as a task and returns after
+    ``spins`` iterations: ``asyncio.run`` cancels the task and closes its loop."""
+    started: list[asyncio.Task[AppendResult]] = []
+
+    async def leave() -> None:
+        started.append(asyncio.ensure_future(_append(store, batch)))
+        for _ in range(spins):
+            await asyncio.sleep(0)
+
+    caller.timed(f"appending {batch.key}, left after {spins} spins", lambda: asyncio.run(leave()))
+    _note_outcome(caller, batch, started[0])
+
+
+def _start_and_leave(
+    caller: Caller, store: Store, batch: Batch, spins: int, close: bool
+) -> None:
+    """Start the append as a task in a new loop, run the loop ``spins`` times, then close
+    the loop without awaiting the task, or (``close=False``) just leave it open."""
+    loop = asyncio.new_event_loop()
+    loop.set_exception_handler(_quiet)
+    try:
+        task = loop.create_task(_append(store, batch))
+        for spin in range(spins):
+            loop.run_until_complete(asyncio.sleep(0 if spin % 4 else 0.001))
+        _note_outcome(caller, batch, task)
+    finally:
+        if close:
+            loop.close()
+        else:
+            with caller.ledger._lock:
+                caller.ledger.leftovers.append(loop)
+
+
+def abandon_in_closed_loop(caller: Caller, store: Store, batch: Batch, spins: int) -> None:
+    """Start the append in a loop of its own that is closed with the append pending."""
+    caller.timed(
+        f"appending {batch.key} in a loop closed after {spins} spins",
+        lambda: _start_and_leave(caller, store, batch, spins, close=True),
+    )
+
+
+def abandon_in_exited_thread(caller: Caller, store: Store, batch: Batch, spins: int) -> None:
+    """Start the append on a thread that runs its loop briefly and exits (the loop is
+    left open, never run again)."""
+    caller.helper(
+        f"appending {batch.key} on a thread exiting after {spins} spins",
+        lambda: _start_and_leave(caller, store, batch, spins, close=False),
+    )
+
+
+def _note_outcome(caller: Caller, batch: Batch, task: asyncio.Future[AppendResult]) -> None:
+    """A task that ended before its caller left: its answer (an error is a problem)."""
+    if not task.done() or task.cancelled():
+        return
+    error = task.exception()
+    if error is None:
+        batch.result = task.result()
+    else:
+        caller.ledger.failed(caller.name, f"appending {batch.key}", error)
+
+
+# -- afterwards ----------------------------------------------------------------------------
+
+
+async def _versions(store: Store, session_ids: Iterable[str]) -> list[int]:
+    return [(await store.get_session(TENANT, s)).version for s in session_ids]
+
+
+async def settled(
+    store: Store, session_ids: Sequence[str], ledger: Ledger
+) -> dict[str, tuple[SessionRecord, list[Entry]]]:
+    """Each session's head and entries, read once nothing changes any more: an append
+    whose caller's loop closed or whose thread exited may still land after every caller
+    has ended (it must not land partly, nor after `SETTLE_LIMIT`)."""
+    deadline = time.monotonic() + SETTLE_LIMIT
+    seen = await _versions(store, session_ids)
+    quiet_since = time.monotonic()
+    while time.monotonic() - quiet_since < 0.3:
+        assert time.monotonic() < deadline, (
+            f"sessions still changing {SETTLE_LIMIT:.0f} s after every caller ended "
+            f"({ledger.context()})"
+        )
+        await asyncio.sleep(0.05)
+        now = await _versions(store, session_ids)
+        if now != seen:
+            seen, quiet_since = now, time.monotonic()
+    return {
+        s: (await store.get_session(TENANT, s), await store.read_entries(TENANT, s))
+        for s in session_ids
+    }
+
+
+def _ranges(seqs: Sequence[int]) -> str:
+    """``1-4, 6, 9-10``: a list of seqs, short."""
+    parts: list[str] = []
+    for seq in seqs:
+        if parts and seq == last + 1:  # noqa: F821 - set below before use
+            parts[-1] = f"{parts[-1].split('-')[0]}-{seq}"
+        else:
+            parts.append(str(seq))
+        last = seq
+    return ", ".join(parts)
+
+
+def check_session(
+    session_id: str, record: SessionRecord, entries: list[Entry], batches: Sequence[Batch]
+) -> list[str]:
+    """What is wrong with one session's stored entries, given what was sent to it."""
+    problems: list[str] = []
+    seqs = [e.seq for e in entries]
+    if seqs != list(range(1, len(entries) + 1)):
+        problems.append(f"{session_id}: seqs not 1..{len(entries)}: {_ranges(seqs)}")
+    twice = sorted(i for i, n in Counter(e.id for e in entries).items() if n > 1)
+    if twice:
+        problems.append(f"{session_id}: entries stored twice: {twice[:10]}")
+    parents = [e.parent_seq for e in entries]
+    if parents != [None, *seqs[:-1]]:
+        broken = [e.seq for e, p in zip(entries, [None, *seqs[:-1]], strict=True) if e.parent_seq != p]
+        problems.append(f"{session_id}: not one chain, wrong parents at seqs {_ranges(broken)}")
+    by_key = {b.key: b for b in batches}
+    stored: dict[str, list[Entry]] = {}
+    for entry in entries:
+        key = entry.payload.get("batch")
+        if not isinstance(key, str) or key not in by_key:
+            problems.append(f"{session_id}: seq {entry.seq} is no entry sent: {entry.id!r}")
+        else:
+            stored.setdefault(key, []).append(entry)
+    for key, got in stored.items():
+        batch = by_key[key]
+        if [e.payload.get("i") for e in got] != list(range(batch.size)):
+            problems.append(
+                f"{session_id}: {batch.describe()} stored partly or out of order: "
+                f"{[e.id for e in got]} at seqs {_ranges([e.seq for e in got])}"
+            )
+        elif [e.seq for e in got] != list(range(got[0].seq, got[0].seq + batch.size)):
+            problems.append(
+                f"{session_id}: {batch.describe()} interleaved with others: "
+                f"seqs {_ranges([e.seq for e in got])}"
+            )
+    for batch in batches:
+        if batch.result is None:
+            continue
+        told = [(e.seq, e.id) for e in batch.result.entries]
+        found = [(e.seq, e.id) for e in stored.get(batch.key, [])]
+        if not found:
+            problems.append(f"{session_id}: {batch.describe()} acknowledged but lost: {told}")
+        elif told != found:
+            problems.append(f"{session_id}: {batch.describe()} acknowledged as {told}, stored {found}")
+    counters = (record.head_seq, record.last_seq, record.message_count)
+    if counters != (len(entries),) * 3:
+        problems.append(
+            f"{session_id}: head (head_seq, last_seq, message_count) {counters} for "
+            f"{len(entries)} stored entries"
+        )
+    return problems
+
+
+async def verify(store: Store, ledger: Ledger, session_ids: Sequence[str]) -> None:
+    """Once the sessions have settled: every acknowledged batch is stored as it was
+    acknowledged, every stored batch is whole and contiguous, nothing else is stored, and
+    each session is one chain whose head counts its entries."""
+    try:
+        found = await settled(store, session_ids, ledger)
+    finally:
+        ledger.close_leftovers()
+    problems: list[str] = []
+    for session_id in session_ids:
+        record, entries = found[session_id]
+        sent = [b for b in ledger.batches if b.session_id == session_id]
+        problems += check_session(session_id, record, entries, sent)
+    unsent = sorted({b.session_id for b in ledger.batches} - set(session_ids))
+    assert not unsent, f"batches sent to sessions not checked: {unsent}"
+    assert not problems, f"({ledger.context()}):\n  " + "\n  ".join(problems)
+
+
+def spins(rng: random.Random) -> int:
+    """How many loop iterations a caller lets an append run before it leaves: mostly
+    few (cancelled or abandoned as it starts), sometimes enough to finish."""
+    return rng.choice((0, 1, 1, 2, 3, 5, 8, 13, 40))
