@@ -133,6 +133,31 @@ class PoolSource:
         self.timeout = timeout
         self.make = make
         self._opened = opened
+        self._closing = False
+        self._guard: asyncio.Task[None] | None = None
+
+    def watch(self) -> None:
+        """Close the pool when its loop shuts down with the store left open.
+
+        ``asyncio.run`` ends by cancelling every task and waiting for them. A pool
+        worker cancelled while it opens a connection swallows the cancellation (psycopg_pool
+        keeps the pool consistent that way) and waits for more work, so the wait never
+        ends. This task is cancelled along with them and closes the pool, which stops its
+        workers.
+        """
+        if self.owned:
+            self._guard = asyncio.get_running_loop().create_task(
+                self._close_at_loop_end(), name="statekeeper-pool-guard"
+            )
+
+    async def _close_at_loop_end(self) -> None:
+        try:
+            await asyncio.get_running_loop().create_future()  # never done
+        except asyncio.CancelledError:
+            if not self._closing:
+                with contextlib.suppress(Exception):
+                    await self.pool.close(timeout=1.0)
+            raise
 
     def twin(self) -> PoolSource | None:
         """A source like this one with a pool of its own (for another loop), if it can."""
@@ -146,6 +171,7 @@ class PoolSource:
         if not self._opened:
             self._opened = True
             await self.pool.open(wait=False)
+            self.watch()
         conn: Connection = await self.pool.getconn(timeout=self.timeout)
         return conn
 
@@ -153,6 +179,9 @@ class PoolSource:
         await self.pool.putconn(conn)  # the pool drops a broken one
 
     async def close(self) -> None:
+        self._closing = True
+        if self._guard is not None:
+            self._guard.cancel()
         if self.owned and self._opened:
             await self.pool.close()
 
@@ -268,6 +297,13 @@ def _first_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 class Careful(Exception):
     """Internal: a one-statement fast path cannot be used; take the locked one."""
 
@@ -293,6 +329,7 @@ class PostgresBase(HomeLoop, ClosingStore):
         self.max_payload_bytes = max_payload_bytes
         self.url = url
         self._given: ConnectionSource | None = source
+        self._given_loop = _running_loop()  # the loop the given connections belong to
         self._twins: dict[asyncio.AbstractEventLoop, ConnectionSource] = {}
         self.movable = source.twin() is not None if isinstance(source, PoolSource) else False
         self.notify_channel: str | None = None
@@ -310,13 +347,18 @@ class PostgresBase(HomeLoop, ClosingStore):
         if given is None:
             return None
         loop = asyncio.get_running_loop()
-        if loop is self._home or self._home is None:
+        if loop is self._given_loop:
+            return given
+        if self._given_loop is None:
+            self._given_loop = loop
             return given
         twin = self._twins.get(loop)
         if twin is None:
             made = given.twin()
-            if made is None:  # a caller's connections: routed to the home loop only
+            if made is None:  # a caller's connections: routed to their loop only
                 return given
+            for gone in [old for old in self._twins if old.is_closed()]:
+                del self._twins[gone]  # their connections went with their loop
             twin = self._twins.setdefault(loop, made)
         return twin
 
@@ -340,7 +382,7 @@ class PostgresBase(HomeLoop, ClosingStore):
             return
         twins, self._twins = self._twins, {}
         parts: list[tuple[asyncio.AbstractEventLoop | None, ConnectionSource]] = [
-            (self._home, given),
+            (self._given_loop, given),
             *twins.items(),
         ]
         here = asyncio.get_running_loop()
@@ -469,7 +511,10 @@ class PostgresBase(HomeLoop, ClosingStore):
         """
         done: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         task = asyncio.ensure_future(self._settle(done, op, tx, idempotent))
-        self._tasks.add(task)
+        tasks = self._tasks
+        tasks.add(task)
+        # (not in _settle's finally: a task cancelled before it starts never runs it)
+        task.add_done_callback(tasks.discard)
         try:
             return await done
         except asyncio.CancelledError:
@@ -500,10 +545,6 @@ class PostgresBase(HomeLoop, ClosingStore):
         else:
             if not done.done():
                 done.set_result(result)
-        finally:
-            task = asyncio.current_task()
-            if task is not None:
-                self._tasks.discard(task)
 
 
 class _Stale(Exception):

@@ -266,8 +266,10 @@ async def _open_owned(location: str, options: StoreOptions) -> PostgresStore:
 
     pool = make()
     await pool.open(wait=False)
+    source = PoolSource(pool, owned=True, timeout=timeout, make=make)
+    source.watch()
     store = PostgresStore(
-        PoolSource(pool, owned=True, timeout=timeout, make=make),
+        source,
         schema=schema,
         max_payload_bytes=limit,
         url=url,

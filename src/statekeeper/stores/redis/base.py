@@ -103,6 +103,7 @@ class RedisBase(HomeLoop, ClosingStore):
         # A client belongs to one event loop: a store that made its client (``make``)
         # makes another for the background loop; a caller's client serves its own loop.
         self._make = make if owns_client else None
+        self._given_loop = _loop()  # the loop the given client's connections belong to
         self.movable = self._make is not None
         info = client.connection_pool.connection_kwargs
         where = info.get("path") or f"{info.get('host', 'localhost')}:{info.get('port', 6379)}"
@@ -115,8 +116,10 @@ class RedisBase(HomeLoop, ClosingStore):
         client = self._given
         if client is None:
             raise StoreUnavailableError("the store is closed; open a new one")
-        home = self._home
-        if self._make is not None and home is not None and _loop() is not home:
+        loop = _loop()
+        if self._given_loop is None:
+            self._given_loop = loop
+        elif self._make is not None and loop is not self._given_loop:
             client = self._make()
         # Own connections for scripts only with a pool of our own making (see the module).
         scripts = (
