@@ -24,7 +24,6 @@ routes a store's coroutine methods and keeps its per-loop parts (`per_loop`).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import functools
 import inspect
@@ -113,28 +112,72 @@ async def hand_off(coro: Coroutine[Any, Any, T], loop: asyncio.AbstractEventLoop
     loop would). If this caller's loop closes meanwhile, the outcome is dropped.
     """
     caller = asyncio.get_running_loop()
+    call = _Call(caller.create_future())
     try:
-        work = asyncio.run_coroutine_threadsafe(coro, loop)
+        loop.call_soon_threadsafe(call.start, coro, loop)
     except RuntimeError:  # the target loop has closed
         coro.close()
-        raise StoreUnavailableError(
-            "the event loop this store's connections belong to has closed; open the store "
-            "from a URL so that it manages its own connections, or use it on that loop"
-        ) from None
-    landed: asyncio.Future[None] = caller.create_future()
-
-    def wake(_: concurrent.futures.Future[T]) -> None:
-        with contextlib.suppress(RuntimeError):  # the caller's loop closed: nobody waits
-            caller.call_soon_threadsafe(_settle, landed)
-
-    work.add_done_callback(wake)
+        raise _closed_loop() from None
+    watch = loop is not background_loop()  # ours never closes; another loop may
     try:
-        await asyncio.shield(landed)
+        while True:
+            done, _ = await asyncio.wait([call.landed], timeout=1.0 if watch else None)
+            if done:
+                break
+            if loop.is_closed():  # closed before it ran the call: nobody ever will
+                raise _closed_loop()
     except asyncio.CancelledError:
-        work.cancel()  # the call's own write paths finish a write that has started
-        await asyncio.wait([landed])
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(call.cancel)
+        while not call.landed.done() and not loop.is_closed():
+            await asyncio.wait([call.landed], timeout=1.0)
         raise
-    return work.result()
+    if call.task is None:  # cancelled before it started
+        raise asyncio.CancelledError()
+    result: T = call.task.result()
+    return result
+
+
+def _closed_loop() -> StoreUnavailableError:
+    return StoreUnavailableError(
+        "the event loop this store's connections belong to has closed; open the store "
+        "from a URL so that it manages its own connections, or use it on that loop"
+    )
+
+
+class _Call:
+    """One handed-over call: its task on the target loop, and the caller's wake-up.
+
+    ``start`` and ``cancel`` run on the target loop, in the order they were sent."""
+
+    __slots__ = ("cancelled", "landed", "task")
+
+    def __init__(self, landed: asyncio.Future[None]) -> None:
+        self.landed = landed
+        self.task: asyncio.Task[Any] | None = None
+        self.cancelled = False
+
+    def start(self, coro: Coroutine[Any, Any, Any], loop: asyncio.AbstractEventLoop) -> None:
+        if self.cancelled:
+            coro.close()
+            self._wake()
+            return
+        self.task = loop.create_task(coro)
+        self.task.add_done_callback(self._finished)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        if self.task is not None:
+            self.task.cancel()
+
+    def _finished(self, task: asyncio.Task[Any]) -> None:
+        if not task.cancelled():
+            task.exception()  # retrieved: read by the caller, or by nobody if it is gone
+        self._wake()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(RuntimeError):  # the caller's loop closed: nobody waits
+            self.landed.get_loop().call_soon_threadsafe(_settle, self.landed)
 
 
 def _settle(future: asyncio.Future[None]) -> None:
