@@ -46,6 +46,7 @@ __all__ = [
 T = TypeVar("T")
 
 _start_lock = threading.Lock()
+_make_lock = threading.RLock()  # a factory may read another per-loop value
 _background: tuple[int, asyncio.AbstractEventLoop, threading.Thread] | None = None
 
 
@@ -187,7 +188,9 @@ def _settle(future: asyncio.Future[None]) -> None:
 
 # -- stores: per-loop parts and routed calls ---------------------------------------------
 
-_NOT_ROUTED = frozenset({"close", "aclose", "__aenter__", "__aexit__"})
+# Not routed: closing (it reaches every loop itself) and the engine's primitives (only the
+# engine calls them, already on the right loop).
+_NOT_ROUTED = frozenset({"close", "aclose", "load_head", "commit_head"})
 
 
 class HomeLoop:
@@ -273,9 +276,12 @@ class per_loop(Generic[T]):
             loop = getattr(obj, "_home", None)
         value = values.get(loop)
         if value is None:
-            for old in [k for k in values if k is not None and k.is_closed()]:
-                del values[old]
-            value = values.setdefault(loop, self.factory(obj))
+            with _make_lock:  # rare (a loop's first use): one thread changes the dict
+                for old in [k for k in values if k is not None and k.is_closed()]:
+                    del values[old]
+                value = values.get(loop)
+                if value is None:
+                    value = values[loop] = self.factory(obj)
         return value
 
     def values(self, obj: object) -> list[T]:
