@@ -4,21 +4,24 @@ asyncio objects belong to the loop that made them: a future completed from anoth
 thread never wakes its loop, and a database connection opened on one loop cannot be
 used on another. statekeeper's rule (see ``docs/stores.md``, "Threads and event loops"):
 
-- a store runs on its **home loop**, the loop that opened it (or first used it);
-- a call from **any other loop or thread** is handed to statekeeper's **background
-  loop** (one daemon thread per process, also the loop of `statekeeper.sync`), where the
-  store keeps a second set of its loop-bound parts (its append engine, its connections);
-- when the home loop has closed (one ``asyncio.run`` after another), the next caller's
-  loop becomes the home loop.
+- what a store keeps per loop (its append engine: locks, group commit) is made per loop
+  on first use (`per_loop`); what the loops share is guarded by thread locks held only
+  in code that never waits. Memory, SQLite and files stores run every call on the
+  caller's own loop this way, with no hand-over;
+- a store whose connections belong to a loop (PostgreSQL, Redis: `HomeLoop`) runs on its
+  **home loop**, the loop that opened it; a call from any other loop or thread is
+  handed to statekeeper's **background loop** (one daemon thread per process, also the
+  loop of `statekeeper.sync`), where the store keeps a second pool made with the same
+  settings. Once the home loop has closed, the background loop is home.
 
-The two sets of parts share the backend's storage, which orders them as it orders two
-processes (compare-and-set on the head's version). A call handed over runs to its end
-there whatever happens to its caller: a caller that is cancelled waits until the call
-has ended (done whole, or not at all); a caller whose loop closed is simply not told.
+Per-loop parts share the backend's storage, which orders them as it orders two processes
+(compare-and-set on the head's version). A call handed over runs to its end there
+whatever happens to its caller: a caller that is cancelled waits until the call has
+ended (done whole, or not at all); a caller whose loop closed is simply not told.
 
 This module holds the background loop (`background_loop`), the hand-over (`hand_off`),
-blocking calls from synchronous code (`run_blocking`), and the `HomeLoop` mixin that
-routes a store's coroutine methods and keeps its per-loop parts (`per_loop`).
+blocking calls from synchronous code (`run_blocking`), per-loop parts (`per_loop`) and
+the `HomeLoop` mixin that routes a store's coroutine methods.
 """
 
 from __future__ import annotations
@@ -218,8 +221,12 @@ class HomeLoop:
         """The loop a call from the running loop must run on (claiming a home if none)."""
         loop = asyncio.get_running_loop()
         home = self._home
-        if home is None or (home.is_closed() and self.movable):
+        if home is None:
             self._home = home = loop
+        elif home.is_closed() and self.movable:
+            # Not the caller's loop: it may be as short-lived as the last one (a thread's
+            # asyncio.run), and every new home means new connections.
+            self._home = home = background_loop()
         if loop is home:
             return loop
         if not self.movable:

@@ -19,7 +19,7 @@ from statekeeper.core.messages import utcnow
 from statekeeper.errors import AlreadyExistsError, NotFoundError
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES, decode_json
-from statekeeper.loops import HomeLoop, per_loop
+from statekeeper.loops import per_loop
 from statekeeper.stores.base import (
     ClosingStore,
     Entry,
@@ -95,12 +95,12 @@ def _locked(
     return call
 
 
-class MemoryStore(EngineWrites, HomeLoop, ClosingStore):
+class MemoryStore(EngineWrites, ClosingStore):
     """A store that keeps everything in this process's memory.
 
-    Its operations run on two loops at most (see `statekeeper.loops`); each one's body
-    is synchronous and holds the store's mutex, so the other loop's thread never sees
-    half of a change.
+    Any thread and loop may call it (see `statekeeper.loops`): each loop has an append
+    engine of its own, and every operation's body is synchronous and holds the store's
+    mutex, so another thread never sees half of a change.
     """
 
     def __init__(self, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> None:

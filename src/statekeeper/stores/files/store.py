@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
@@ -18,7 +17,7 @@ from statekeeper.errors import (
 )
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES, encode_json, loads
-from statekeeper.loops import HomeLoop, per_loop
+from statekeeper.loops import per_loop
 from statekeeper.stores.base import (
     ClosingStore,
     Durability,
@@ -64,7 +63,7 @@ T = TypeVar("T")
 _MARKER = ".statekeeper"
 
 
-class FileStore(FileTranscripts, HomeLoop, ClosingStore):
+class FileStore(FileTranscripts, ClosingStore):
     """A store in plain JSON / JSONL files under one directory.
 
     Open with ``await FileStore.open(path)`` or ``open_store("files:///path")``.
@@ -103,7 +102,6 @@ class FileStore(FileTranscripts, HomeLoop, ClosingStore):
         except BaseException:
             store._worker.shutdown()
             raise
-        store._home = asyncio.get_running_loop()
         return store
 
     async def close(self) -> None:

@@ -33,7 +33,7 @@ from statekeeper.errors import (
     StoreUnavailableError,
 )
 from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES
-from statekeeper.loops import HomeLoop, per_loop
+from statekeeper.loops import per_loop
 from statekeeper.stores.base import ClosingStore, Durability
 from statekeeper.stores.sqlite.group import GroupCommit, Queued
 from statekeeper.stores.sqlite.schema import MIGRATIONS, SCHEMA_VERSION
@@ -48,7 +48,7 @@ _PAGE_SIZES = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
 _PAGES_PER_COMMIT = 4  # a commit also rewrites a few index and head pages
 
 
-class SQLiteConnection(HomeLoop, ClosingStore):
+class SQLiteConnection(ClosingStore):
     """The connection and transactions of a SQLite store (the base of `SQLiteStore`)."""
 
     def __init__(
@@ -97,7 +97,6 @@ class SQLiteConnection(HomeLoop, ClosingStore):
         except BaseException:
             store._worker.shutdown()
             raise
-        store._home = asyncio.get_running_loop()
         return store
 
     def __del__(self) -> None:
