@@ -33,7 +33,6 @@ from statekeeper.errors import (
     StoreUnavailableError,
 )
 from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES
-from statekeeper.loops import per_loop
 from statekeeper.stores.base import ClosingStore, Durability
 from statekeeper.stores.sqlite.group import GroupCommit, Queued
 from statekeeper.stores.sqlite.schema import MIGRATIONS, SCHEMA_VERSION
@@ -80,11 +79,8 @@ class SQLiteConnection(ClosingStore):
         self._checkpoint: concurrent.futures.Future[None] | None = None
         self._conn: sqlite3.Connection | None = None
         self._checkpointer: sqlite3.Connection | None = None  # used on the worker only
-
-    @per_loop
-    def _group(self) -> GroupCommit:
-        """Group commit of the writes of one loop (see `statekeeper.loops`)."""
-        return GroupCommit(
+        # One for every thread and loop: a batch takes all their writes (one fsync).
+        self._group = GroupCommit(
             self._worker, self._commit_batch, enabled=self.durability is Durability.POWER
         )
 

@@ -8,13 +8,15 @@ writes that arrive while one transaction is committing are queued, and the next
 transaction commits all of them at once, each in a savepoint of its own (one write's
 error rolls back that write only). Throughput then grows with the number of writers.
 
-"More than one task at a time" means: writes from two or more tasks within the last few
-milliseconds. A lone task never pays the hop to the worker.
+"More than one task at a time" means: writes from two or more tasks (of any threads and
+loops) within the last few milliseconds. A lone task never pays the hop to the worker.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,7 +41,11 @@ class Queued:
 
 
 class GroupCommit:
-    """Decides when writes are grouped, queues them, and runs one batch at a time."""
+    """Decides when writes are grouped, queues them, and runs one batch at a time.
+
+    Shared by every thread and event loop using the store: a batch takes the writes of
+    all of them (one fsync), and each writer is woken on its own loop.
+    """
 
     def __init__(
         self, worker: Worker, commit: Callable[[list[Queued]], None], *, enabled: bool
@@ -47,7 +53,8 @@ class GroupCommit:
         self._worker = worker
         self._commit = commit
         self.enabled = enabled
-        self._writers: dict[int, float] = {}  # id(task) -> last write time
+        self._mutex = threading.Lock()
+        self._writers: dict[tuple[int, int], float] = {}  # (thread, task) -> last write time
         self._queue: list[Queued] = []
         self._running = False
         self.batches = 0  # transactions committed as groups (for tests and tuning)
@@ -59,23 +66,29 @@ class GroupCommit:
         if self._running or self._queue:
             return True
         now = time.monotonic()
-        task = asyncio.current_task()
-        self._writers[id(task)] = now
-        if len(self._writers) > 1:
-            self._writers = {k: t for k, t in self._writers.items() if now - t < _WINDOW}
-        return len(self._writers) > 1
+        writer = (threading.get_ident(), id(asyncio.current_task()))
+        with self._mutex:
+            self._writers[writer] = now
+            if len(self._writers) > 1:
+                self._writers = {k: t for k, t in self._writers.items() if now - t < _WINDOW}
+            return len(self._writers) > 1
 
     async def submit(self, fn: Callable[[Any], T]) -> T:
         """Queue a write for the next group transaction and wait for its outcome."""
         item = Queued(fn, asyncio.get_running_loop().create_future())
-        self._queue.append(item)
-        if not self._running:
-            self._start()
+        with self._mutex:
+            self._queue.append(item)
+            batch = self._take()
+        if batch:
+            self._start(batch)
         try:
             await asyncio.shield(item.done)
         except asyncio.CancelledError:
-            if item in self._queue:  # not started: it never will be
-                self._queue.remove(item)
+            with self._mutex:
+                queued = item in self._queue
+                if queued:  # not started: it never will be
+                    self._queue.remove(item)
+            if queued:
                 raise
             await asyncio.wait([item.done])  # started: the caller learns once it has ended
             raise
@@ -84,22 +97,32 @@ class GroupCommit:
         result: T = item.result
         return result
 
-    def _start(self) -> None:
+    def _take(self) -> list[Queued]:
+        """The next batch, if none is running (the caller holds the mutex)."""
+        if self._running or not self._queue:
+            return []
         batch, self._queue = self._queue, []
         self._running = True
-        loop = asyncio.get_running_loop()
+        return batch
+
+    def _start(self, batch: list[Queued]) -> None:
         future = self._worker.submit(lambda: self._commit(batch))
-
-        def finished(_: object) -> None:
-            loop.call_soon_threadsafe(self._finish, batch)
-
-        future.add_done_callback(finished)
+        # Runs on the worker thread once the batch is done (or here, if it already is).
+        future.add_done_callback(lambda _: self._finish(batch))
 
     def _finish(self, batch: list[Queued]) -> None:
-        self._running = False
-        self.batches += 1
         for item in batch:
-            if not item.done.done():
-                item.done.set_result(None)
-        if self._queue:
-            self._start()
+            loop = item.done.get_loop()
+            with contextlib.suppress(RuntimeError):  # its loop closed: nobody waits
+                loop.call_soon_threadsafe(_wake, item.done)
+        with self._mutex:
+            self._running = False
+            self.batches += 1
+            following = self._take()
+        if following:
+            self._start(following)
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
