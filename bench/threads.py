@@ -27,11 +27,13 @@ threads of the process, ``getrusage``).
 The hand-off's own cost, measured in the same process: the round trip of ``hand_off``
 for a coroutine that does nothing, from a foreign loop to the background loop (one
 thread calling, and ``WRITERS`` at once); and what a cheap store call costs more from a
-foreign thread than on the home loop (`Probe`: ``get_session`` on the memory store,
-sequential calls, the two sides alternating). A probe also runs after every round of
-appends, under the same load as the round. The bound: per append, time(threads) <=
-time(tasks) + the added cost of one store call from a foreign thread (the probes of
-the same rounds), where time is a round's wall time over its appends.
+foreign thread than on the home loop (`Probe`: ``get_session``, sequential calls, the
+two sides alternating): on the memory store, which runs every call on its caller's loop
+(nothing added), and, after every round of appends under the same load, on the store
+measured (PostgreSQL and Redis hand calls from other loops to the background loop). The
+bound: per append, time(threads) <= time(tasks) + the added cost of one call of that
+store from a foreign thread (the probes of the same rounds), where time is a round's
+wall time over its appends.
 
 SQLite runs with ``durability=power`` and ``process`` in a temporary folder; PostgreSQL
 (``STATEKEEPER_BENCH_POSTGRES_URL``, a throw-away schema) and Redis
@@ -185,10 +187,11 @@ def switches() -> int:
     return usage.ru_nvcsw + usage.ru_nivcsw
 
 
-async def appends(store: Store, probe: Probe) -> dict[str, dict[str, list[float]]]:
+async def appends(store: Store) -> dict[str, dict[str, list[float]]]:
     """Both layouts, the sides taking turns: appends/s per round and side, the process's
-    context switches per append (``<side> cs``), and the added cost of a store call from
-    a foreign thread measured after each round (``bound``)."""
+    context switches per append (``<side> cs``), and the added cost of a call of this
+    store from a foreign thread measured after each round (``bound``)."""
+    probe = await Probe.open(store)
     numbers = Numbers()
     results: dict[str, dict[str, list[float]]] = {}
     for layout, per_side in (("own", WRITERS), ("shared", 1)):
@@ -222,8 +225,9 @@ async def _nothing() -> None:
 
 
 class Probe:
-    """What one ``get_session`` on a memory store costs more from a foreign thread (its
-    own loop) than on the store's home loop: ``PROBE_CALLS`` sequential calls each way,
+    """What one ``get_session`` costs more from a foreign thread (its own loop) than on
+    the store's home loop (nothing for a store that runs on the caller's loop; the
+    hand-off for PostgreSQL and Redis): ``PROBE_CALLS`` sequential calls each way,
     the order alternating from one sample to the next. Taken after every round of
     appends, so that the bound each round is checked against was measured under the
     same load as the round."""
@@ -320,31 +324,31 @@ async def reachable(url: str, default_port: int) -> str | None:
     return None
 
 
-async def on_sqlite(probe: Probe, folder: Path, durability: str) -> dict[str, Any]:
+async def on_sqlite(folder: Path, durability: str) -> dict[str, Any]:
     path = folder / f"threads-{durability}.db"
     async with open_store(f"sqlite:///{path}", durability=durability) as store:
-        return await appends(store, probe)
+        return await appends(store)
 
 
-async def on_postgres(probe: Probe) -> dict[str, Any]:
+async def on_postgres() -> dict[str, Any]:
     import psycopg
 
     schema = f"skbench_{uuid.uuid4().hex[:12]}"
     try:
         async with open_store(POSTGRES_URL, schema=schema) as store:
-            return await appends(store, probe)
+            return await appends(store)
     finally:
         async with await psycopg.AsyncConnection.connect(POSTGRES_URL, autocommit=True) as conn:
             await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'.encode())
 
 
-async def on_redis(probe: Probe) -> dict[str, Any]:
+async def on_redis() -> dict[str, Any]:
     from redis.asyncio import Redis
 
     prefix = f"skbench{uuid.uuid4().hex[:10]}"
     try:
         async with open_store(REDIS_URL, prefix=prefix) as store:
-            return await appends(store, probe)
+            return await appends(store)
     finally:
         client = Redis.from_url(REDIS_URL)
         async for key in client.scan_iter(match=f"{prefix}/*", count=1000):
@@ -360,7 +364,7 @@ async def run() -> dict[str, Any]:
         results: dict[str, Any] = {"handoff": await handoff_cost(probe), "backends": backends}
         with tempfile.TemporaryDirectory(prefix="statekeeper-bench-") as folder:
             for durability in ("power", "process"):
-                backends[f"sqlite {durability}"] = await on_sqlite(probe, Path(folder), durability)
+                backends[f"sqlite {durability}"] = await on_sqlite(Path(folder), durability)
         for name, url, port, measure in (
             ("postgres", POSTGRES_URL, 5432, on_postgres),
             ("redis", REDIS_URL, 6379, on_redis),
@@ -370,7 +374,7 @@ async def run() -> dict[str, Any]:
                 print(f"{name} skipped: {reason}")
                 backends[name] = None
                 continue
-            backends[name] = await measure(probe)
+            backends[name] = await measure()
     return results
 
 
@@ -387,7 +391,7 @@ def report(results: dict[str, Any]) -> list[str]:
         (f"bare hand_off from {WRITERS} threads at once", cost["together"]),
         ("memory get_session on the home loop", cost["home"]),
         ("memory get_session from a foreign thread", cost["foreign"]),
-        ("added per store call (foreign - home)", cost["added"]),
+        ("added per memory call (runs on the caller's loop)", cost["added"]),
     ]
     print(f"hand-off, us per call, {CALL_ROUNDS} rounds: median [min-max]")
     for name, values in rows:
