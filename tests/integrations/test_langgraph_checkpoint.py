@@ -250,8 +250,8 @@ async def test_tenants_do_not_see_each_others_threads(store: Store) -> None:
     assert [t async for t in bob.alist(None)] == []
 
 
-def test_a_saver_needs_a_loop_or_from_url(tmp_path: Path) -> None:
-
+def test_a_saver_needs_a_store(tmp_path: Path) -> None:
+    # Made outside a running loop is fine (test_from_url.py); an unopened store is not.
     with pytest.raises(InvalidInputError, match="from_url"):
         StatekeeperSaver(open_store(f"sqlite:///{tmp_path / 'x.db'}"))  # type: ignore[arg-type]
 

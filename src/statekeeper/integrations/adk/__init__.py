@@ -10,6 +10,7 @@ try:
 except ImportError:  # pragma: no cover - depends on the environment
     raise MissingExtraError("statekeeper.integrations.adk", "adk") from None
 
+from statekeeper.integrations._owned import AdapterClosedError
 from statekeeper.integrations.adk._codec import (
     AdkSessionExistsError,
     AdkSessionNotFoundError,
@@ -18,6 +19,7 @@ from statekeeper.integrations.adk._codec import (
 from statekeeper.integrations.adk.service import StatekeeperSessionService
 
 __all__ = [
+    "AdapterClosedError",
     "AdkSessionExistsError",
     "AdkSessionNotFoundError",
     "AdkStaleSessionError",

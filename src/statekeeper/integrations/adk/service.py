@@ -13,6 +13,10 @@ The mapping (docs/integrations/adk.md has the long form):
 - session-scoped state is the session record's ``state``; app and user state are
   versioned records of the tenant (namespace ``adk.state``); ``temp:`` keys are never
   stored.
+
+A store passed in stays the caller's; one opened by ``from_url`` is the service's, which
+``close()`` / ``aclose()`` / ``async with`` / ``with`` close (see
+`statekeeper.integrations._owned`). One service object serves any thread and loop.
 """
 
 from __future__ import annotations
@@ -21,8 +25,8 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, Self
 
 from google.adk.events import Event
@@ -38,6 +42,7 @@ from statekeeper.errors import (
     StatekeeperError,
 )
 from statekeeper.ids import validate_id
+from statekeeper.integrations._owned import AdapterStore, StoreLifecycle, on_store
 from statekeeper.integrations.adk._codec import (
     APP_KEY,
     EVENT_KIND,
@@ -56,7 +61,7 @@ from statekeeper.integrations.adk._codec import (
     split_delta,
 )
 from statekeeper.integrations.adk._shared import SharedState, Undo
-from statekeeper.stores import Store, open_store
+from statekeeper.stores import Store
 from statekeeper.stores.base import EntryDraft, SessionPatch, SessionQuery, SessionRecord
 
 __all__ = ["StatekeeperSessionService"]
@@ -76,39 +81,62 @@ def _marker_version(marker: str | None) -> int | None:
     return None
 
 
-class StatekeeperSessionService(BaseSessionService):
+class StatekeeperSessionService(StoreLifecycle, BaseSessionService):
     """ADK sessions, events and state in a statekeeper store, for one tenant.
 
     ``StatekeeperSessionService(store, tenant="acme")`` serves every ADK app and user of
-    tenant ``acme``; ``async with StatekeeperSessionService.from_url(url) as service``
-    also opens (and closes) the store. The store stays the caller's otherwise.
+    tenant ``acme`` and leaves the store the caller's.
+    ``StatekeeperSessionService.from_url(url)`` opens a store of its own, which `close`,
+    `aclose`, ``async with`` and ``with`` close. Inside a running loop ``close()`` does
+    not block, and ``await service.close()`` (ADK's style) waits for it.
     """
 
     def __init__(self, store: Store, *, tenant: str = "adk") -> None:
-        self._store = store
         self._tenant = validate_id(tenant, "tenant")
-        self._shared = SharedState(store, self._tenant)
-        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+        self._stores = AdapterStore.given(store, "StatekeeperSessionService")
+        self._setup()
 
     @classmethod
-    @asynccontextmanager
-    async def from_url(cls, url: str, *, tenant: str = "adk") -> AsyncIterator[Self]:
-        """Open the store at ``url``, serve it, and close it on the way out."""
-        async with open_store(url) as store:
-            yield cls(store, tenant=tenant)
+    def from_url(cls, url: str, *, tenant: str = "adk", **options: Any) -> Self:
+        """A service over a store of its own, opened from ``url`` (``options`` go to
+        `open_store`), which `close` closes (as leaving ``async with`` or ``with`` does).
+
+        A plain constructor, in synchronous code and inside a running event loop, which it
+        does not block: the store opens on statekeeper's background loop, where the
+        service's calls run. ``async with`` (or ``with`` in synchronous code) waits for
+        the open, so a store that cannot open fails there; otherwise the first call
+        raises it.
+        """
+        service = cls.__new__(cls)
+        service._tenant = validate_id(tenant, "tenant")
+        service._stores = AdapterStore.open(url, options, "StatekeeperSessionService")
+        service._setup()
+        return service
+
+    def _setup(self) -> None:
+        self._shared_state: SharedState | None = None
+        # (loop, session key) -> the lock serialising appends, with its number of users.
+        self._locks: dict[tuple[asyncio.AbstractEventLoop, str], tuple[asyncio.Lock, int]] = {}
 
     @property
     def store(self) -> Store:
-        """The store sessions live in."""
-        return self._store
+        """The store sessions live in (one opened by `from_url` is waited for if it is
+        still opening)."""
+        return self._stores.store()
 
     @property
-    def tenant(self) -> str:
-        """The statekeeper tenant every ADK app and user of this service lives in."""
-        return self._tenant
+    def _store(self) -> Store:
+        return self._stores.store()
+
+    @property
+    def _shared(self) -> SharedState:
+        if self._shared_state is None:
+            self._shared_state = SharedState(self._store, self._tenant)
+        return self._shared_state
 
     # -- sessions -------------------------------------------------------------------------
 
+    @on_store
     async def create_session(
         self,
         *,
@@ -149,6 +177,7 @@ class StatekeeperSessionService(BaseSessionService):
             raise
         return await self._to_session(created, [])
 
+    @on_store
     async def get_session(
         self,
         *,
@@ -163,6 +192,7 @@ class StatekeeperSessionService(BaseSessionService):
             return None
         return await self._to_session(record, await self._events(record, config))
 
+    @on_store
     async def list_sessions(
         self, *, app_name: str, user_id: str | None = None
     ) -> ListSessionsResponse:
@@ -193,6 +223,7 @@ class StatekeeperSessionService(BaseSessionService):
         sessions.sort(key=lambda s: (s.last_update_time, s.user_id, s.id))
         return ListSessionsResponse(sessions=sessions)
 
+    @on_store
     async def delete_session(self, *, app_name: str, user_id: str, session_id: str) -> None:
         """Delete the session and its events (no error if it does not exist). App and
         user state stay, as in ADK's services."""
@@ -204,12 +235,14 @@ class StatekeeperSessionService(BaseSessionService):
         except NotFoundError:
             return  # deleted meanwhile: the outcome asked for
 
+    @on_store
     async def get_user_state(self, *, app_name: str, user_id: str) -> dict[str, Any]:
         """The user's state in the app, keys without ``user:``."""
         return await self._shared.user(app_name, user_id)
 
     # -- events ---------------------------------------------------------------------------
 
+    @on_store
     async def append_event(self, session: Session, event: Event) -> Event:
         """Store ``event`` and apply its state delta; partial events are not stored.
 
@@ -271,9 +304,12 @@ class StatekeeperSessionService(BaseSessionService):
     # -- helpers --------------------------------------------------------------------------
 
     @contextmanager
-    def _counted_lock(self, key: str) -> Iterator[asyncio.Lock]:
+    def _counted_lock(self, session_key: str) -> Iterator[asyncio.Lock]:
         """The lock that serialises this process's appends to one session (the parallel
-        branches of one ADK invocation share a session object), dropped when unused."""
+        branches of one ADK invocation share a session object), dropped when unused.
+        One per event loop (an asyncio lock serves one): the branches of an invocation
+        run on one loop, and appends from other loops are checked by the store."""
+        key = (asyncio.get_running_loop(), session_key)
         lock, users = self._locks.get(key, (asyncio.Lock(), 0))
         self._locks[key] = (lock, users + 1)
         try:

@@ -5,7 +5,8 @@
 (docs/integrations/langgraph.md).
 """
 
+from statekeeper.integrations._owned import AdapterClosedError
 from statekeeper.integrations.langgraph.checkpoint import PickleRefusedError, StatekeeperSaver
 from statekeeper.integrations.langgraph.store import StatekeeperStore
 
-__all__ = ["PickleRefusedError", "StatekeeperSaver", "StatekeeperStore"]
+__all__ = ["AdapterClosedError", "PickleRefusedError", "StatekeeperSaver", "StatekeeperStore"]

@@ -4,10 +4,11 @@
         graph = builder.compile(checkpointer=StatekeeperSaver(store))
         await graph.ainvoke(inputs, {"configurable": {"thread_id": "t1"}})
 
-or, from synchronous code, ``with StatekeeperSaver.from_url("sqlite:///state.db") as saver``.
-Lists that grow by appending (``MessagesState``'s messages) are stored as deltas: a
-step writes only the messages it added, once. Values are JSON (LangChain messages as their
-fields), or LangGraph's msgpack bytes in base64; pickle is refused. See
+or ``with StatekeeperSaver.from_url("sqlite:///state.db") as saver`` (sync or async code;
+the saver opens the store and closes it). Lists that grow by appending
+(``MessagesState``'s messages) are stored as deltas: a step writes only the messages it
+added, once. Values are JSON (LangChain messages as their fields), or LangGraph's
+msgpack bytes in base64; pickle is refused. See
 docs/integrations/langgraph-checkpointer.md.
 """
 
@@ -15,10 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import random
-import threading
-from collections.abc import AsyncIterator, Collection, Coroutine, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Callable, Collection, Coroutine, Iterator, Sequence
+from typing import Any, Self, TypeVar
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -30,26 +29,48 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
-from statekeeper.errors import InvalidInputError, StatekeeperError
+from statekeeper.errors import StatekeeperError
 from statekeeper.ids import validate_id
+from statekeeper.integrations._owned import AdapterStore, StoreLifecycle
 from statekeeper.integrations.langgraph import _prune, _reads
 from statekeeper.integrations.langgraph._ops import CheckpointLog
 from statekeeper.integrations.langgraph._values import PickleRefusedError, ValueCodec
-from statekeeper.stores import Store, open_store
+from statekeeper.loops import background_loop, hand_off
+from statekeeper.stores import Store
 
 __all__ = ["PickleRefusedError", "StatekeeperSaver"]
 
 T = TypeVar("T")
+Op = Callable[[CheckpointLog], Coroutine[Any, Any, T]]
 
 
-class StatekeeperSaver(BaseCheckpointSaver[str]):
+class _LogCell:
+    """The checkpoint log of a saver and its clones (`with_allowlist`), made once."""
+
+    def __init__(self, log: CheckpointLog | None) -> None:
+        self.log = log
+
+
+def _running() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+class StatekeeperSaver(StoreLifecycle, BaseCheckpointSaver[str]):
     """A LangGraph checkpointer (sync and async) over a statekeeper `Store`.
 
-    Make it inside the event loop the store was opened on; its async methods run there,
-    and its sync methods may be called from any other thread (not from that loop's own
-    thread, which they would block: use the async methods there). ``tenant`` scopes
-    every thread it reads or writes. ``serde`` must not fall back to pickle
-    (`PickleRefusedError`).
+    A saver runs its calls on one event loop, its *loop*: the loop it was made in, or
+    ``loop=``, or statekeeper's background loop (when made outside a running loop, and
+    always for a store it opened itself with `from_url`). Calls from other threads and
+    loops are handed to it; once it has closed or stopped running, the saver moves to
+    the background loop for good. Its sync methods may be called from any thread but its
+    loop's own (which they would block: use the async methods there).
+
+    ``tenant`` scopes every thread it reads or writes. ``serde`` must not fall back to
+    pickle (`PickleRefusedError`). A store passed in stays the caller's; one opened by
+    `from_url` is the saver's (`close`, `aclose`, ``with``, ``async with``).
     """
 
     def __init__(
@@ -62,80 +83,116 @@ class StatekeeperSaver(BaseCheckpointSaver[str]):
     ) -> None:
         super().__init__(serde=serde)
         validate_id(tenant, "tenant")
-        if loop is None:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:
-                raise InvalidInputError(
-                    "StatekeeperSaver(store) must be made inside the event loop that opened "
-                    "the store; from synchronous code use StatekeeperSaver.from_url(url)"
-                ) from None
-        self.store = store
+        codec = ValueCodec(self.serde)
+        stores = AdapterStore.given(store, "StatekeeperSaver")
+        loop = loop or _running() or background_loop()
+        self._setup(tenant, stores, loop, codec, CheckpointLog(store, tenant, codec))
+
+    def _setup(
+        self,
+        tenant: str,
+        stores: AdapterStore,
+        loop: asyncio.AbstractEventLoop,
+        codec: ValueCodec,
+        log: CheckpointLog | None,
+    ) -> None:
         self.tenant = tenant
+        self._stores = stores
         self._loop = loop
-        self._log = CheckpointLog(store, tenant, ValueCodec(self.serde))
+        self._codec = codec
+        self._cell = _LogCell(log)
+        self._log = log
 
     # -- making one ----------------------------------------------------------------------
 
     @classmethod
-    @asynccontextmanager
-    async def afrom_url(
-        cls, url: str, *, tenant: str = "default", serde: SerializerProtocol | None = None
-    ) -> AsyncIterator[StatekeeperSaver]:
-        """Open the store at ``url`` on the running loop; close it on the way out."""
-        async with open_store(url) as store:
-            yield cls(store, tenant=tenant, serde=serde)
+    def from_url(
+        cls,
+        url: str,
+        *,
+        tenant: str = "default",
+        serde: SerializerProtocol | None = None,
+        **options: Any,
+    ) -> Self:
+        """A saver over a store of its own, opened from ``url`` (``options`` go to
+        `open_store`), which `close` closes (as leaving ``with`` or ``async with`` does).
+
+        Usable in synchronous code and inside a running event loop, which it does not
+        block: the store opens on statekeeper's background loop, where the saver's calls
+        run. Entering ``with`` in synchronous code (or ``async with``) waits for the open,
+        so a store that cannot open fails there; otherwise the first call raises it.
+        """
+        saver = cls.__new__(cls)
+        BaseCheckpointSaver.__init__(saver, serde=serde)
+        validate_id(tenant, "tenant")
+        codec = ValueCodec(saver.serde)
+        stores = AdapterStore.open(url, options, "StatekeeperSaver")
+        saver._setup(tenant, stores, background_loop(), codec, None)
+        return saver
 
     @classmethod
-    @contextmanager
-    def from_url(
-        cls, url: str, *, tenant: str = "default", serde: SerializerProtocol | None = None
-    ) -> Iterator[StatekeeperSaver]:
-        """For synchronous code: the store runs on a private event loop thread."""
-        loop = asyncio.new_event_loop()
-        thread = threading.Thread(target=loop.run_forever, name="statekeeper-lg", daemon=True)
-        thread.start()
+    def afrom_url(
+        cls,
+        url: str,
+        *,
+        tenant: str = "default",
+        serde: SerializerProtocol | None = None,
+        **options: Any,
+    ) -> Self:
+        """`from_url` under the name LangGraph's async savers use:
+        ``async with StatekeeperSaver.afrom_url(url) as saver``."""
+        return cls.from_url(url, tenant=tenant, serde=serde, **options)
 
-        async def opened() -> Store:
-            return await open_store(url)
+    @property
+    def store(self) -> Store:
+        """The statekeeper store checkpoints live in."""
+        return self._stores.store()
 
-        try:
-            store = asyncio.run_coroutine_threadsafe(opened(), loop).result()
-            try:
-                yield cls(store, tenant=tenant, serde=serde, loop=loop)
-            finally:
-                asyncio.run_coroutine_threadsafe(store.close(), loop).result()
-        finally:
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join()
-            loop.close()
+    # -- running on the saver's loop -----------------------------------------------------
 
-    # -- running on the store's loop -----------------------------------------------------
+    def _home(self) -> asyncio.AbstractEventLoop:
+        """The saver's loop; the background loop from now on once it stopped or closed
+        (a call handed to a loop that does not run would wait forever)."""
+        loop = self._loop
+        if loop.is_closed() or not loop.is_running():
+            self._loop = loop = background_loop()
+        return loop
 
-    async def _on_loop(self, coro: Coroutine[Any, Any, T]) -> T:
-        if asyncio.get_running_loop() is self._loop:
-            return await coro
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
+    def _the_log(self) -> CheckpointLog:
+        # On the saver's loop, in a call: an owned store has opened by now.
+        if self._log is None:
+            if self._cell.log is None:
+                self._cell.log = CheckpointLog(self._stores.store(), self.tenant, self._codec)
+            log = self._cell.log
+            self._log = log if log.codec is self._codec else log.with_codec(self._codec)
+        return self._log
 
-    def _block(self, coro: Coroutine[Any, Any, T]) -> T:
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is self._loop:
-            coro.close()
+    async def _call(self, op: Op[T]) -> T:
+        return await self._stores.call(lambda: op(self._the_log()))
+
+    async def _on_loop(self, op: Op[T]) -> T:
+        self._stores.check_open()
+        loop = self._home()
+        if asyncio.get_running_loop() is loop:
+            return await self._call(op)
+        return await hand_off(self._call(op), loop)
+
+    def _block(self, op: Op[T]) -> T:
+        self._stores.check_open()
+        loop = self._home()
+        if _running() is loop:
             raise StatekeeperError(
-                "a sync StatekeeperSaver method was called on the event loop its store runs "
-                "on, which it would block; use the async method (aget_tuple, aput, ...) "
-                "or graph.ainvoke there"
+                "a sync StatekeeperSaver method was called on the event loop it runs its "
+                "calls on, which it would block; use the async method (aget_tuple, aput, "
+                "...) or graph.ainvoke there"
             )
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        return asyncio.run_coroutine_threadsafe(self._call(op), loop).result()
 
     # -- async API -----------------------------------------------------------------------
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """The checkpoint a config names (its latest if it names none), or None."""
-        return await self._on_loop(_reads.get_tuple(self._log, config))
+        return await self._on_loop(lambda log: _reads.get_tuple(log, config))
 
     async def alist(
         self,
@@ -147,7 +204,7 @@ class StatekeeperSaver(BaseCheckpointSaver[str]):
     ) -> AsyncIterator[CheckpointTuple]:
         """Checkpoints newest first, filtered by metadata equality, before a checkpoint."""
         found = await self._on_loop(
-            _reads.list_checkpoints(self._log, config, filter, before, limit)
+            lambda log: _reads.list_checkpoints(log, config, filter, before, limit)
         )
         for build in found:
             yield build()
@@ -160,7 +217,7 @@ class StatekeeperSaver(BaseCheckpointSaver[str]):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         """Store a checkpoint: the values that changed (appended lists as deltas)."""
-        return await self._on_loop(self._log.put(config, checkpoint, metadata, new_versions))
+        return await self._on_loop(lambda log: log.put(config, checkpoint, metadata, new_versions))
 
     async def aput_writes(
         self,
@@ -170,30 +227,30 @@ class StatekeeperSaver(BaseCheckpointSaver[str]):
         task_path: str = "",
     ) -> None:
         """Store a task's pending writes; the first write of a (task, index) wins."""
-        await self._on_loop(self._log.put_writes(config, writes, task_id, task_path))
+        await self._on_loop(lambda log: log.put_writes(config, writes, task_id, task_path))
 
     async def adelete_thread(self, thread_id: str) -> None:
         """Delete a thread's checkpoints and writes in every namespace."""
-        await self._on_loop(_prune.delete_thread(self._log, thread_id))
+        await self._on_loop(lambda log: _prune.delete_thread(log, thread_id))
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete the checkpoints (and their writes) the given runs made."""
-        await self._on_loop(_prune.delete_for_runs(self._log, run_ids))
+        await self._on_loop(lambda log: _prune.delete_for_runs(log, run_ids))
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint and write of a thread to another thread."""
-        await self._on_loop(_prune.copy_thread(self._log, source_thread_id, target_thread_id))
+        await self._on_loop(lambda log: _prune.copy_thread(log, source_thread_id, target_thread_id))
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """``keep_latest``: keep each namespace's latest checkpoint (and the values it
         needs); ``delete``: delete the threads."""
-        await self._on_loop(_prune.prune(self._log, thread_ids, strategy))
+        await self._on_loop(lambda log: _prune.prune(log, thread_ids, strategy))
 
     # -- sync API ------------------------------------------------------------------------
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """Sync `aget_tuple`."""
-        return self._block(_reads.get_tuple(self._log, config))
+        return self._block(lambda log: _reads.get_tuple(log, config))
 
     def list(
         self,
@@ -204,7 +261,7 @@ class StatekeeperSaver(BaseCheckpointSaver[str]):
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
         """Sync `alist`."""
-        found = self._block(_reads.list_checkpoints(self._log, config, filter, before, limit))
+        found = self._block(lambda log: _reads.list_checkpoints(log, config, filter, before, limit))
         return (build() for build in found)
 
     def put(
@@ -215,7 +272,7 @@ class StatekeeperSaver(BaseCheckpointSaver[str]):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         """Sync `aput`."""
-        return self._block(self._log.put(config, checkpoint, metadata, new_versions))
+        return self._block(lambda log: log.put(config, checkpoint, metadata, new_versions))
 
     def put_writes(
         self,
@@ -225,31 +282,33 @@ class StatekeeperSaver(BaseCheckpointSaver[str]):
         task_path: str = "",
     ) -> None:
         """Sync `aput_writes`."""
-        self._block(self._log.put_writes(config, writes, task_id, task_path))
+        self._block(lambda log: log.put_writes(config, writes, task_id, task_path))
 
     def delete_thread(self, thread_id: str) -> None:
         """Sync `adelete_thread`."""
-        self._block(_prune.delete_thread(self._log, thread_id))
+        self._block(lambda log: _prune.delete_thread(log, thread_id))
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Sync `adelete_for_runs`."""
-        self._block(_prune.delete_for_runs(self._log, run_ids))
+        self._block(lambda log: _prune.delete_for_runs(log, run_ids))
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Sync `acopy_thread`."""
-        self._block(_prune.copy_thread(self._log, source_thread_id, target_thread_id))
+        self._block(lambda log: _prune.copy_thread(log, source_thread_id, target_thread_id))
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Sync `aprune`."""
-        self._block(_prune.prune(self._log, thread_ids, strategy))
+        self._block(lambda log: _prune.prune(log, thread_ids, strategy))
 
     def with_allowlist(self, extra_allowlist: Collection[tuple[str, ...]]) -> StatekeeperSaver:
         """A clone whose serializer allows more msgpack types (LangGraph's strict mode);
-        it shares this saver's store and caches."""
+        it shares this saver's store and caches (and closing either closes a store the
+        saver opened)."""
         clone = super().with_allowlist(extra_allowlist)
         if clone is self or not isinstance(clone, StatekeeperSaver):
             return self
-        clone._log = self._log.with_codec(ValueCodec(clone.serde))
+        clone._codec = ValueCodec(clone.serde)
+        clone._log = None  # made from the shared cell, with the clone's codec
         return clone
 
     def get_next_version(self, current: str | None, channel: None) -> str:

@@ -15,21 +15,34 @@ session log's, so nothing is rewritten:
   growing windows, so the newest N items cost about N entries, not the whole history.
 
 Observable behaviour matches the SDK's ``SQLiteSession`` (ordering, ``limit`` None / 0 /
-negative / above the count, ``session_settings.limit``, pop on empty, isolation by id).
+negative / above the count, ``session_settings.limit``, pop on empty, isolation by id),
+and so do the exception types its callers catch (``TypeError`` for unknown settings and
+items it cannot store, ``RuntimeError`` once closed).
+
+``StatekeeperSession.from_url`` opens a store of its own, which it closes (see
+`statekeeper.integrations._owned`); a store passed in stays the caller's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Self, cast
 
 from agents.memory import SessionABC, SessionSettings
 from agents.memory.session_settings import coerce_session_settings, resolve_session_limit
 
 from statekeeper.core.convert import to_openai_responses
-from statekeeper.errors import ConflictError, InvalidInputError, NotFoundError, StoreCorruptError
+from statekeeper.errors import (
+    ConflictError,
+    InvalidInputError,
+    InvalidPayloadError,
+    NotFoundError,
+    PayloadTooLargeError,
+    StoreCorruptError,
+)
 from statekeeper.ids import validate_id
+from statekeeper.integrations._owned import AdapterStore, StoreLifecycle, on_store
 from statekeeper.integrations.openai_agents._sdk import settled
 from statekeeper.sessions import Session, SessionManager
 from statekeeper.sessions.basics import (
@@ -45,7 +58,7 @@ from statekeeper.stores.base import Entry, EntryKind, SessionPatch, SessionRecor
 if TYPE_CHECKING:
     from agents.items import TResponseInputItem
 
-__all__ = ["StatekeeperSession"]
+__all__ = ["InvalidItemsError", "InvalidSessionSettingsError", "StatekeeperSession"]
 
 _log = logging.getLogger(__name__)
 _SLACK = 16
@@ -59,14 +72,32 @@ class _NeedsBranch(Exception):
     """The branch holds statekeeper messages: read it whole, with conversion."""
 
 
-class StatekeeperSession(SessionABC):
+class InvalidSessionSettingsError(InvalidInputError, TypeError):
+    """``session_settings`` the SDK's ``SessionSettings`` refuses (not a dict or
+    ``SessionSettings``, an unknown field, a bad value). Also a ``TypeError``, which is
+    what ``SQLiteSession`` raises for these (and a ``ValueError``, as every
+    `InvalidInputError` is)."""
+
+
+class InvalidItemsError(InvalidPayloadError, TypeError):
+    """Items ``add_items`` cannot store (not a list of JSON objects). Also a
+    ``TypeError``, which is what ``SQLiteSession`` raises for an item ``json.dumps``
+    refuses."""
+
+
+class StatekeeperSession(StoreLifecycle, SessionABC):
     """The SDK's ``Session`` (``get_items`` / ``add_items`` / ``pop_item`` /
     ``clear_session``) over a statekeeper store, tenant-scoped.
 
     The statekeeper session is created on the first ``add_items`` (with metadata
-    ``{"integration": "openai-agents"}``); reading an absent one gives ``[]``. The store
-    is the caller's to close. Bad ids raise `InvalidIdError`, bad items
-    `InvalidPayloadError`, a bad limit `InvalidInputError`; a failed call stores nothing.
+    ``{"integration": "openai-agents"}``); reading an absent one gives ``[]``. A store
+    passed in is the caller's to close; one opened by `from_url` is the session's
+    (`close`, `aclose`, ``with``, ``async with``): ``close()`` is synchronous, as
+    ``SQLiteSession.close()``, and later calls raise `AdapterClosedError` (a
+    ``RuntimeError``, as ``SQLiteSession``'s). Bad ids raise `InvalidIdError`, bad
+    items `InvalidItemsError`, bad settings `InvalidSessionSettingsError`, a bad limit
+    `InvalidInputError`; a failed call stores nothing. One session object may be used
+    from any thread and event loop.
     """
 
     def __init__(
@@ -78,13 +109,45 @@ class StatekeeperSession(SessionABC):
         session_settings: SessionSettings | dict[str, Any] | None = None,
         agent_id: str | None = None,
     ) -> None:
+        self._setup(session_id, tenant, session_settings, agent_id)
+        self._stores = AdapterStore.given(store, "StatekeeperSession")
+
+    @classmethod
+    def from_url(
+        cls,
+        session_id: str,
+        url: str,
+        *,
+        tenant: str = "default",
+        session_settings: SessionSettings | dict[str, Any] | None = None,
+        agent_id: str | None = None,
+        **options: Any,
+    ) -> Self:
+        """A session over a store of its own, opened from ``url`` (``options`` go to
+        `open_store`), which `close` closes.
+
+        Usable in synchronous code and inside a running event loop, which it does not
+        block: the store opens on statekeeper's background loop, and a failure to open
+        it (a bad option, a server that does not answer) is raised by the first call.
+        """
+        session = cls.__new__(cls)
+        session._setup(session_id, tenant, session_settings, agent_id)
+        session._stores = AdapterStore.open(url, options, "StatekeeperSession")
+        return session
+
+    def _setup(
+        self,
+        session_id: str,
+        tenant: str,
+        session_settings: SessionSettings | dict[str, Any] | None,
+        agent_id: str | None,
+    ) -> None:
         self.session_id = validate_id(session_id, "session id")
-        if not isinstance(store, Store):
-            raise InvalidInputError(
-                f"store must be a statekeeper store (open one with open_store), "
-                f"got {type(store).__name__}"
-            )
-        self.manager = SessionManager(store, tenant, agent_id=agent_id)
+        # Checks tenant and agent id as the manager will (no I/O); it is made once the
+        # store is known, which for an owned store is after it opened.
+        SessionManager(cast(Store, None), tenant, agent_id=agent_id)
+        self._tenant, self._agent_id = tenant, agent_id
+        self._manager: SessionManager | None = None
         try:
             self.session_settings = (
                 coerce_session_settings(session_settings)
@@ -92,7 +155,7 @@ class StatekeeperSession(SessionABC):
                 else SessionSettings()
             )
         except (TypeError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
-            raise InvalidInputError(
+            raise InvalidSessionSettingsError(
                 f"session_settings must be SessionSettings or a dict like {{'limit': 20}}: {exc}"
             ) from None
         self.corrupt: list[Entry] = []
@@ -104,15 +167,24 @@ class StatekeeperSession(SessionABC):
     @property
     def tenant(self) -> str:
         """The tenant every read and write is scoped to."""
-        return self.manager.tenant
+        return self._tenant
 
     @property
     def store(self) -> Store:
-        """The statekeeper store the items live in."""
-        return self.manager.store
+        """The statekeeper store the items live in (one opened by `from_url` is waited
+        for if it is still opening)."""
+        return self._stores.store()
+
+    @property
+    def manager(self) -> SessionManager:
+        """The statekeeper `SessionManager` of the tenant, over `store`."""
+        if self._manager is None:
+            self._manager = SessionManager(self.store, self._tenant, agent_id=self._agent_id)
+        return self._manager
 
     # -- the SDK's Session -----------------------------------------------------------------
 
+    @on_store
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
         """The latest ``limit`` items in order (``None``: ``session_settings.limit``, and
         all when that is ``None`` too; ``0``: none; negative: all, as ``SQLiteSession``)."""
@@ -128,31 +200,42 @@ class StatekeeperSession(SessionABC):
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
         """Append ``items`` as one atomic batch (an empty list stores nothing)."""
-        drafts = verbatim_drafts(cast("list[dict[str, Any]]", items), "add_items")
+        self._stores.check_open()  # before the empty list's shortcut, as SQLiteSession
+        try:
+            drafts = verbatim_drafts(cast("list[dict[str, Any]]", items), "add_items")
+        except PayloadTooLargeError:
+            raise
+        except InvalidInputError as exc:  # not a list of JSON objects
+            raise InvalidItemsError(str(exc)) from None
         if drafts:
-            await settled(self._append(drafts))
+            await settled(self._stores.call(lambda: self._append(drafts)))
 
     async def pop_item(self) -> TResponseInputItem | None:
         """Remove the most recent item and return it; ``None`` when there is none."""
-        return cast("TResponseInputItem | None", await settled(self._pop()))
+        return cast("TResponseInputItem | None", await settled(self._stores.call(self._pop)))
 
     async def clear_session(self) -> None:
         """Empty the session (its entries stay stored; `delete` erases them)."""
-        await settled(self._clear())
+        await settled(self._stores.call(self._clear))
 
     # -- statekeeper extras ----------------------------------------------------------------
 
+    @on_store
     async def delete(self) -> None:
         """Erase the session and every entry it stored (no error if there is none)."""
         with contextlib.suppress(NotFoundError):
             await self.manager.delete(self.session_id)
 
+    @on_store
     async def statekeeper_session(self) -> Session:
         """The statekeeper `Session` behind this one (created if absent), for forks,
         export, entries and the other statekeeper features."""
-        return await self.manager.get_or_create(self.session_id, metadata=dict(METADATA))
+        return await self._statekeeper_session()
 
     # -- internals -------------------------------------------------------------------------
+
+    async def _statekeeper_session(self) -> Session:
+        return await self.manager.get_or_create(self.session_id, metadata=dict(METADATA))
 
     async def _record(self) -> SessionRecord | None:
         try:
@@ -167,7 +250,7 @@ class StatekeeperSession(SessionABC):
             # concurrent writers serialise (as rows of one SQLite table would).
             await store.append_entries(tenant, self.session_id, drafts)
         except NotFoundError:
-            await self.statekeeper_session()
+            await self._statekeeper_session()
             await store.append_entries(tenant, self.session_id, drafts)
 
     async def _pop(self) -> dict[str, Any] | None:
