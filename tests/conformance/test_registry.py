@@ -20,6 +20,7 @@ from statekeeper.testing import (
     PROCESSES,
     REWRITE,
     SHARED,
+    THREADS,
     BackendContext,
     backend,
     needs,
@@ -114,12 +115,13 @@ def test_a_backend_declares_only_known_capabilities() -> None:
 
 
 def test_builtin_capabilities() -> None:
-    assert BACKENDS["memory"].capabilities == {REWRITE}
-    assert not BACKENDS["memory-sealed"].capabilities
+    assert BACKENDS["memory"].capabilities == {REWRITE, THREADS}
+    assert BACKENDS["memory-sealed"].capabilities == {THREADS}
+    served = {SHARED, PROCESSES, DAMAGE, REWRITE, THREADS}
     for name in (*ALL_BACKENDS[1:], "files", "postgres", "redis"):
-        assert BACKENDS[name].capabilities == {SHARED, PROCESSES, DAMAGE, REWRITE}, name
+        assert BACKENDS[name].capabilities == served, name
         sealed = BACKENDS.get(f"{name}-sealed")
-        assert sealed is None or sealed.capabilities == {SHARED, PROCESSES, DAMAGE}, name
+        assert sealed is None or sealed.capabilities == served - {REWRITE}, name
     assert all(b.has(BASE) for b in BACKENDS.values())
 
 

@@ -16,38 +16,24 @@ batches landed, whole or not, and whether two were interleaved.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
+import logging
 import random
 import threading
 import time
 import traceback
 from collections import Counter
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any, TypeVar
 
 from statekeeper.stores import Store
 from statekeeper.stores.base import AppendResult, Entry, EntryDraft, SessionPatch, SessionRecord
 
 from .support import TENANT
-
-__all__ = [
-    "CALL_LIMIT",
-    "OWN_LOOP",
-    "PER_CALL",
-    "WAIT_LIMIT",
-    "Batch",
-    "Caller",
-    "Ledger",
-    "abandon_in_closed_loop",
-    "abandon_in_exited_thread",
-    "append",
-    "append_abandoned_by_asyncio_run",
-    "append_cancelled",
-    "append_with_timeout",
-    "run_callers",
-    "verify",
-]
 
 T = TypeVar("T")
 
@@ -66,11 +52,28 @@ PER_CALL = "asyncio-run"
 
 
 def _quiet(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-    """The exception handler of loops closed with an append pending on purpose: their
-    task is reported as "destroyed but pending" when collected, which is the point."""
-    if str(context.get("message", "")).startswith("Task was destroyed but it is pending"):
+    """The exception handler of the callers' loops: what asyncio reports, logged without
+    a traceback (formatting one parses source with `ast` on Python 3.11, which crashes
+    pytest when it formats a failure at the same time in the main thread:
+    "AST constructor recursion depth mismatch"). A task "destroyed but pending" is not
+    reported: the loops closed with an append pending make them on purpose."""
+    message = str(context.get("message", ""))
+    if message.startswith("Task was destroyed but it is pending"):
         return
-    loop.default_exception_handler(context)
+    logging.getLogger("asyncio").error("%s: %r", message, context.get("exception"))
+
+
+async def _quietly(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """``await make()`` on a loop of ``asyncio.run``, with `_quiet` as its handler."""
+    asyncio.get_running_loop().set_exception_handler(_quiet)
+    return await make()
+
+
+def new_loop() -> asyncio.AbstractEventLoop:
+    """A new event loop for a caller (with `_quiet` as its exception handler)."""
+    loop = asyncio.new_event_loop()
+    loop.set_exception_handler(_quiet)
+    return loop
 
 
 @dataclass(eq=False)
@@ -134,9 +137,15 @@ class Ledger:
             self.problems.append(text)
 
     def failed(self, who: str, what: str, exc: BaseException) -> None:
-        """An exception a caller did not expect, with the end of its traceback."""
-        frames = traceback.format_exception(exc, limit=-4)
-        self.problem(f"{who}, {what}: {''.join(frames).strip()}")
+        """An exception a caller did not expect, with where it was raised.
+
+        Formatted by hand: `traceback.format_exception` parses source lines with `ast`
+        on Python 3.11, which is not safe while another thread does too (pytest, in the
+        main thread, formatting a failure): "AST constructor recursion depth mismatch".
+        """
+        frames = traceback.extract_tb(exc.__traceback__)[-4:]
+        where = " < ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in frames[::-1])
+        self.problem(f"{who}, {what}: {type(exc).__name__}: {exc} (at {where})")
 
     def timed(self, who: str, what: str, seconds: float) -> None:
         with self._lock:
@@ -155,6 +164,14 @@ class Ledger:
             f"{', '.join(f'{n} {h}' for h, n in sorted(hows.items()))}), {self.calls} calls, "
             f"the longest {self.longest:.2f} s"
         )
+
+    def never_ended(self, text: str) -> None:
+        with self._lock:
+            self.stuck.append(text)
+
+    def leave_open(self, loop: asyncio.AbstractEventLoop) -> None:
+        with self._lock:
+            self.leftovers.append(loop)
 
     def close_leftovers(self) -> None:
         """Close the loops that exited threads left open (nothing runs them any more)."""
@@ -190,6 +207,8 @@ class Caller(threading.Thread):
             self.body(self)
         except BaseException as exc:
             self.ledger.failed(self.name, self.doing, exc)
+            if self.loop is not None:  # not left to the garbage collector ("unclosed")
+                self.loop.close()
         finally:
             self._set_doing("done")
 
@@ -201,18 +220,19 @@ class Caller(threading.Thread):
         self._set_doing(what)
         started = time.perf_counter()
         try:
-            return call()
+            result = call()
         finally:
             self.ledger.timed(self.name, what, time.perf_counter() - started)
-            self._set_doing(f"after {what}")
+        self._set_doing(f"after {what}")  # (an error leaves what raised it named)
+        return result
 
     def call(self, what: str, make: Callable[[], Coroutine[Any, Any, T]], mode: str) -> T:
         """Run the coroutine ``make()`` in ``mode``: on this thread's own loop, or in a
         new one (``asyncio.run``)."""
         if mode == PER_CALL:
-            return self.timed(what, lambda: asyncio.run(make()))
+            return self.timed(what, lambda: asyncio.run(_quietly(make)))
         if self.loop is None or self.loop.is_closed():
-            self.loop = asyncio.new_event_loop()
+            self.loop = new_loop()
         loop = self.loop
         return self.timed(what, lambda: loop.run_until_complete(make()))
 
@@ -224,15 +244,21 @@ class Caller(threading.Thread):
 
     def helper(self, what: str, target: Callable[[], None]) -> None:
         """Run ``target`` on a short-lived thread of its own and wait for it to end."""
-        thread = threading.Thread(target=target, name=f"{self.name}-helper", daemon=True)
+
+        def run() -> None:
+            try:
+                target()
+            except BaseException as exc:
+                self.ledger.failed(f"{self.name}-helper", what, exc)
+
+        thread = threading.Thread(target=run, name=f"{self.name}-helper", daemon=True)
         started = time.perf_counter()
         self._set_doing(what)
         thread.start()
         thread.join(CALL_LIMIT)
         self.ledger.timed(self.name, what, time.perf_counter() - started)
         if thread.is_alive():
-            with self.ledger._lock:
-                self.ledger.stuck.append(f"{self.name}, {what}: a helper thread never ended")
+            self.ledger.never_ended(f"{self.name}, {what}: its helper thread never ended")
         self._set_doing(f"after {what}")
 
 
@@ -244,28 +270,85 @@ def _close(loop: asyncio.AbstractEventLoop) -> None:
         loop.close()
 
 
-async def run_callers(callers: Sequence[Caller], ledger: Ledger) -> None:
-    """Start the callers, wait for them (this loop keeps running meanwhile), and fail,
-    naming the stuck ones, if they are not done within `WAIT_LIMIT`; then fail on what
-    they saw go wrong and on calls slower than `CALL_LIMIT`."""
+class Home:
+    """The test's own loop (the store's home loop) appending alongside the threads."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.doing = "starting"
+        self.since = time.monotonic()
+
+    async def append(self, store: Store, batch: Batch) -> None:
+        what = f"appending {batch.key}"
+        self.doing, self.since = what, time.monotonic()
+        started = time.perf_counter()
+        try:
+            batch.result = await _append(store, batch)
+        finally:
+            self.ledger.timed("the home loop", what, time.perf_counter() - started)
+        self.doing = f"after {what}"
+
+
+async def home_appends(home: Home, store: Store, session_ids: Sequence[str], batches: int) -> None:
+    """Append ``batches`` batches from the home loop, round the sessions, a little apart."""
+    for n in range(batches):
+        target = session_ids[n % len(session_ids)]
+        await home.append(store, home.ledger.batch(f"home-{n}", target, 2 + n % 3, "home"))
+        await asyncio.sleep(0.002)
+
+
+async def run_callers(
+    callers: Sequence[Caller],
+    ledger: Ledger,
+    home: Callable[[Home], Coroutine[Any, Any, None]] | None = None,
+) -> None:
+    """Start the callers (and ``home`` on this loop, the store's home loop, which keeps
+    running meanwhile), wait for them, and fail, naming the stuck ones, if they are not
+    done within `WAIT_LIMIT`; then fail on what they saw go wrong and on calls slower
+    than `CALL_LIMIT`."""
     for caller in callers:
         caller.start()
     deadline = time.monotonic() + WAIT_LIMIT
-    while any(c.is_alive() for c in callers) and time.monotonic() < deadline:
-        await asyncio.sleep(0.005)
+    at_home = Home(ledger)
+    homework = asyncio.ensure_future(home(at_home)) if home is not None else None
+    await asyncio.to_thread(_join, callers, deadline)
     now = time.monotonic()
-    stuck = [
-        f"{c.name}: {c.doing}, for {now - c.since:.1f} s" for c in callers if c.is_alive()
-    ] + ledger.stuck
-    assert not stuck, (
-        f"callers did not end within {WAIT_LIMIT:.0f} s ({ledger.context()}):\n  "
-        + "\n  ".join(stuck + ledger.problems)
+    stuck = [f"{c.name}: {c.doing}, for {now - c.since:.1f} s" for c in callers if c.is_alive()]
+    if homework is not None:
+        await asyncio.wait([homework], timeout=max(0.0, deadline - now))
+        if not homework.done():
+            stuck.append(f"the home loop: {at_home.doing}, for {now - at_home.since:.1f} s")
+            homework.cancel()
+        elif (error := homework.exception()) is not None:
+            ledger.failed("the home loop", at_home.doing, error)
+    if stuck or ledger.stuck or ledger.problems or ledger.slow:
+        _clean_up(ledger)  # the test fails: what it leaves must not fail a later test
+    assert not (stuck + ledger.stuck), (
+        f"callers did not end within {WAIT_LIMIT:.0f} s ({ledger.context()})"
+        + _listed(stuck + ledger.stuck + ledger.problems)
     )
-    assert not ledger.problems, f"({ledger.context()}):\n  " + "\n  ".join(ledger.problems)
-    assert not ledger.slow, (
-        f"calls slower than {CALL_LIMIT:.0f} s ({ledger.context()}):\n  "
-        + "\n  ".join(ledger.slow)
+    assert not ledger.problems, f"({ledger.context()})" + _listed(ledger.problems)
+    assert not ledger.slow, f"calls slower than {CALL_LIMIT:.0f} s ({ledger.context()})" + _listed(
+        ledger.slow
     )
+
+
+def _clean_up(ledger: Ledger) -> None:
+    """Close the loops exited threads left open, and collect what abandoned appends left
+    (their coroutines end now, in this test, instead of in whichever test runs next)."""
+    ledger.close_leftovers()
+    gc.collect()
+
+
+def _listed(problems: Sequence[str], limit: int = 40) -> str:
+    shown = "\n  ".join(problems[:limit])
+    more = f"\n  ... and {len(problems) - limit} more" if len(problems) > limit else ""
+    return f":\n  {shown}{more}"
+
+
+def _join(threads: Sequence[threading.Thread], deadline: float) -> None:
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 # -- the ways a caller appends -------------------------------------------------------------
@@ -286,10 +369,8 @@ def append_with_timeout(
     """Append under ``asyncio.wait_for`` with a tiny timeout: often cancelled mid-write."""
 
     async def attempt() -> None:
-        try:
+        with contextlib.suppress(TimeoutError):  # cancelled: told nothing
             batch.result = await asyncio.wait_for(_append(store, batch), timeout)
-        except TimeoutError:
-            pass
 
     caller.call(f"appending {batch.key} within {timeout * 1000:.1f} ms", attempt, mode)
 
@@ -302,17 +383,13 @@ def append_cancelled(caller: Caller, store: Store, batch: Batch, mode: str, spin
         for _ in range(spins):
             await asyncio.sleep(0)
         task.cancel()
-        try:
+        with contextlib.suppress(asyncio.CancelledError):  # told nothing
             batch.result = await task
-        except asyncio.CancelledError:
-            pass
 
     caller.call(f"appending {batch.key}, cancelled after {spins} spins", attempt, mode)
 
 
-def append_abandoned_by_asyncio_run(
-    caller: Caller, store: Store, batch: Batch, spins: int
-) -> None:
+def append_abandoned_by_asyncio_run(caller: Caller, store: Store, batch: Batch, spins: int) -> None:
     """``asyncio.run`` of a function that starts the append as a task and returns after
     ``spins`` iterations: ``asyncio.run`` cancels the task and closes its loop."""
     started: list[asyncio.Task[AppendResult]] = []
@@ -322,28 +399,26 @@ def append_abandoned_by_asyncio_run(
         for _ in range(spins):
             await asyncio.sleep(0)
 
-    caller.timed(f"appending {batch.key}, left after {spins} spins", lambda: asyncio.run(leave()))
+    caller.timed(
+        f"appending {batch.key}, left after {spins} spins", lambda: asyncio.run(_quietly(leave))
+    )
     _note_outcome(caller, batch, started[0])
 
 
-def _start_and_leave(
-    caller: Caller, store: Store, batch: Batch, spins: int, close: bool
-) -> None:
+def _start_and_leave(caller: Caller, store: Store, batch: Batch, spins: int, close: bool) -> None:
     """Start the append as a task in a new loop, run the loop ``spins`` times, then close
     the loop without awaiting the task, or (``close=False``) just leave it open."""
-    loop = asyncio.new_event_loop()
-    loop.set_exception_handler(_quiet)
+    loop = new_loop()
     try:
         task = loop.create_task(_append(store, batch))
-        for spin in range(spins):
+        for spin in range(max(1, spins)):  # started at least (else: "never awaited")
             loop.run_until_complete(asyncio.sleep(0 if spin % 4 else 0.001))
         _note_outcome(caller, batch, task)
     finally:
         if close:
             loop.close()
         else:
-            with caller.ledger._lock:
-                caller.ledger.leftovers.append(loop)
+            caller.ledger.leave_open(loop)
 
 
 def abandon_in_closed_loop(caller: Caller, store: Store, batch: Batch, spins: int) -> None:
@@ -377,8 +452,23 @@ def _note_outcome(caller: Caller, batch: Batch, task: asyncio.Future[AppendResul
 # -- afterwards ----------------------------------------------------------------------------
 
 
+async def bounded(what: str, call: Awaitable[T]) -> T:
+    """Await ``call`` on the home loop for `CALL_LIMIT` at most, failing the test past it
+    (without waiting for a stuck call to take its cancellation)."""
+    task = asyncio.ensure_future(call)
+    await asyncio.wait([task], timeout=CALL_LIMIT)
+    if not task.done():
+        task.cancel()
+        raise AssertionError(f"{what}, on the store's home loop, took over {CALL_LIMIT:.0f} s")
+    return task.result()
+
+
+async def _head(store: Store, session_id: str) -> SessionRecord:
+    return await bounded(f"get_session {session_id}", store.get_session(TENANT, session_id))
+
+
 async def _versions(store: Store, session_ids: Iterable[str]) -> list[int]:
-    return [(await store.get_session(TENANT, s)).version for s in session_ids]
+    return [(await _head(store, s)).version for s in session_ids]
 
 
 async def settled(
@@ -390,7 +480,8 @@ async def settled(
     deadline = time.monotonic() + SETTLE_LIMIT
     seen = await _versions(store, session_ids)
     quiet_since = time.monotonic()
-    while time.monotonic() - quiet_since < 0.3:
+    in_flight = any(b.result is None for b in ledger.batches)  # else every call has ended
+    while in_flight and time.monotonic() - quiet_since < 0.3:
         assert time.monotonic() < deadline, (
             f"sessions still changing {SETTLE_LIMIT:.0f} s after every caller ended "
             f"({ledger.context()})"
@@ -399,22 +490,29 @@ async def settled(
         now = await _versions(store, session_ids)
         if now != seen:
             seen, quiet_since = now, time.monotonic()
-    return {
-        s: (await store.get_session(TENANT, s), await store.read_entries(TENANT, s))
-        for s in session_ids
-    }
+    found: dict[str, tuple[SessionRecord, list[Entry]]] = {}
+    for session_id in session_ids:
+        while True:  # a head and entries of one moment: nothing landed between the reads
+            before = await _head(store, session_id)
+            read = store.read_entries(TENANT, session_id)
+            entries = await bounded(f"read_entries {session_id}", read)
+            record = await _head(store, session_id)
+            if record.version == before.version:
+                found[session_id] = record, entries
+                break
+            assert time.monotonic() < deadline, f"{session_id} never stood still"
+    return found
 
 
 def _ranges(seqs: Sequence[int]) -> str:
     """``1-4, 6, 9-10``: a list of seqs, short."""
-    parts: list[str] = []
+    runs: list[list[int]] = []
     for seq in seqs:
-        if parts and seq == last + 1:  # noqa: F821 - set below before use
-            parts[-1] = f"{parts[-1].split('-')[0]}-{seq}"
+        if runs and seq == runs[-1][-1] + 1:
+            runs[-1].append(seq)
         else:
-            parts.append(str(seq))
-        last = seq
-    return ", ".join(parts)
+            runs.append([seq])
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
 
 
 def check_session(
@@ -430,7 +528,9 @@ def check_session(
         problems.append(f"{session_id}: entries stored twice: {twice[:10]}")
     parents = [e.parent_seq for e in entries]
     if parents != [None, *seqs[:-1]]:
-        broken = [e.seq for e, p in zip(entries, [None, *seqs[:-1]], strict=True) if e.parent_seq != p]
+        broken = [
+            e.seq for e, p in zip(entries, [None, *seqs[:-1]], strict=True) if e.parent_seq != p
+        ]
         problems.append(f"{session_id}: not one chain, wrong parents at seqs {_ranges(broken)}")
     by_key = {b.key: b for b in batches}
     stored: dict[str, list[Entry]] = {}
@@ -460,7 +560,9 @@ def check_session(
         if not found:
             problems.append(f"{session_id}: {batch.describe()} acknowledged but lost: {told}")
         elif told != found:
-            problems.append(f"{session_id}: {batch.describe()} acknowledged as {told}, stored {found}")
+            problems.append(
+                f"{session_id}: {batch.describe()} acknowledged as {told}, stored {found}"
+            )
     counters = (record.head_seq, record.last_seq, record.message_count)
     if counters != (len(entries),) * 3:
         problems.append(
@@ -477,7 +579,7 @@ async def verify(store: Store, ledger: Ledger, session_ids: Sequence[str]) -> No
     try:
         found = await settled(store, session_ids, ledger)
     finally:
-        ledger.close_leftovers()
+        _clean_up(ledger)
     problems: list[str] = []
     for session_id in session_ids:
         record, entries = found[session_id]
@@ -485,7 +587,7 @@ async def verify(store: Store, ledger: Ledger, session_ids: Sequence[str]) -> No
         problems += check_session(session_id, record, entries, sent)
     unsent = sorted({b.session_id for b in ledger.batches} - set(session_ids))
     assert not unsent, f"batches sent to sessions not checked: {unsent}"
-    assert not problems, f"({ledger.context()}):\n  " + "\n  ".join(problems)
+    assert not problems, f"({ledger.context()})" + _listed(problems)
 
 
 def spins(rng: random.Random) -> int:
