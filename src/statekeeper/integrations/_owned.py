@@ -9,9 +9,10 @@ The rule every adapter follows (``docs/integrations/README.md``):
 An owned store is opened on statekeeper's background loop (`statekeeper.loops`), never
 on the caller's: making the adapter does not wait for the store (so it neither blocks a
 running loop nor fails in a plain script), and the store is not tied to a loop that
-closes (``asyncio.run`` per call, a thread's own loop, the SDKs' sync runners). Each call
-of the adapter runs there whole: one hand-over per call, from any thread or loop. A
-caller's store is called on the caller's loop (the store serves any loop itself).
+closes (``asyncio.run`` per call, a thread's own loop, the SDKs' sync runners). Once it
+is open, the adapter's calls run on the caller's loop, as with a caller's store: the
+store serves any thread and loop itself (`statekeeper.loops`), with no hand-over for
+memory, SQLite and files stores.
 
 Closing waits for the calls already running, then closes an owned store; a closed
 adapter refuses calls with `AdapterClosedError`.
@@ -30,7 +31,7 @@ from typing import Any, Concatenate, ParamSpec, Protocol, Self, TypeVar
 from urllib.parse import urlsplit
 
 from statekeeper.errors import InvalidInputError, StatekeeperError
-from statekeeper.loops import background_loop, hand_off
+from statekeeper.loops import background_loop
 from statekeeper.stores import BACKENDS, Store, open_store
 
 __all__ = [
@@ -101,8 +102,8 @@ class AdapterStore:
         self._what = what
         self._lock = threading.Lock()
         self._closing: concurrent.futures.Future[None] | None = None
-        self._active = 0  # owned: calls running on the background loop
-        self._idle: asyncio.Event | None = None
+        self._active = 0  # owned: calls under way, on any loop (under _lock)
+        self._idle: concurrent.futures.Future[None] | None = None  # set when _active is 0
         self._abandon = asyncio.Event()  # owned: closed before the store opened
 
     @classmethod
@@ -184,15 +185,23 @@ class AdapterStore:
     # -- calls -----------------------------------------------------------------------
 
     async def call(self, work: Callable[[], Awaitable[T]]) -> T:
-        """Run ``work()`` where the store's calls belong: an owned store's on the
-        background loop (handed over whole), a caller's store on the running loop."""
-        self.check_open()
+        """Run ``work()`` on the running loop (an owned store once it has opened); a
+        call of an owned store counts as under way until it ends (`close` waits)."""
         if self._opening is None:
+            self.check_open()
             return await work()
-        loop = background_loop()
-        if _running() is loop:
-            return await self._on_background(work)
-        return await hand_off(self._on_background(work), loop)
+        with self._lock:
+            self.check_open()  # under the lock: no call starts once close has begun
+            self._active += 1
+        try:
+            await self.opened()
+            return await work()
+        finally:
+            with self._lock:
+                self._active -= 1
+                idle = self._idle if not self._active else None
+            if idle is not None and not idle.done():
+                idle.set_result(None)
 
     def call_blocking(self, work: Callable[[], Awaitable[T]]) -> T:
         """`call` from synchronous code, for an owned store (blocks until it is done)."""
@@ -203,7 +212,7 @@ class AdapterStore:
                 f"a blocking {self._what} call was made on statekeeper's background loop, "
                 "which it would block; await the async API instead"
             )
-        return asyncio.run_coroutine_threadsafe(self._on_background(work), loop).result()
+        return asyncio.run_coroutine_threadsafe(self.call(work), loop).result()
 
     async def opened(self) -> Store:
         """The store, once opened (awaits an owned store's open from any loop)."""
@@ -211,17 +220,6 @@ class AdapterStore:
             assert self._opening is not None
             self._store = await asyncio.wrap_future(self._opening)
         return self._store
-
-    async def _on_background(self, work: Callable[[], Awaitable[T]]) -> T:
-        self.check_open()  # again, on the loop close runs on: no call starts after it
-        self._active += 1
-        try:
-            await self.opened()
-            return await work()
-        finally:
-            self._active -= 1
-            if not self._active and self._idle is not None:
-                self._idle.set()
 
     # -- closing ---------------------------------------------------------------------
 
@@ -252,9 +250,10 @@ class AdapterStore:
         opening = self._opening
         if not opening.done():
             self._abandon.set()  # calls waiting for the open fail (AdapterClosedError)
-        while self._active:
-            self._idle = asyncio.Event()
-            await self._idle.wait()
+        with self._lock:
+            idle = self._idle = concurrent.futures.Future() if self._active else None
+        if idle is not None:
+            await asyncio.wrap_future(idle)
         if not opening.done():
             waiting = asyncio.wrap_future(opening)
             await asyncio.wait([waiting])
