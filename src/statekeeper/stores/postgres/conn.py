@@ -545,6 +545,10 @@ class PostgresBase(HomeLoop, ClosingStore):
         else:
             if not done.done():
                 done.set_result(result)
+        finally:  # at once (the done callback of `_write` also covers a task never started)
+            task = asyncio.current_task()
+            if task is not None:
+                self._tasks.discard(task)
 
 
 class _Stale(Exception):
