@@ -42,6 +42,7 @@ __all__ = [
     "background_loop",
     "hand_off",
     "in_background",
+    "on_their_loops",
     "per_loop",
     "run_blocking",
 ]
@@ -182,6 +183,25 @@ class _Call:
     def _wake(self) -> None:
         with contextlib.suppress(RuntimeError):  # the caller's loop closed: nobody waits
             self.landed.get_loop().call_soon_threadsafe(_settle, self.landed)
+
+
+async def on_their_loops(
+    parts: list[tuple[asyncio.AbstractEventLoop | None, T]],
+    close: Callable[[T], Coroutine[Any, Any, None]],
+    *,
+    wait: float = 5.0,
+) -> None:
+    """Run ``close(part)`` for each (loop, part) on that part's loop: here when it is the
+    running loop (or None), else handed over. A loop that has closed took its parts
+    with it; one that does not answer within ``wait`` seconds (blocked, or stopped for
+    good) keeps them until the process ends."""
+    here = asyncio.get_running_loop()
+    for loop, part in parts:
+        if loop is None or loop is here:
+            await close(part)
+        elif not loop.is_closed():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(hand_off(close(part), loop), wait)
 
 
 def _settle(future: asyncio.Future[None]) -> None:

@@ -34,7 +34,7 @@ from statekeeper.errors import (
     StoreUnavailableError,
 )
 from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES
-from statekeeper.loops import HomeLoop, hand_off, per_loop
+from statekeeper.loops import HomeLoop, on_their_loops, per_loop
 from statekeeper.stores.base import ClosingStore
 from statekeeper.stores.postgres.schema import (
     DEFAULT_SCHEMA,
@@ -62,7 +62,6 @@ __all__ = [
 Connection = psycopg.AsyncConnection[Any]
 T = TypeVar("T")
 ATTEMPTS = 5
-_CLOSE_WAIT = 5.0  # seconds `close` waits for another loop to close its connections
 
 
 def parse_location(location: str, extra: dict[str, str]) -> tuple[str, str]:
@@ -385,15 +384,7 @@ class PostgresBase(HomeLoop, ClosingStore):
             (self._given_loop, given),
             *twins.items(),
         ]
-        here = asyncio.get_running_loop()
-        for loop, source in parts:
-            if loop is None or loop is here:
-                await self._drain(source)
-            elif not loop.is_closed():
-                # A loop that does not answer (blocked, or stopped for good) keeps its
-                # connections: the process ends them.
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(hand_off(self._drain(source), loop), _CLOSE_WAIT)
+        await on_their_loops(parts, self._drain)
 
     async def _drain(self, source: ConnectionSource) -> None:
         tasks = self._tasks

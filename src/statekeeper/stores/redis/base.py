@@ -16,7 +16,6 @@ them through that client, so its pool settings (limits, sentinels) apply.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -31,7 +30,7 @@ from statekeeper.errors import (
 )
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES, encode_json, loads
-from statekeeper.loops import HomeLoop, hand_off, per_loop
+from statekeeper.loops import HomeLoop, on_their_loops, per_loop
 from statekeeper.stores.base import ClosingStore, Entry, Event
 from statekeeper.stores.redis.keys import Keys
 from statekeeper.stores.redis.scripts import Script
@@ -153,14 +152,7 @@ class RedisBase(HomeLoop, ClosingStore):
         parts = type(self)._parts.items(self)
         type(self)._parts.drop(self)
         self._given = None
-        here = _loop()
-        for loop, part in parts:
-            if loop is None or loop is here:
-                await self._close_parts(part)
-            elif not loop.is_closed():
-                # A loop that does not answer keeps its connections: the process ends them.
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(hand_off(self._close_parts(part), loop), 5.0)
+        await on_their_loops(parts, self._close_parts)
 
     async def _close_parts(self, parts: _LoopParts) -> None:
         if parts.scripts is not None:
