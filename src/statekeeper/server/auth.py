@@ -33,14 +33,15 @@ class Caller:
         return f"key:{self.key_id}" if self.key_id else "anonymous"
 
 
-def context_of(request: Request) -> ServerContext:
-    """The server's shared context."""
+async def context_of(request: Request) -> ServerContext:
+    """The server's shared context (a coroutine: FastAPI runs a plain ``def`` dependency
+    in its thread pool, a hop per request)."""
     context: ServerContext = request.app.state.context
     return context
 
 
 async def _caller(request: Request, credentials: HTTPAuthorizationCredentials | None) -> Caller:
-    context = context_of(request)
+    context: ServerContext = request.app.state.context
     if context.anonymous:
         return Caller(ANONYMOUS_TENANT, "admin", None)
     presented = credentials.credentials if credentials is not None else None
