@@ -20,6 +20,7 @@ import contextlib
 import gc
 import logging
 import random
+import sys
 import threading
 import time
 import traceback
@@ -28,7 +29,9 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
+
+import pytest
 
 from statekeeper.stores import Store
 from statekeeper.stores.base import AppendResult, Entry, EntryDraft, SessionPatch, SessionRecord
@@ -36,6 +39,41 @@ from statekeeper.stores.base import AppendResult, Entry, EntryDraft, SessionPatc
 from .support import TENANT
 
 T = TypeVar("T")
+
+
+def _no_caret_anchors() -> None:
+    """Format tracebacks without parsing their source lines (Python 3.11 and 3.12).
+
+    Two threads building ASTs at once can make one fail with "SystemError: AST
+    constructor recursion depth mismatch" (CPython gh-106905: the depth is kept per
+    interpreter). Python 3.11+ parses a traceback's lines to place its ``~~~^^^`` carets,
+    and pytest formats in the thread where an exception goes unraised or unhandled: when
+    a store misbehaves, the callers' threads do that while pytest parses the failed test's
+    source in the main thread, and the session crashes (INTERNALERROR) instead of
+    reporting the failure. Without the anchors the carets underline whole expressions.
+    Installed once, process-wide, by importing this module.
+    """
+    if not (3, 11) <= sys.version_info < (3, 13):
+        return
+    anchors = getattr(traceback, "_extract_caret_anchors_from_line_segment", None)
+    if anchors is None or getattr(anchors, "_statekeeper", False):
+        return
+
+    def no_anchors(segment: str) -> None:
+        return None
+
+    no_anchors._statekeeper = True  # type: ignore[attr-defined]
+    traceback._extract_caret_anchors_from_line_segment = no_anchors  # type: ignore[attr-defined]
+
+
+_no_caret_anchors()
+
+
+def _fail(message: str) -> NoReturn:
+    """Fail the test with ``message`` alone, no traceback (nothing of it to show, and
+    nothing to parse while the callers' threads may still be reporting errors)."""
+    pytest.fail(message, pytrace=False)
+
 
 CALL_LIMIT = 30.0
 """Seconds one call may take. Every call is timed and a slower one fails the test."""
@@ -63,16 +101,19 @@ def _quiet(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
     logging.getLogger("asyncio").error("%s: %r", message, context.get("exception"))
 
 
-async def _quietly(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+async def _quietly(ledger: Ledger, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
     """``await make()`` on a loop of ``asyncio.run``, with `_quiet` as its handler."""
-    asyncio.get_running_loop().set_exception_handler(_quiet)
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(_quiet)
+    ledger.track(loop)
     return await make()
 
 
-def new_loop() -> asyncio.AbstractEventLoop:
+def new_loop(ledger: Ledger) -> asyncio.AbstractEventLoop:
     """A new event loop for a caller (with `_quiet` as its exception handler)."""
     loop = asyncio.new_event_loop()
     loop.set_exception_handler(_quiet)
+    ledger.track(loop)
     return loop
 
 
@@ -116,10 +157,13 @@ class Ledger:
         """Calls that took longer than `CALL_LIMIT`."""
         self.calls = 0
         self.longest = 0.0
-        self.leftovers: list[asyncio.AbstractEventLoop] = []
-        """Loops left open by threads that exited mid-write (closed when the test ends)."""
+        self.leftovers: list[tuple[asyncio.AbstractEventLoop, asyncio.Task[Any], str]] = []
+        """Loops left open by threads that exited mid-write, with the pending append and
+        its batch key (closed when the test ends)."""
         self.stuck: list[str] = []
         """Helper threads that did not end."""
+        self.loops: list[asyncio.AbstractEventLoop] = []
+        """Every loop the callers ran (to stop those still running when a test fails)."""
         self._lock = threading.Lock()
         self._keys: set[str] = set()
 
@@ -165,20 +209,49 @@ class Ledger:
             f"the longest {self.longest:.2f} s"
         )
 
+    def track(self, loop: asyncio.AbstractEventLoop) -> None:
+        with self._lock:
+            self.loops.append(loop)
+
+    def stop_loops(self) -> None:
+        """Stop the callers' loops still running (stuck in a call): once the test has
+        failed, their threads end instead of acting on the store in later tests."""
+        with self._lock:
+            running = [loop for loop in self.loops if loop.is_running()]
+        for loop in running:
+            with contextlib.suppress(RuntimeError):  # closed meanwhile
+                loop.call_soon_threadsafe(loop.stop)
+
     def never_ended(self, text: str) -> None:
         with self._lock:
             self.stuck.append(text)
 
-    def leave_open(self, loop: asyncio.AbstractEventLoop) -> None:
+    def leave_open(
+        self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any], key: str
+    ) -> None:
         with self._lock:
-            self.leftovers.append(loop)
+            self.leftovers.append((loop, task, key))
 
-    def close_leftovers(self) -> None:
-        """Close the loops that exited threads left open (nothing runs them any more)."""
+    def close_leftovers(self, drop: bool = True) -> None:
+        """End the appends that exited threads left pending (as the garbage collector
+        would, but here and now; unless not ``drop``), then close their loops."""
         while self.leftovers:
-            loop = self.leftovers.pop()
+            loop, task, key = self.leftovers.pop()
+            if drop:
+                _drop(self, "the test", key, task)
             if not loop.is_running():
                 loop.close()
+
+
+def _drop(ledger: Ledger, who: str, key: str, task: asyncio.Task[Any]) -> None:
+    """Close the coroutine of an append its caller abandoned (``GeneratorExit`` in it, as
+    when it is collected): done here, where an error it raises is seen, not in whichever
+    thread or later test happens to collect it."""
+    if not task.done():
+        try:
+            task.get_coro().close()
+        except BaseException as exc:
+            ledger.failed(who, f"closing the abandoned append of {key}", exc)
 
 
 class Caller(threading.Thread):
@@ -230,9 +303,9 @@ class Caller(threading.Thread):
         """Run the coroutine ``make()`` in ``mode``: on this thread's own loop, or in a
         new one (``asyncio.run``)."""
         if mode == PER_CALL:
-            return self.timed(what, lambda: asyncio.run(_quietly(make)))
+            return self.timed(what, lambda: asyncio.run(_quietly(self.ledger, make)))
         if self.loop is None or self.loop.is_closed():
-            self.loop = new_loop()
+            self.loop = new_loop(self.ledger)
         loop = self.loop
         return self.timed(what, lambda: loop.run_until_complete(make()))
 
@@ -321,16 +394,22 @@ async def run_callers(
             homework.cancel()
         elif (error := homework.exception()) is not None:
             ledger.failed("the home loop", at_home.doing, error)
-    if stuck or ledger.stuck or ledger.problems or ledger.slow:
-        _clean_up(ledger)  # the test fails: what it leaves must not fail a later test
-    assert not (stuck + ledger.stuck), (
-        f"callers did not end within {WAIT_LIMIT:.0f} s ({ledger.context()})"
-        + _listed(stuck + ledger.stuck + ledger.problems)
-    )
-    assert not ledger.problems, f"({ledger.context()})" + _listed(ledger.problems)
-    assert not ledger.slow, f"calls slower than {CALL_LIMIT:.0f} s ({ledger.context()})" + _listed(
-        ledger.slow
-    )
+    stuck += ledger.stuck
+    seen = list(ledger.problems)
+    if stuck:  # the test fails: what it leaves must not act on stores of later tests
+        ledger.stop_loops()  # (the stuck calls end with "Event loop stopped ...")
+        await asyncio.to_thread(_join, callers, time.monotonic() + 2.0)
+    if stuck or seen or ledger.slow:
+        ledger.close_leftovers(drop=False)
+    if stuck:
+        _fail(
+            f"callers did not end within {WAIT_LIMIT:.0f} s ({ledger.context()})"
+            + _listed(stuck + seen)
+        )
+    if ledger.problems:
+        _fail(f"({ledger.context()})" + _listed(ledger.problems))
+    if ledger.slow:
+        _fail(f"calls slower than {CALL_LIMIT:.0f} s ({ledger.context()})" + _listed(ledger.slow))
 
 
 def _clean_up(ledger: Ledger) -> None:
@@ -400,25 +479,28 @@ def append_abandoned_by_asyncio_run(caller: Caller, store: Store, batch: Batch, 
             await asyncio.sleep(0)
 
     caller.timed(
-        f"appending {batch.key}, left after {spins} spins", lambda: asyncio.run(_quietly(leave))
+        f"appending {batch.key}, left after {spins} spins",
+        lambda: asyncio.run(_quietly(caller.ledger, leave)),
     )
     _note_outcome(caller, batch, started[0])
 
 
 def _start_and_leave(caller: Caller, store: Store, batch: Batch, spins: int, close: bool) -> None:
     """Start the append as a task in a new loop, run the loop ``spins`` times, then close
-    the loop without awaiting the task, or (``close=False``) just leave it open."""
-    loop = new_loop()
+    the loop without awaiting the task (whose coroutine is then closed, as the garbage
+    collector would), or (``close=False``) just leave it open, with the task pending."""
+    loop = new_loop(caller.ledger)
+    task = loop.create_task(_append(store, batch))
     try:
-        task = loop.create_task(_append(store, batch))
         for spin in range(max(1, spins)):  # started at least (else: "never awaited")
             loop.run_until_complete(asyncio.sleep(0 if spin % 4 else 0.001))
         _note_outcome(caller, batch, task)
     finally:
         if close:
             loop.close()
+            _drop(caller.ledger, caller.name, batch.key, task)
         else:
-            caller.ledger.leave_open(loop)
+            caller.ledger.leave_open(loop, task, batch.key)
 
 
 def abandon_in_closed_loop(caller: Caller, store: Store, batch: Batch, spins: int) -> None:
@@ -459,7 +541,7 @@ async def bounded(what: str, call: Awaitable[T]) -> T:
     await asyncio.wait([task], timeout=CALL_LIMIT)
     if not task.done():
         task.cancel()
-        raise AssertionError(f"{what}, on the store's home loop, took over {CALL_LIMIT:.0f} s")
+        _fail(f"{what}, on the store's home loop, took over {CALL_LIMIT:.0f} s")
     return task.result()
 
 
@@ -482,10 +564,11 @@ async def settled(
     quiet_since = time.monotonic()
     in_flight = any(b.result is None for b in ledger.batches)  # else every call has ended
     while in_flight and time.monotonic() - quiet_since < 0.3:
-        assert time.monotonic() < deadline, (
-            f"sessions still changing {SETTLE_LIMIT:.0f} s after every caller ended "
-            f"({ledger.context()})"
-        )
+        if time.monotonic() > deadline:
+            _fail(
+                f"sessions still changing {SETTLE_LIMIT:.0f} s after every caller ended "
+                f"({ledger.context()})"
+            )
         await asyncio.sleep(0.05)
         now = await _versions(store, session_ids)
         if now != seen:
@@ -500,7 +583,8 @@ async def settled(
             if record.version == before.version:
                 found[session_id] = record, entries
                 break
-            assert time.monotonic() < deadline, f"{session_id} never stood still"
+            if time.monotonic() > deadline:
+                _fail(f"{session_id} never stood still ({ledger.context()})")
     return found
 
 
@@ -580,14 +664,16 @@ async def verify(store: Store, ledger: Ledger, session_ids: Sequence[str]) -> No
         found = await settled(store, session_ids, ledger)
     finally:
         _clean_up(ledger)
-    problems: list[str] = []
+    problems = list(ledger.problems)  # (from closing abandoned appends: the rest failed before)
     for session_id in session_ids:
         record, entries = found[session_id]
         sent = [b for b in ledger.batches if b.session_id == session_id]
         problems += check_session(session_id, record, entries, sent)
     unsent = sorted({b.session_id for b in ledger.batches} - set(session_ids))
-    assert not unsent, f"batches sent to sessions not checked: {unsent}"
-    assert not problems, f"({ledger.context()})" + _listed(problems)
+    if unsent:
+        _fail(f"batches sent to sessions not checked: {unsent}")
+    if problems:
+        _fail(f"({ledger.context()})" + _listed(problems))
 
 
 def spins(rng: random.Random) -> int:
