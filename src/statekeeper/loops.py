@@ -32,6 +32,7 @@ import functools
 import inspect
 import os
 import threading
+import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any, Generic, TypeVar, overload
 
@@ -278,9 +279,10 @@ class per_loop(Generic[T]):
     """A store attribute with one value per event loop it runs on, made on first use by
     the decorated factory (``def _engine(self) -> AppendEngine``).
 
-    Values of loops that have closed are dropped when a new one is made. Outside a
-    running loop, the home loop's value is given (for code that runs on a worker thread
-    on the home loop's behalf).
+    A loop's value goes with the loop (held weakly: a loop left open by a thread that
+    ended is collected, and its value with it), and values of loops that have closed
+    are dropped when a new one is made. Outside a running loop, the home loop's value is
+    given (for code that runs on a worker thread on the home loop's behalf).
     """
 
     def __init__(self, factory: Callable[[Any], T]) -> None:
@@ -295,32 +297,59 @@ class per_loop(Generic[T]):
     def __get__(self, obj: object | None, owner: type[Any]) -> T | per_loop[T]:
         if obj is None:
             return self
-        values: dict[asyncio.AbstractEventLoop | None, T] | None = obj.__dict__.get(self.key)
+        values: _Values[T] | None = obj.__dict__.get(self.key)
         if values is None:
-            values = obj.__dict__.setdefault(self.key, {})
+            values = obj.__dict__.setdefault(self.key, _Values())
         loop = _running()
         if loop is None:
             loop = getattr(obj, "_home", None)
         value = values.get(loop)
         if value is None:
-            with _make_lock:  # rare (a loop's first use): one thread changes the dict
-                for old in [k for k in values if k is not None and k.is_closed()]:
-                    del values[old]
+            with _make_lock:  # rare (a loop's first use): one thread changes the values
+                values.drop_closed()
                 value = values.get(loop)
                 if value is None:
-                    value = values[loop] = self.factory(obj)
+                    value = self.factory(obj)
+                    values.put(loop, value)
         return value
 
-    def values(self, obj: object) -> list[T]:
-        """Every value made so far for ``obj`` (to close them), with its loop."""
-        made: dict[Any, T] = obj.__dict__.get(self.key, {})
-        return list(made.values())
-
     def items(self, obj: object) -> list[tuple[asyncio.AbstractEventLoop | None, T]]:
-        """(loop, value) of every value made so far for ``obj``."""
-        made: dict[asyncio.AbstractEventLoop | None, T] = obj.__dict__.get(self.key, {})
-        return list(made.items())
+        """(loop, value) of every value made so far for ``obj`` (to close them)."""
+        made: _Values[T] | None = obj.__dict__.get(self.key)
+        return [] if made is None else made.items()
 
     def drop(self, obj: object) -> None:
         """Forget every value of ``obj`` (after closing them)."""
         obj.__dict__.pop(self.key, None)
+
+
+class _Values(Generic[T]):
+    """The values of a `per_loop` attribute of one object: by loop (weakly), and one for
+    no loop."""
+
+    __slots__ = ("by_loop", "no_loop")
+
+    def __init__(self) -> None:
+        self.by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, T] = (
+            weakref.WeakKeyDictionary()
+        )
+        self.no_loop: T | None = None
+
+    def get(self, loop: asyncio.AbstractEventLoop | None) -> T | None:
+        return self.no_loop if loop is None else self.by_loop.get(loop)
+
+    def put(self, loop: asyncio.AbstractEventLoop | None, value: T) -> None:
+        if loop is None:
+            self.no_loop = value
+        else:
+            self.by_loop[loop] = value
+
+    def drop_closed(self) -> None:
+        for loop in [k for k in list(self.by_loop.keys()) if k.is_closed()]:
+            self.by_loop.pop(loop, None)
+
+    def items(self) -> list[tuple[asyncio.AbstractEventLoop | None, T]]:
+        found: list[tuple[asyncio.AbstractEventLoop | None, T]] = list(self.by_loop.items())
+        if self.no_loop is not None:
+            found.append((None, self.no_loop))
+        return found

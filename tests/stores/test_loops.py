@@ -275,3 +275,30 @@ def test_run_blocking_refuses_inside_a_running_loop() -> None:
 
     asyncio.run(main())
     assert run_blocking(nothing()) == 1
+
+
+# The loops are left open on purpose: their sockets are reported when collected.
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_loop_left_open_by_an_ended_thread_takes_its_engine_with_it() -> None:
+    import gc
+
+    from statekeeper.stores.base import EntryDraft, SessionRecord
+    from statekeeper.stores.memory import MemoryStore
+
+    store = MemoryStore()
+    asyncio.run(store.create_session(SessionRecord(tenant="t", id="s")))
+
+    def append_and_leave(i: int) -> None:
+        loop = asyncio.new_event_loop()  # never closed: the thread just ends
+        draft = EntryDraft(id=f"e{i}", kind="message", payload={"i": i})
+        loop.run_until_complete(store.append_entries("t", "s", [draft]))
+
+    threads = [threading.Thread(target=append_and_leave, args=(i,)) for i in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    gc.collect()
+    assert MemoryStore._engine.items(store) == []  # one engine per loop, none kept
+    assert len(asyncio.run(store.read_entries("t", "s"))) == 20
