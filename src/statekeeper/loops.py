@@ -42,10 +42,10 @@ __all__ = [
     "HomeLoop",
     "background_loop",
     "hand_off",
-    "in_background",
     "on_their_loops",
     "per_loop",
     "run_blocking",
+    "running_loop",
 ]
 
 T = TypeVar("T")
@@ -75,13 +75,8 @@ def background_loop() -> asyncio.AbstractEventLoop:
         return loop
 
 
-def in_background() -> bool:
-    """Whether the caller runs on the background loop."""
-    current = _background
-    return current is not None and asyncio.get_running_loop() is current[1]
-
-
-def _running() -> asyncio.AbstractEventLoop | None:
+def running_loop() -> asyncio.AbstractEventLoop | None:
+    """The running event loop of this thread, or None outside one."""
     try:
         return asyncio.get_running_loop()
     except RuntimeError:
@@ -94,7 +89,7 @@ def run_blocking(coro: Coroutine[Any, Any, T]) -> T:
     Refused with `StatekeeperError` inside a running event loop (waiting there would
     block that loop): await the coroutine instead.
     """
-    if _running() is not None:
+    if running_loop() is not None:
         coro.close()
         raise StatekeeperError(
             "a blocking statekeeper call was made from inside a running event loop, which "
@@ -300,7 +295,7 @@ class per_loop(Generic[T]):
         values: _Values[T] | None = obj.__dict__.get(self.key)
         if values is None:
             values = obj.__dict__.setdefault(self.key, _Values())
-        loop = _running()
+        loop = running_loop()
         if loop is None:
             loop = getattr(obj, "_home", None)
         value = values.get(loop)

@@ -31,7 +31,7 @@ from typing import Any, Concatenate, ParamSpec, Protocol, Self, TypeVar
 from urllib.parse import urlsplit
 
 from statekeeper.errors import InvalidInputError, StatekeeperError
-from statekeeper.loops import background_loop
+from statekeeper.loops import background_loop, running_loop
 from statekeeper.stores import BACKENDS, Store, open_store
 
 __all__ = [
@@ -51,13 +51,6 @@ _log = logging.getLogger(__name__)
 class AdapterClosedError(StatekeeperError, RuntimeError):
     """The adapter was closed; make a new one. Also a ``RuntimeError``, as the OpenAI
     Agents SDK's sessions raise once closed ("SQLiteSession is closed")."""
-
-
-def _running() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
 
 
 def _done() -> concurrent.futures.Future[None]:
@@ -170,7 +163,7 @@ class AdapterStore:
         loop too: the open runs on the background loop, which never waits for it)."""
         if self._store is None:
             assert self._opening is not None
-            if not self._opening.done() and _running() is background_loop():
+            if not self._opening.done() and running_loop() is background_loop():
                 raise StatekeeperError(
                     f"the {self._what}'s store is still opening; await one of its calls first"
                 )
@@ -207,7 +200,7 @@ class AdapterStore:
         """`call` from synchronous code, for an owned store (blocks until it is done)."""
         self.check_open()
         loop = background_loop()
-        if _running() is loop:
+        if running_loop() is loop:
             raise StatekeeperError(
                 f"a blocking {self._what} call was made on statekeeper's background loop, "
                 "which it would block; await the async API instead"
@@ -235,7 +228,7 @@ class AdapterStore:
                         self._close_owned(), background_loop()
                     )
             closing = self._closing
-        if _running() is None:
+        if running_loop() is None:
             closing.result()
         else:  # it may never be awaited: a failure is logged at least
             closing.add_done_callback(self._report)
@@ -293,7 +286,7 @@ class StoreLifecycle:
         await self._stores.aclose()
 
     def __enter__(self) -> Self:
-        if self._stores.owned and _running() is None:
+        if self._stores.owned and running_loop() is None:
             self._stores.store()  # a store that cannot open fails here
         return self
 

@@ -35,7 +35,7 @@ from statekeeper.integrations._owned import AdapterStore, StoreLifecycle
 from statekeeper.integrations.langgraph import _prune, _reads
 from statekeeper.integrations.langgraph._ops import CheckpointLog
 from statekeeper.integrations.langgraph._values import PickleRefusedError, ValueCodec
-from statekeeper.loops import background_loop, hand_off
+from statekeeper.loops import background_loop, hand_off, running_loop
 from statekeeper.stores import Store
 
 __all__ = ["PickleRefusedError", "StatekeeperSaver"]
@@ -49,13 +49,6 @@ class _LogCell:
 
     def __init__(self, log: CheckpointLog | None) -> None:
         self.log = log
-
-
-def _running() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
 
 
 class StatekeeperSaver(StoreLifecycle, BaseCheckpointSaver[str]):
@@ -85,7 +78,7 @@ class StatekeeperSaver(StoreLifecycle, BaseCheckpointSaver[str]):
         validate_id(tenant, "tenant")
         codec = ValueCodec(self.serde)
         stores = AdapterStore.given(store, "StatekeeperSaver")
-        loop = loop or _running() or background_loop()
+        loop = loop or running_loop() or background_loop()
         self._setup(tenant, stores, loop, codec, CheckpointLog(store, tenant, codec))
 
     def _setup(
@@ -180,7 +173,7 @@ class StatekeeperSaver(StoreLifecycle, BaseCheckpointSaver[str]):
     def _block(self, op: Op[T]) -> T:
         self._stores.check_open()
         loop = self._home()
-        if _running() is loop:
+        if running_loop() is loop:
             raise StatekeeperError(
                 "a sync StatekeeperSaver method was called on the event loop it runs its "
                 "calls on, which it would block; use the async method (aget_tuple, aput, "

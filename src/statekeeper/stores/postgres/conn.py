@@ -34,7 +34,7 @@ from statekeeper.errors import (
     StoreUnavailableError,
 )
 from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES
-from statekeeper.loops import HomeLoop, on_their_loops, per_loop
+from statekeeper.loops import HomeLoop, on_their_loops, per_loop, running_loop
 from statekeeper.stores.base import ClosingStore
 from statekeeper.stores.postgres.schema import (
     DEFAULT_SCHEMA,
@@ -296,13 +296,6 @@ def _first_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
-
-
 class Careful(Exception):
     """Internal: a one-statement fast path cannot be used; take the locked one."""
 
@@ -328,7 +321,7 @@ class PostgresBase(HomeLoop, ClosingStore):
         self.max_payload_bytes = max_payload_bytes
         self.url = url
         self._given: ConnectionSource | None = source
-        self._given_loop = _running_loop()  # the loop the given connections belong to
+        self._given_loop = running_loop()  # the loop the given connections belong to
         self._twins: dict[asyncio.AbstractEventLoop, ConnectionSource] = {}
         self.movable = source.twin() is not None if isinstance(source, PoolSource) else False
         self.notify_channel: str | None = None

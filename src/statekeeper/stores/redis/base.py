@@ -15,7 +15,6 @@ them through that client, so its pool settings (limits, sentinels) apply.
 
 from __future__ import annotations
 
-import asyncio
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -30,7 +29,7 @@ from statekeeper.errors import (
 )
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES, encode_json, loads
-from statekeeper.loops import HomeLoop, on_their_loops, per_loop
+from statekeeper.loops import HomeLoop, on_their_loops, per_loop, running_loop
 from statekeeper.stores.base import ClosingStore, Entry, Event
 from statekeeper.stores.redis.keys import Keys
 from statekeeper.stores.redis.scripts import Script
@@ -102,7 +101,7 @@ class RedisBase(HomeLoop, ClosingStore):
         # A client belongs to one event loop: a store that made its client (``make``)
         # makes another for the background loop; a caller's client serves its own loop.
         self._make = make if owns_client else None
-        self._given_loop = _loop()  # the loop the given client's connections belong to
+        self._given_loop = running_loop()  # the loop the given client's connections belong to
         self.movable = self._make is not None
         info = client.connection_pool.connection_kwargs
         where = info.get("path") or f"{info.get('host', 'localhost')}:{info.get('port', 6379)}"
@@ -115,7 +114,7 @@ class RedisBase(HomeLoop, ClosingStore):
         client = self._given
         if client is None:
             raise StoreUnavailableError("the store is closed; open a new one")
-        loop = _loop()
+        loop = running_loop()
         if self._given_loop is None:
             self._given_loop = loop
         elif self._make is not None and loop is not self._given_loop:
@@ -205,13 +204,6 @@ class RedisBase(HomeLoop, ClosingStore):
 class _LoopParts(NamedTuple):
     client: Redis
     scripts: ScriptConnections | None
-
-
-def _loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
 
 
 async def run_script(
