@@ -31,6 +31,16 @@ from statekeeper.sync import blocking
 from statekeeper.testing.registry import THREADS, needs
 
 from .support import TENANT, new_session
+from .thread_calls import (
+    abandon_in_closed_loop,
+    abandon_in_exited_thread,
+    append,
+    append_abandoned_by_asyncio_run,
+    append_cancelled,
+    append_with_timeout,
+    spins,
+)
+from .thread_checks import verify
 from .threads import (
     OWN_LOOP,
     PER_CALL,
@@ -38,16 +48,8 @@ from .threads import (
     Caller,
     Home,
     Ledger,
-    abandon_in_closed_loop,
-    abandon_in_exited_thread,
-    append,
-    append_abandoned_by_asyncio_run,
-    append_cancelled,
-    append_with_timeout,
     home_appends,
     run_callers,
-    spins,
-    verify,
 )
 
 CALLERS = 8
