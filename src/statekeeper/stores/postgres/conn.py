@@ -216,7 +216,6 @@ class PostgresBase(HomeLoop, ClosingStore):
         self.url = url
         self._given: ConnectionSource | None = source
         self._given_loop = running_loop()  # the loop the given connections belong to
-        self._twins: dict[asyncio.AbstractEventLoop, ConnectionSource] = {}
         self.movable = source.twin() is not None if isinstance(source, PoolSource) else False
         self.notify_channel: str | None = None
         """When set, each event append also sends a NOTIFY on this channel (at commit)."""
@@ -226,27 +225,24 @@ class PostgresBase(HomeLoop, ClosingStore):
         """Writes under way on a loop: `close` lets them end before it closes."""
         return set()
 
+    @per_loop
+    def _loop_source(self) -> ConnectionSource:
+        """The connections of the running loop: the given ones on their own loop, else a
+        twin with the same settings, else (a caller's connections, to which calls are
+        routed) the given ones."""
+        given = self._given
+        assert given is not None  # `_source` asks only while the store is open
+        loop = running_loop()
+        if self._given_loop is None:
+            self._given_loop = loop
+        if loop is self._given_loop:
+            return given
+        return given.twin() or given
+
     @property
     def _source(self) -> ConnectionSource | None:
         """The connections of the running loop (None once the store is closed)."""
-        given = self._given
-        if given is None:
-            return None
-        loop = asyncio.get_running_loop()
-        if loop is self._given_loop:
-            return given
-        if self._given_loop is None:
-            self._given_loop = loop
-            return given
-        twin = self._twins.get(loop)
-        if twin is None:
-            made = given.twin()
-            if made is None:  # a caller's connections: routed to their loop only
-                return given
-            for gone in [old for old in self._twins if old.is_closed()]:
-                del self._twins[gone]  # their connections went with their loop
-            twin = self._twins.setdefault(loop, made)
-        return twin
+        return None if self._given is None else self._loop_source
 
     def __repr__(self) -> str:
         return f"PostgresStore({self.url!r}, schema={self.schema!r})"
@@ -266,10 +262,11 @@ class PostgresBase(HomeLoop, ClosingStore):
         given, self._given = self._given, None
         if given is None:
             return
-        twins, self._twins = self._twins, {}
+        made = PostgresBase._loop_source.items(self)
+        PostgresBase._loop_source.drop(self)
         parts: list[tuple[asyncio.AbstractEventLoop | None, ConnectionSource]] = [
             (self._given_loop, given),
-            *twins.items(),
+            *((loop, source) for loop, source in made if source is not given),
         ]
         await on_their_loops(parts, self._drain)
 
