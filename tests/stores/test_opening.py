@@ -74,3 +74,14 @@ async def test_sqlite_page_size_applies_to_a_new_file_only(tmp_path: Path) -> No
     conn.close()
     with pytest.raises(InvalidInputError, match="page_size=5000 is not one of"):
         await open_store(f"sqlite:///{tmp_path / 'x.db'}?page_size=5000")
+
+
+async def test_a_new_sqlite_file_uses_8_kb_pages_by_default(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "default.db"
+    async with open_store(f"sqlite:///{path}") as store:
+        await store.create_session(SessionRecord(id="s1", tenant="t"))
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA page_size").fetchone()[0] == 8192
+    conn.close()

@@ -62,7 +62,7 @@ class SQLiteConnection(ClosingStore):
         read_only: bool = False,
         inline_writes: bool = True,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
-        page_size: int = 16384,
+        page_size: int = 8192,
     ) -> None:
         if page_size not in _PAGE_SIZES:
             raise InvalidInputError(
