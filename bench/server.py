@@ -1,9 +1,22 @@
-"""The HTTP server against the library calls it makes, and its SSE fan-out latency.
+"""The HTTP server against a bare FastAPI route and the library calls it makes, and its
+SSE fan-out latency.
 
-The server is ``statekeeper serve`` in its own process (uvicorn, one worker) over a
-SQLite file (and, for the feed row, a Redis store), with the demo app; this process is
-the client (httpx, one keep-alive connection per client) and the library side, on the
-same store:
+Our routes against a bare route (both in this process, each app on its own store over
+the same SQLite file, both called through ``httpx.ASGITransport`` by one client each,
+interleaved in batches): the bare app is a plain FastAPI app whose routes make the same
+library calls (``SessionManager.get``, then ``Session.entries`` or ``Session.append``)
+without a key and answer the entries as plain JSON; ours checks an API key (read from the
+store) and answers the API's shapes.
+
+- last 20 entries of a 1,000- and of a 10,000-entry session (``GET .../entries``), our
+  route against the bare one, and ours on 10,000 against ours on 1,000 (a read of the
+  newest entries should not cost more in a longer session);
+- append: one message per request, ours against the bare route.
+
+Against the library, the server is ``statekeeper serve`` in its own process (uvicorn,
+one worker) over a SQLite file (and, for the feed row, a Redis store), with the demo
+app; this process is the client (httpx, one keep-alive connection per client) and the
+library side, on the same store:
 
 - append: one message per request, ``POST /sessions/{id}/messages``, against
   ``Session.append`` of the same message in this process; sides interleaved in batches;
@@ -30,16 +43,21 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from fastapi import FastAPI
+from pydantic import BaseModel, JsonValue
 
-from bench.common import Verdicts, interleave, spread
+from bench.common import Ratios, Verdicts, as_message, interleave, message_dict, spread
 from statekeeper.core.messages import Message
 from statekeeper.demo_app import make_runner
 from statekeeper.runtime.events import EventBus
-from statekeeper.server import ApiKeys
+from statekeeper.server import ApiKeys, ServerConfig, create_app
 from statekeeper.sessions import SessionManager
 from statekeeper.stores import Store, open_store
+from statekeeper.stores.base import Entry
 
 BATCHES, BATCH = 6, 50
+READ_SIZES = (1_000, 10_000)
+PAGE = 20
 RUNS_PER_SIDE = 30
 FANOUT = (1, 100)
 EVENTS = 20
@@ -99,6 +117,101 @@ async def _append(store: Store, client: httpx.AsyncClient) -> tuple[Any, float, 
 
     ratios = await interleave(ours, raw, BATCHES, BATCH)
     return ratios, 1e6 / ratios.ours_us, 1e6 / ratios.raw_us
+
+
+class _Messages(BaseModel):
+    messages: list[dict[str, JsonValue]]
+
+
+def _plain(entry: Entry) -> dict[str, Any]:
+    return entry._asdict() | {"created_at": entry.created_at.isoformat()}
+
+
+def bare_app(store: Store, tenant: str) -> FastAPI:
+    """The baseline: FastAPI routes making the library calls ours make, without a key,
+    answering the entries as they are stored."""
+    app = FastAPI()
+    manager = SessionManager(store, tenant, max_messages=None, auto_continue=False)
+
+    @app.get("/sessions/{session_id}/entries")
+    async def entries(session_id: str, after_seq: int = 0, limit: int = 200) -> Any:
+        session = await manager.get(session_id)
+        page = await session.entries(after_seq=after_seq, limit=limit)
+        return {"items": [_plain(e) for e in page]}
+
+    @app.post("/sessions/{session_id}/messages", status_code=201)
+    async def append(session_id: str, body: _Messages) -> Any:
+        session = await manager.get(session_id)
+        messages = [Message.from_dict(m) for m in body.messages]
+        outcome = await session.append(*messages, strict=False)
+        return {"entries": [_plain(e) for e in outcome.entries]}
+
+    return app
+
+
+async def _filled(manager: SessionManager, session_id: str, size: int) -> None:
+    session = await manager.create(session_id=session_id)
+    for start in range(0, size, 100):
+        batch = [as_message(message_dict(n)) for n in range(start, min(size, start + 100))]
+        await session.append(*batch, strict=False)
+
+
+async def _routes(url: str, rows: dict[str, Any]) -> None:
+    """Our routes against the bare ones, in this process (see the module docstring)."""
+    tenant = "bench"
+    ours_app = create_app(ServerConfig(url))
+    bare_store = await open_store(url)
+    try:
+        manager = SessionManager(bare_store, tenant, max_messages=None, auto_continue=False)
+        for size in READ_SIZES:
+            await _filled(manager, f"read-{size}", size)
+        await manager.create(session_id="append-ours")
+        await manager.create(session_id="append-bare")
+        _, key = await ApiKeys(bare_store).create(tenant, "operate")
+        async with (
+            ours_app.router.lifespan_context(ours_app),
+            httpx.AsyncClient(
+                transport=httpx.ASGITransport(ours_app),
+                base_url="http://ours/api/v1",
+                headers={"Authorization": f"Bearer {key}"},
+            ) as ours,
+            httpx.AsyncClient(
+                transport=httpx.ASGITransport(bare_app(bare_store, tenant)),
+                base_url="http://bare",
+            ) as bare,
+        ):
+
+            def reader(client: httpx.AsyncClient, size: int) -> Any:
+                params = {"after_seq": size - PAGE, "limit": PAGE}
+
+                async def read(n: int) -> None:
+                    answer = await client.get(f"/sessions/read-{size}/entries", params=params)
+                    assert len(answer.json()["items"]) == PAGE, answer.text
+
+                return read
+
+            for size in READ_SIZES:
+                rows[f"read {size}"] = await interleave(
+                    reader(ours, size), reader(bare, size), BATCHES, BATCH
+                )
+            small, large = READ_SIZES
+            rows["read growth"] = await interleave(
+                reader(ours, large), reader(ours, small), BATCHES, BATCH
+            )
+
+            def appender(client: httpx.AsyncClient, session_id: str) -> Any:
+                async def append(n: int) -> None:
+                    body = {"messages": [message_dict(n)]}
+                    answer = await client.post(f"/sessions/{session_id}/messages", json=body)
+                    assert answer.status_code == 201, answer.text
+
+                return append
+
+            rows["append routes"] = await interleave(
+                appender(ours, "append-ours"), appender(bare, "append-bare"), BATCHES, BATCH
+            )
+    finally:
+        await bare_store.close()
 
 
 async def _approve_resume(store: Store, client: httpx.AsyncClient) -> tuple[float, float]:
@@ -171,6 +284,7 @@ async def run() -> dict[str, Any]:
     """Every figure of the suite."""
     rows: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
+        await _routes(f"sqlite:///{tmp}/routes.db", rows)
         url = f"sqlite:///{tmp}/bench.db"
         store = await open_store(url)
         served = Served(url, _port())
@@ -208,9 +322,25 @@ async def _drop_keys(prefix: str) -> None:
         await client.aclose()
 
 
+def _times(name: str, ratios: Ratios) -> None:
+    label = f"{name}: us per request, ours / bare"
+    print(f"{label:<{Verdicts.WIDTH}} {ratios.ours_us:>9.0f} / {ratios.raw_us:.0f}")
+
+
 def report(rows: dict[str, Any]) -> list[str]:
     """Print the figures; return the missed targets."""
     verdicts = Verdicts()
+    for size in READ_SIZES:
+        ratios = rows[f"read {size}"]
+        _times(f"last {PAGE} of {size:,}", ratios)
+        verdicts.at_most(f"last {PAGE} of {size:,}: ours / bare route", list(ratios), 1.3)
+    small, large = READ_SIZES
+    verdicts.at_most(
+        f"last {PAGE}: ours {large:,} / ours {small:,}", list(rows["read growth"]), 1.2
+    )
+    ratios = rows["append routes"]
+    _times("append", ratios)
+    verdicts.at_most("append: ours / bare route", list(ratios), 1.2)
     ratios, http_rps, lib_rps = rows["append"]
     verdicts.info("append: HTTP requests/s", http_rps)
     verdicts.info("append: library calls/s", lib_rps)

@@ -89,7 +89,13 @@ async def test_the_tree_shows_branches_and_what_a_compaction_stands_for(
     assert result.entry is not None
     async with live.client("read") as client:
         tree = (await client.get("/api/v1/sessions/ses-tree/tree")).json()
+        page = await client.get("/api/v1/sessions/ses-tree/entries?after_seq=10&limit=3")
     nodes = {n["seq"]: n for n in tree["nodes"]}
+    branch = {e.seq for e in await session.branch()}
+    assert [(e["seq"], e["on_branch"]) for e in page.json()["items"]] == [
+        (seq, seq in branch) for seq in (11, 12, 13)
+    ]
+    assert [n["on_branch"] for n in nodes.values()] == [seq in branch for seq in nodes]
     assert tree["head_seq"] == result.entry.seq
     branch_point = [e for e in tree["edges"] if e["type"] == "parent" and e["from"] == 2]
     assert sorted(e["to"] for e in branch_point) == [3, 13]

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Request
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.openapi.models import HTTPBearer as HTTPBearerModel
+from fastapi.security.base import SecurityBase
+from fastapi.security.utils import get_authorization_scheme_param
 
 from statekeeper.server.context import ServerContext
 from statekeeper.server.errors import AuthenticationError, PermissionDeniedError
@@ -16,7 +18,7 @@ from statekeeper.server.keys import SCOPES, Scope
 __all__ = ["ANONYMOUS_TENANT", "Caller", "authenticate", "context_of", "require"]
 
 ANONYMOUS_TENANT = "default"
-_bearer = HTTPBearer(auto_error=False, description="An API key: `statekeeper keys create`.")
+_DESCRIPTION = "An API key: `statekeeper keys create`."
 
 
 @dataclass(frozen=True)
@@ -40,13 +42,22 @@ async def context_of(request: Request) -> ServerContext:
     return context
 
 
-async def _caller(request: Request, credentials: HTTPAuthorizationCredentials | None) -> Caller:
+def _presented(request: Request) -> str | None:
+    """The bearer token of ``request`` (as `HTTPBearer` reads it), else, for an event
+    stream, its ``key`` query parameter (EventSource cannot send headers)."""
+    scheme, token = get_authorization_scheme_param(request.headers.get("Authorization"))
+    if token and scheme.lower() == "bearer":
+        return token
+    if request.url.path.endswith("/stream"):
+        return request.query_params.get("key")
+    return None
+
+
+async def _caller(request: Request) -> Caller:
     context: ServerContext = request.app.state.context
     if context.anonymous:
         return Caller(ANONYMOUS_TENANT, "admin", None)
-    presented = credentials.credentials if credentials is not None else None
-    if presented is None and request.url.path.endswith("/stream"):
-        presented = request.query_params.get("key")  # EventSource cannot send headers
+    presented = _presented(request)
     if not presented:
         raise AuthenticationError(
             "this API needs a key: send `Authorization: Bearer <key>` (create one with "
@@ -59,24 +70,31 @@ async def _caller(request: Request, credentials: HTTPAuthorizationCredentials | 
 async def authenticate(request: Request) -> Caller:
     """The caller of ``request``, or `AuthenticationError`: for answers given before the
     route's dependencies run (a body that is not JSON is refused before them)."""
-    return await _caller(request, await _bearer(request))
+    return await _caller(request)
+
+
+class _Requires(SecurityBase):
+    """The dependency `require` makes. It is the OpenAPI bearer scheme itself (a
+    `SecurityBase`) rather than a function depending on `HTTPBearer`: FastAPI solves
+    each dependency level on every request, and one level costs less than two."""
+
+    def __init__(self, scope: Scope) -> None:
+        self.model = HTTPBearerModel(description=_DESCRIPTION)
+        self.scheme_name = "HTTPBearer"
+        self.scope = scope
+
+    async def __call__(self, request: Request) -> Caller:
+        caller = await _caller(request)
+        if SCOPES.index(caller.scope) < SCOPES.index(self.scope):
+            raise PermissionDeniedError(
+                f"this needs an API key with scope {self.scope!r}; this key has {caller.scope!r}"
+            )
+        return caller
 
 
 def require(scope: Scope) -> Callable[..., Awaitable[Caller]]:
     """A dependency: the caller, if its key's scope includes ``scope``."""
-
-    async def check(
-        request: Request,
-        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-    ) -> Caller:
-        caller = await _caller(request, credentials)
-        if SCOPES.index(caller.scope) < SCOPES.index(scope):
-            raise PermissionDeniedError(
-                f"this needs an API key with scope {scope!r}; this key has {caller.scope!r}"
-            )
-        return caller
-
-    return check
+    return _Requires(scope)
 
 
 Reader = Annotated[Caller, Depends(require("read"))]

@@ -14,9 +14,10 @@ from statekeeper.errors import InvalidPayloadError
 from statekeeper.runs.operations import check_no_live_runs
 from statekeeper.runs.store import RunStore
 from statekeeper.server.auth import Admin, Context, Operator, Reader
+from statekeeper.server.branch import branch_seqs
 from statekeeper.server.routes_runs import load_run
 from statekeeper.server.views import entry_json, run_summary, session_summary, tree_json
-from statekeeper.sessions import SessionManager
+from statekeeper.sessions import Session, SessionManager
 from statekeeper.stores.base import Entry
 
 __all__ = ["router"]
@@ -51,9 +52,12 @@ def _manager(context: Any, tenant: str) -> SessionManager:
     return SessionManager(context.store, tenant, max_messages=None, auto_continue=False)
 
 
-async def _branch_ids(manager: SessionManager, session_id: str) -> set[str]:
-    session = await manager.get(session_id)
-    return {entry.id for entry in await session.branch()}
+async def _branch_ids(session: Session, page: list[Entry]) -> set[str]:
+    """The ids of the entries of ``page`` on the session's active branch (as the handle
+    last read its head: the head is read once per request)."""
+    manager, head = session.manager, session.record.head_seq
+    seqs = await branch_seqs(manager.store, manager.tenant, session.id, head, page)
+    return {e.id for e in page if e.seq in seqs}
 
 
 @router.get("")
@@ -119,10 +123,9 @@ async def entries(
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
 ) -> dict[str, Any]:
     """A page of the transcript's stored entries (every branch), in seq order."""
-    manager = _manager(context, caller.tenant)
-    branch = await _branch_ids(manager, session_id)
-    session = await manager.get(session_id)
+    session = await _manager(context, caller.tenant).get(session_id)
     page = await session.entries(after_seq=after_seq, limit=limit)
+    branch = await _branch_ids(session, page)
     by_seq = {e.seq: e for e in page}
     if any(e.kind == "compaction" for e in page):
         # What a compaction stands for is among its ancestors: read those too.
@@ -137,10 +140,9 @@ async def entries(
 @router.get("/{session_id}/tree")
 async def tree(session_id: str, caller: Reader, context: Context) -> dict[str, Any]:
     """The transcript as a DAG: entries, parent and summary edges, continuation links."""
-    manager = _manager(context, caller.tenant)
-    branch = await _branch_ids(manager, session_id)
-    session = await manager.get(session_id)
+    session = await _manager(context, caller.tenant).get(session_id)
     stored: list[Entry] = await session.entries(limit=_TREE_LIMIT)
+    branch = await _branch_ids(session, stored)
     return tree_json(session.record, stored, branch)
 
 
