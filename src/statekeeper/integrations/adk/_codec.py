@@ -28,6 +28,7 @@ from statekeeper.errors import (
     NotFoundError,
 )
 from statekeeper.ids import MAX_ID_LENGTH, validate_id
+from statekeeper.integrations.adk._rebuild import Unsupported, builder
 from statekeeper.stores.base import Entry, EntryKind
 
 __all__ = [
@@ -142,6 +143,9 @@ def split_delta(delta: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return parts
 
 
+_build_event = builder(Event)
+
+
 def encode_event(event: Event) -> dict[str, Any]:
     """The stored form of an event: its JSON dump without unset (None) fields, the
     form ADK's own database services store."""
@@ -158,8 +162,14 @@ def decode_event(entry: Entry) -> Event:
     the session is still served and the damage is visible, never skipped."""
     if entry.kind == EVENT_KIND:
         try:
-            # From JSON text: pydantic's JSON path is about 5x faster for an Event than
-            # from a dict (ADK's own SQLite service reads events the same way).
+            # The dump `encode_event` stored, built back without validating it again
+            # (`_rebuild`: the same event, several times faster) ...
+            return _build_event(entry.payload)
+        except Unsupported:
+            pass
+        try:
+            # ... or, for a shape `_rebuild` does not know, validated from JSON text
+            # (pydantic's JSON path is about 5x faster for an Event than from a dict).
             return Event.model_validate_json(json.dumps(entry.payload))
         except ValidationError as exc:
             problem = f"stored event {entry.id!r} (entry {entry.seq}) is invalid: {exc}"

@@ -42,6 +42,7 @@ from statekeeper.errors import (
     StatekeeperError,
 )
 from statekeeper.ids import validate_id
+from statekeeper.jsoncodec import gc_paused
 from statekeeper.integrations._owned import AdapterStore, StoreLifecycle, on_store
 from statekeeper.integrations.adk._codec import (
     APP_KEY,
@@ -391,7 +392,8 @@ class StatekeeperSessionService(StoreLifecycle, BaseSessionService):
         # One entry per event, numbered from 1: the last n events are the last n seqs.
         start = max(0, record.last_seq - recent) if recent is not None and after is None else 0
         entries = await self._store.read_entries(self._tenant, record.id, after_seq=start)
-        events = [decode_event(e) for e in entries]
+        with gc_paused():  # thousands of acyclic models: see `gc_paused`
+            events = [decode_event(e) for e in entries]
         if after is not None:
             events = [e for e in events if e.timestamp >= after]
         if recent is not None:
