@@ -14,7 +14,7 @@ import contextlib
 import inspect
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import Enum
@@ -32,6 +32,8 @@ from statekeeper.errors import (
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import encode_json
 from statekeeper.longterm import rules
+from statekeeper.longterm.reading import PAGE as _PAGE
+from statekeeper.longterm.reading import Reader
 from statekeeper.retry import retry_on_conflict
 from statekeeper.stores.base import RecordStore, VersionedRecord
 
@@ -43,8 +45,6 @@ EmbedFunc: TypeAlias = Callable[
 """Texts in, one vector per text out; a plain or an ``async`` function."""
 
 _log = logging.getLogger("statekeeper.longterm")
-_PAGE: Final = 1000
-_AFTER_ALL: Final = "\x7f"  # sorts after every character an id may hold
 MAX_TTL: Final = 100 * 525_960.0
 """The longest TTL in minutes (100 years): an expiry must stay a real date."""
 
@@ -114,6 +114,30 @@ def _decode(record: VersionedRecord) -> _Found:
     return _Found(record, env, created, updated)
 
 
+def _decoded(record: VersionedRecord) -> _Found | None:
+    """`_decode`, or None after logging why (a damaged item never hides the others)."""
+    try:
+        return _decode(record)
+    except StoreCorruptError as exc:
+        _log.warning("skipping a long-term record: %s", exc)
+        return None
+
+
+def _best(probe: list[float], where: str, vectors: object) -> float | None:
+    """The best similarity of stored vectors (base64 texts) to the query; None if none."""
+    if vectors is None:
+        return None
+    try:
+        if not isinstance(vectors, list):
+            raise TypeError("not a list")
+        unpacked = [rules.unpack_vector(v) for v in vectors]
+    except (TypeError, ValueError):
+        _log.warning("long-term record %s has unreadable vectors", where)
+        return None
+    scores = [s for s in (rules.cosine(probe, v) for v in unpacked) if s is not None]
+    return max(scores) if scores else None
+
+
 def _check_ttl(ttl: object) -> float | None:
     if ttl is None:
         return None
@@ -173,6 +197,7 @@ class LongTermStore:
         self.default_ttl = _check_ttl(default_ttl)
         self.refresh_on_read = refresh_on_read
         self._clock = clock
+        self._reader = Reader(store, self.tenant, self.namespace)
 
     # -- writes --------------------------------------------------------------------------
 
@@ -297,19 +322,57 @@ class LongTermStore:
         probe = None
         if query is not None:
             probe = rules.unit((await self._embed_texts([query], self.embed_query))[0])
-        found: list[_Found] = []
-        async for candidate in self._scan(rules.scope_prefix(ns)):
-            if rules.matches(candidate.envelope["value"], checked):
-                found.append(candidate)
-                if probe is None and len(found) >= offset + limit:
-                    break
-        scored = [(self._score(f, probe), f) for f in found]
-        if probe is not None:  # stable: equal scores keep namespace-then-key order
-            scored.sort(key=lambda pair: (pair[0] is None, -(pair[0] or 0.0)))
-        page = scored[offset : offset + limit]
+        scope = rules.scope_prefix(ns)
+        page: list[tuple[float | None, _Found]]
+        if probe is None:
+            page = [(None, f) for f in await self._matching(scope, checked, offset + limit)]
+            page = page[offset:]
+        else:
+            page = await self._ranked(scope, checked, probe, offset, limit)
         if self._refreshing(refresh_ttl):
             await asyncio.gather(*(self._refresh(f) for _, f in page))
         return [f.item(score) for score, f in page]
+
+    async def _matching(
+        self, scope: str, checked: dict[str, Any], count: int | None
+    ) -> list[_Found]:
+        """The first ``count`` (None: all) items under ``scope`` matching the filter, in
+        key order."""
+        found: list[_Found] = []
+        first = _PAGE if count is None else count
+        async for record in self._reader.records(scope, checked, first_page=first):
+            candidate = _decoded(record)
+            if candidate is not None and rules.matches(candidate.envelope["value"], checked):
+                found.append(candidate)
+                if count is not None and len(found) >= count:
+                    break
+        return found
+
+    async def _ranked(
+        self, scope: str, checked: dict[str, Any], probe: list[float], offset: int, limit: int
+    ) -> list[tuple[float | None, _Found]]:
+        """The page of items matching the filter, most similar first, then those without
+        a vector. Scores come from the stored vectors alone when the store can read just
+        them; only the items of the page are then read whole."""
+        picked = await self._reader.vectors(scope, checked)
+        if picked is None:  # the store lists whole records: score them all
+            matching = await self._matching(scope, checked, None)
+            scored = [(self._score(f, probe), f) for f in matching]
+            scored.sort(key=lambda pair: (pair[0] is None, -(pair[0] or 0.0)))
+            return scored[offset : offset + limit]
+        ranked = [(_best(probe, slot, vectors), slot) for slot, vectors in picked]
+        ranked.sort(key=lambda pair: (pair[0] is None, -(pair[0] or 0.0)))  # stable: key order
+        page: list[tuple[float | None, _Found]] = []
+        for _, where in ranked:
+            if len(page) >= offset + limit:
+                break
+            try:
+                found = _decoded(await self.store.get_record(self.tenant, self.namespace, where))
+            except NotFoundError:
+                continue  # deleted or expired since
+            if found is not None and rules.matches(found.envelope["value"], checked):
+                page.append((self._score(found, probe), found))
+        return page[offset:]
 
     async def list_namespaces(
         self,
@@ -338,41 +401,8 @@ class LongTermStore:
                 return None
             return namespace[:max_depth] if max_depth is not None else namespace
 
-        found = await self._walk_namespaces(rules.scope_prefix(tuple(fixed)), keep)
+        found = await self._reader.namespaces(rules.scope_prefix(tuple(fixed)), keep)
         return sorted(found)[offset : offset + limit]
-
-    async def _walk_namespaces(
-        self, scope: str, keep: Callable[[tuple[str, ...]], tuple[str, ...] | None]
-    ) -> set[tuple[str, ...]]:
-        """The namespaces ``keep`` maps to, skipping from one namespace to the next.
-
-        After a namespace, the scan jumps past the rest of its items (and past its whole
-        subtree once ``keep`` cut it shorter), so it reads about one record per
-        namespace, not every item. Pages start at 16 records and drop to 2 while pages
-        hold mostly items of namespaces already seen (namespaces with many items).
-        """
-        seen: set[tuple[str, ...]] = set()
-        after: str | None = None
-        size = 16
-        while True:
-            page = await self.store.list_records(
-                self.tenant, self.namespace, prefix=scope, after_key=after, limit=size
-            )
-            new = 0
-            for record in page:
-                if after is not None and record.key <= after:
-                    continue  # inside a namespace or subtree already passed
-                new += 1
-                namespace = rules.slot_namespace(record.key)
-                after = f"{rules.scope_prefix(namespace)}:{_AFTER_ALL}"  # past its own items
-                cut = keep(namespace)
-                if cut is not None:
-                    seen.add(cut)
-                    if len(cut) < len(namespace):  # its whole subtree yields the same cut
-                        after = rules.scope_prefix(cut) + _AFTER_ALL
-            if len(page) < size:
-                return seen
-            size = 16 if new * 2 >= len(page) else 2
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -395,35 +425,10 @@ class LongTermStore:
                 expires_at=self._clock() + timedelta(minutes=minutes),
             )
 
-    async def _scan(self, scope: str) -> AsyncIterator[_Found]:
-        after: str | None = None
-        while True:
-            page = await self.store.list_records(
-                self.tenant, self.namespace, prefix=scope, after_key=after, limit=_PAGE
-            )
-            for record in page:
-                try:
-                    yield _decode(record)
-                except StoreCorruptError as exc:  # reported and isolated, the rest served
-                    _log.warning("skipping a long-term record: %s", exc)
-            for item in page.corrupt:  # rows the store itself could not decode
-                _log.warning("skipping a long-term record: %s", item.error)
-            if len(page) < _PAGE:
-                return
-            after = page[-1].key
-
     @staticmethod
-    def _score(found: _Found, probe: list[float] | None) -> float | None:
+    def _score(found: _Found, probe: list[float]) -> float | None:
         """The best similarity of the item's vectors to the query (None: no vector)."""
-        if probe is None:
-            return None
-        try:
-            vectors = [rules.unpack_vector(v) for v in found.envelope.get("vectors", [])]
-        except (TypeError, ValueError):
-            _log.warning("long-term record %s has unreadable vectors", found.record.key)
-            return None
-        scores = [s for s in (rules.cosine(probe, v) for v in vectors) if s is not None]
-        return max(scores) if scores else None
+        return _best(probe, found.record.key, found.envelope.get("vectors"))
 
     async def _vectors(
         self, value: dict[str, JsonValue], index: bool | Sequence[str] | None

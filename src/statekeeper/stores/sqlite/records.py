@@ -12,9 +12,11 @@ from typing import Any, TypeVar
 from pydantic import JsonValue
 
 from statekeeper.core.messages import utcnow
+from statekeeper.errors import InvalidInputError, StoreCorruptError
 from statekeeper.jsoncodec import loads
 from statekeeper.stores.base import Event, EventDraft, RecordList, VersionedRecord
 from statekeeper.stores.engine import EventWrite
+from statekeeper.stores.record_query import RecordQuery, RecordValues
 from statekeeper.stores.rules import (
     add_record,
     check_limit,
@@ -32,6 +34,8 @@ from statekeeper.stores.rules import (
     to_micros,
 )
 from statekeeper.stores.sqlite.conn import SQLiteConnection
+from statekeeper.stores.sqlite.record_sql import json_path, query_condition
+from statekeeper.stores.types import CorruptItem
 
 __all__ = ["SQLiteRecordsAndEvents"]
 
@@ -124,17 +128,45 @@ class SQLiteRecordsAndEvents(SQLiteConnection):
         limit: int = 100,
     ) -> RecordList:
         check_record_listing(tenant, namespace, prefix, limit)
+        return await self._listing(tenant, namespace, prefix, after_key, limit, "1", [])
+
+    async def query_records(
+        self,
+        tenant: str,
+        namespace: str,
+        query: RecordQuery,
+        *,
+        prefix: str = "",
+        after_key: str | None = None,
+        limit: int = 100,
+    ) -> RecordList:
+        """See `statekeeper.stores.record_query`: the tests run in SQL."""
+        check_record_listing(tenant, namespace, prefix, limit)
+        condition, params = query_condition(query)
+        return await self._listing(tenant, namespace, prefix, after_key, limit, condition, params)
+
+    async def _listing(
+        self,
+        tenant: str,
+        namespace: str,
+        prefix: str,
+        after_key: str | None,
+        limit: int,
+        condition: str,
+        params: list[Any],
+    ) -> RecordList:
         sql = (
             "SELECT key, version, updated_us, expires_us, value FROM records "
             f"WHERE tenant=? AND namespace=? AND key>=? AND key<? AND key>? AND {self._LIVE}"
-            " ORDER BY key LIMIT ?"
+            f" AND {condition} ORDER BY key LIMIT ?"
         )
 
         def run(db: sqlite3.Connection) -> RecordList:
             found, after, now = RecordList(), after_key or "", _us(utcnow())
             while True:  # more batches only when damaged rows took places in this one
                 rows = db.execute(
-                    sql, (tenant, namespace, prefix, prefix + _KEY_END, after, now, limit)
+                    sql,
+                    (tenant, namespace, prefix, prefix + _KEY_END, after, now, *params, limit),
                 ).fetchall()
                 for row in rows:
                     decode = partial(self._record, namespace, row)
@@ -143,6 +175,75 @@ class SQLiteRecordsAndEvents(SQLiteConnection):
                 if not rows or len(rows) < limit:
                     return found
                 after = rows[-1][0]
+
+        return await self._read(run)
+
+    async def pick_record_values(
+        self, tenant: str, namespace: str, query: RecordQuery, path: tuple[str, ...], *, prefix: str
+    ) -> RecordValues:
+        """See `statekeeper.stores.record_query`: one statement, the rest of each value
+        never leaves SQLite."""
+        check_record_listing(tenant, namespace, prefix, 1)
+        where = json_path(path)
+        if where is None:
+            raise InvalidInputError(f"record value path {path!r} cannot be read in SQL")
+        condition, params = query_condition(query)
+        sql = (
+            "SELECT key, CASE WHEN json_valid(value) THEN value -> ? ELSE NULL END,"
+            " CASE WHEN json_valid(value) THEN NULL ELSE value END FROM records "
+            f"WHERE tenant=? AND namespace=? AND key>=? AND key<? AND {self._LIVE}"
+            f" AND {condition} ORDER BY key"
+        )
+
+        def run(db: sqlite3.Connection) -> RecordValues:
+            args = (where, tenant, namespace, prefix, prefix + _KEY_END, _us(utcnow()), *params)
+            found = RecordValues()
+            for key, picked, damaged in db.execute(sql, args):
+                if damaged is not None:
+                    try:
+                        record_value(namespace, key, damaged)
+                    except StoreCorruptError as exc:
+                        found.corrupt.append(CorruptItem(id=key, error=str(exc), raw=damaged[:200]))
+                        continue
+                found.values.append((key, None if picked is None else loads(picked)))
+            return found
+
+        return await self._read(run)
+
+    async def list_key_heads(
+        self, tenant: str, namespace: str, *, prefix: str, separator: str
+    ) -> list[str]:
+        """See `statekeeper.stores.record_query`: a skip scan, one index seek per head
+        (records that are not JSON do not count, as listings leave them out)."""
+        check_record_listing(tenant, namespace, prefix, 1)
+        if not separator:
+            raise InvalidInputError("list_key_heads needs a separator")
+        first = (
+            "SELECT key FROM records WHERE tenant=:t AND namespace=:n AND key{op}{low}"
+            f" AND key<:high AND {self._LIVE.replace('?', ':now')} AND json_valid(value)"
+            " ORDER BY key LIMIT 1"
+        )
+        past = (
+            "CASE WHEN instr(k, :sep) > 0 THEN substr(k, 1, instr(k, :sep) + length(:sep) - 1)"
+            " || char(127) ELSE k END"
+        )
+        sql = (
+            f"WITH RECURSIVE heads(k) AS (SELECT ({first.format(op='>=', low=':low')})"
+            f" UNION ALL SELECT ({first.format(op='>', low=past)}) FROM heads"
+            " WHERE k IS NOT NULL) SELECT k FROM heads WHERE k IS NOT NULL"
+        )
+        args = {
+            "t": tenant,
+            "n": namespace,
+            "low": prefix,
+            "high": prefix + _KEY_END,
+            "now": _us(utcnow()),
+            "sep": separator,
+        }
+
+        def run(db: sqlite3.Connection) -> list[str]:
+            heads = (key.partition(separator) for (key,) in db.execute(sql, args))
+            return [head for head, sep, _ in heads if sep]
 
         return await self._read(run)
 
