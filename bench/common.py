@@ -105,7 +105,7 @@ class Verdicts:
         value = statistics.median(values) if isinstance(values, list) else values
         met = value <= limit if op == "<=" else value >= limit
         print(
-            f"{name:<{self.WIDTH}} {_shown(values)}  (target {op} {limit})  "
+            f"{name:<{self.WIDTH}} {_shown(values)}  (target {op} {limit:.3g})  "
             f"{'met' if met else 'MISSED'}"
         )
         if not met:

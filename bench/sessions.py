@@ -41,13 +41,16 @@ TURN = "The customer asked about order {n}: it left the depot on Tuesday. " * 6
 
 TARGETS = {
     ("power", "append"): 1.15,
-    ("process", "append"): 2.0,
+    ("process", "append"): 2.5,
     ("power", "load"): 1.0,
     ("process", "load"): 1.0,
-    ("power", "bytes"): 1.2,
-    ("process", "bytes"): 1.2,
+    ("power", "bytes"): 1.1,
+    ("process", "bytes"): 1.1,
 }
-"""Upper limits of ours / raw at 10,000 messages (issue: faster than the incumbent)."""
+"""Upper limits of ours / raw at 10,000 messages (issue 21). Bytes are compared with a
+raw table at our file's page size (the payload's JSON size is printed beside it)."""
+WRITERS = {2: 1.3, 8: 3.0}
+"""Lower limits of appends/s with N writers at once over one writer's (``power``)."""
 
 
 def message_dict(n: int) -> dict[str, str]:
@@ -73,8 +76,10 @@ def as_message(data: dict[str, str]) -> Message:
 class Raw:
     """The baseline: a plain rowid table, one INSERT per transaction."""
 
-    def __init__(self, path: Path, synchronous: str) -> None:
+    def __init__(self, path: Path, synchronous: str, page_size: int | None = None) -> None:
         self.db = sqlite3.connect(path, isolation_level=None)
+        if page_size is not None:  # else SQLite's default, 4 KB
+            self.db.execute(f"PRAGMA page_size={page_size}")
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute(f"PRAGMA synchronous={synchronous}")
         self.db.execute(
@@ -159,6 +164,7 @@ async def measure(durability: str, history: int, folder: Path) -> dict[str, Any]
     checkpoint.close()
     payload = sum(len(json.dumps(d).encode()) for d in filler + fresh)
     return {
+        "raw_bytes": [ours_path.stat().st_size / raw_file_bytes(folder, ours_path, filler + fresh)],
         "append_us": ours_total / APPENDS * 1e6,
         "raw_append_us": raw_total / APPENDS * 1e6,
         "append": ratios,
@@ -169,9 +175,23 @@ async def measure(durability: str, history: int, folder: Path) -> dict[str, Any]
     }
 
 
+def raw_file_bytes(folder: Path, ours: Path, dicts: list[dict[str, str]]) -> int:
+    """The bytes of a raw table holding ``dicts``, at the page size of our file."""
+    probe = sqlite3.connect(ours)
+    page_size = probe.execute("PRAGMA page_size").fetchone()[0]
+    probe.close()
+    path = folder / f"raw-bytes-{ours.stem}.db"
+    raw = Raw(path, "NORMAL", page_size)
+    raw.fill(dicts)
+    raw.db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+    raw.db.close()
+    return path.stat().st_size
+
+
 async def concurrency(folder: Path, writers: int = 8, appends: int = 400) -> float:
     """Appends/s of ``writers`` tasks on as many sessions, over one task's, with ``power``."""
-    async with open_store(f"sqlite:///{folder / 'concurrent.db'}", durability="power") as store:
+    url = f"sqlite:///{folder / f'concurrent-{writers}.db'}"
+    async with open_store(url, durability="power") as store:
         manager = SessionManager(store, "bench", max_messages=None)
         sessions = [await manager.create() for _ in range(writers)]
 
@@ -200,7 +220,9 @@ async def run() -> list[tuple[str, int, dict[str, Any]]]:
                 results.append(
                     (durability, history, await measure(durability, history, Path(folder)))
                 )
-        results.append(("power", 8, {"concurrency": [await concurrency(Path(folder))]}))
+        for writers in WRITERS:
+            speedup = await concurrency(Path(folder), writers)
+            results.append(("power", writers, {"concurrency": [speedup]}))
     return results
 
 
@@ -212,8 +234,8 @@ def report(results: list[tuple[str, int, dict[str, Any]]]) -> list[str]:
     """Print the table and the verdicts; return the missed targets."""
     print(
         f"{'durability':<10} {'history':>7} {'ours us':>8} {'raw us':>7} "
-        f"{'append ratio':>20} {'load ratio':>20} {'bytes/payload':>13} {'load ms':>8} "
-        f"{'raw ms':>7}"
+        f"{'append ratio':>20} {'load ratio':>20} {'bytes/payload':>13} {'bytes/raw':>9} "
+        f"{'load ms':>8} {'raw ms':>7}"
     )
     for durability, history, r in results:
         if "concurrency" in r:
@@ -221,26 +243,26 @@ def report(results: list[tuple[str, int, dict[str, Any]]]) -> list[str]:
         print(
             f"{durability:<10} {history:>7} {r['append_us']:>8.0f} {r['raw_append_us']:>7.0f} "
             f"{_spread(r['append']):>20} {_spread(r['load']):>20} {r['bytes'][0]:>13.2f} "
-            f"{r['load_ms'][0]:>8.1f} {r['raw_load_ms'][0]:>7.1f}"
+            f"{r['raw_bytes'][0]:>9.2f} {r['load_ms'][0]:>8.1f} {r['raw_load_ms'][0]:>7.1f}"
         )
     by = {(d, h): r for d, h, r in results}
     failed = []
     print()
     for (durability, what), limit in TARGETS.items():
-        value = statistics.median(by[durability, HISTORIES[-1]][what])
+        key = "raw_bytes" if what == "bytes" else what
+        value = statistics.median(by[durability, HISTORIES[-1]][key])
         verdict = "met" if value <= limit else "MISSED"
-        against = "payload" if what == "bytes" else "raw"
-        name = f"{durability}: {what} at {HISTORIES[-1]:,} vs {against}"
+        name = f"{durability}: {what} at {HISTORIES[-1]:,} vs raw"
         print(f"{name:<36} {value:6.2f}  (target <= {limit})  {verdict}")
         if value > limit:
             failed.append(name)
-    speedup = by["power", 8]["concurrency"][0]
-    verdict = "met" if speedup >= 3.0 else "MISSED"
-    print(
-        f"{'power: 8 writers / 1 writer, appends/s':<36} {speedup:6.2f}  (target >= 3.0)  {verdict}"
-    )
-    if speedup < 3.0:
-        failed.append("power: 8 writers / 1 writer")
+    for writers, limit in WRITERS.items():
+        speedup = by["power", writers]["concurrency"][0]
+        verdict = "met" if speedup >= limit else "MISSED"
+        name = f"power: {writers} writers / 1, appends/s"
+        print(f"{name:<36} {speedup:6.2f}  (target >= {limit})  {verdict}")
+        if speedup < limit:
+            failed.append(name)
     for durability in ("power", "process"):
         growth = (
             by[durability, HISTORIES[-1]]["append_us"] / by[durability, HISTORIES[0]]["append_us"]

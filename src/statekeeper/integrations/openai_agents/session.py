@@ -340,27 +340,33 @@ class StatekeeperSession(StoreLifecycle, SessionABC):
         loaded: dict[int, Entry] = {}
         window = (wanted or 0) + _SLACK  # a few more than asked: pops leave dead entries
         seq = record.head_seq
-        while seq and (wanted is None or len(found) < wanted):
-            if seq not in loaded:
+        limit = -1 if wanted is None else wanted
+        item, marker = ITEM_KIND, EntryKind.MARKER
+        # The loop runs once per item of a whole transcript: the usual entry (an item
+        # whose payload holds a dict) is decided with the fewest lookups.
+        while seq and len(found) != limit:
+            entry = loaded.get(seq)
+            if entry is None:
                 after = 0 if wanted is None else max(0, seq - window)
                 read = await self.store.read_entries(
                     self.tenant, self.session_id, after_seq=after, until_seq=seq
                 )
-                loaded.update((entry.seq, entry) for entry in read)
+                loaded.update({e.seq: e for e in read})
                 window *= 2
-                if seq not in loaded:
+                entry = loaded.get(seq)
+                if entry is None:
                     raise StoreCorruptError(
                         f"entry {seq} of session {self.session_id!r} is on the active branch "
                         "but missing from the store"
                     )
-            entry = loaded[seq]
-            if is_clear_marker(entry):
-                break
-            if entry.kind == ITEM_KIND and isinstance(entry.payload.get("item"), dict):
+            kind = entry.kind
+            if kind == item and type(entry.payload.get("item")) is dict:
                 found.append(entry)
-            elif entry.kind in _MESSAGE_KINDS:
+            elif kind == marker and is_clear_marker(entry):
+                break
+            elif kind in _MESSAGE_KINDS:
                 raise _NeedsBranch
-            elif entry.kind == EntryKind.CORRUPT or entry.kind == ITEM_KIND:
+            elif kind == EntryKind.CORRUPT or kind == item:
                 if not skip_corrupt:
                     raise StoreCorruptError(
                         f"the last entry ({entry.seq}) of session {self.session_id!r} cannot "
@@ -368,7 +374,7 @@ class StatekeeperSession(StoreLifecycle, SessionABC):
                     )
                 self._report(entry)
             seq = entry.parent_seq or 0
-        if not seq and record.forked_from is not None and (wanted is None or len(found) < wanted):
+        if not seq and record.forked_from is not None and len(found) != limit:
             raise _NeedsBranch  # the rest is the history this session was forked from
         found.reverse()
         return found

@@ -68,6 +68,10 @@ from statekeeper.stores.sqlite.schema import LIVE_COLUMNS, SEQ_BITS
 __all__ = ["SQLiteStore"]
 
 
+_INLINE_ENTRIES = 64
+"""Reads of at most this many entries run inline (see `read_entries`)."""
+
+
 class _Stale(Exception):
     """The head moved or an entry id is taken: roll back, report the current state."""
 
@@ -322,7 +326,12 @@ class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
                 [low | max(after_seq, 0), low | last, _limit(limit)],
             )
 
-        return await self._read(read)
+        # A few entries (the newest N of a chat, a window of a walk) are read right here:
+        # less work than the hop to the worker. Whole transcripts go to the worker.
+        span = None if until_seq is None else until_seq - after_seq
+        if limit is not None:
+            span = limit if span is None else min(span, limit)
+        return await self._read(read, inline=span is not None and span <= _INLINE_ENTRIES)
 
     async def prune_entries(
         self, tenant: str, session_id: str, *, kind: str, before_seq: int, id_prefix: str = ""
