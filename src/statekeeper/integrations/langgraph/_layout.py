@@ -10,7 +10,9 @@ three kinds of side entries (roots, so pruning can pick any of them):
   when the channel got a new version. A list that grew by appending (``MessagesState``'s
   messages) is stored as a *delta*: only the new items (or the seq of the pending write
   that holds them, ``from``), with the seqs of the blob it extends (``base``) and of the
-  first whole value of its chain (``root``);
+  first whole value of its chain (``root``). Every so many steps the list is written
+  again as *segments* and that step's blob is a *spine* naming them, so chains stay
+  short (`_spine`: ids ``s:<checkpoint id>:<channel hash>:<level>``);
 - ``lg.write`` (id ``w:<checkpoint id>:<task hash>:<idx>``): a pending write.
 
 The session's ``state`` names the latest checkpoint. A run index (records in
@@ -20,7 +22,6 @@ The session's ``state`` names the latest checkpoint. A run index (records in
 from __future__ import annotations
 
 import hashlib
-import operator
 import re
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -110,50 +111,6 @@ def thread_of(config: RunnableConfig) -> tuple[str, str]:
     return str(thread_id), str(configurable.get("checkpoint_ns") or "")
 
 
-@dataclass(slots=True)
-class Tip:
-    """The newest value this saver wrote (or read) for a list channel: the base of deltas."""
-
-    blob_id: str
-    seq: int
-    root: int
-    items: list[Any]
-    payload: dict[str, Any]
-
-
-def extends(items: list[Any], value: list[Any]) -> bool:
-    """True if ``value`` starts with ``items`` (same objects, or equal ones)."""
-    if len(value) < len(items):
-        return False
-    if all(map(operator.is_, items, value)):  # LangGraph's reducers keep the same objects
-        return True
-    return all(a is b or a == b for a, b in zip(items, value, strict=False))
-
-
-def blob_payload(
-    codec: ValueCodec,
-    channel: str,
-    value: Any,
-    tip: Tip | None,
-    written: Sequence[tuple[int, Any]] = (),
-) -> dict[str, Any]:
-    """A channel value's blob: a delta on ``tip`` if the value extends it, else whole.
-
-    ``written``: the (entry seq, stored value) of the parent checkpoint's writes to the
-    channel. When the delta is exactly the one write (a node that returned its new
-    messages), the delta names that write instead of storing the messages again.
-    """
-    if tip is not None and type(value) is list and extends(tip.items, value):
-        added = codec.encode(value[len(tip.items) :])
-        doc = {"ch": channel, "base": tip.seq, "root": tip.root, "n": len(tip.items)}
-        if len(written) == 1 and written[0][1] == added:
-            doc["from"] = written[0][0]
-        else:
-            doc["add"] = added
-        return doc
-    return {"ch": channel, "value": codec.encode(value)}
-
-
 @dataclass
 class Reader:
     """Rebuilds values and tuples from entries, resolving delta chains (memoized)."""
@@ -173,7 +130,20 @@ class Reader:
     def chain_start(self, blob: Entry) -> int | None:
         """The seq a delta chain starts at (to read it in one range), or None if whole."""
         root = blob.payload.get("root")
-        return int(root) if isinstance(root, int) else None
+        return int(root) if isinstance(root, int) and "base" in blob.payload else None
+
+    def segments_missing(self, blob_ids: Iterable[str]) -> list[str]:
+        """The segments the values of these blobs rest on that the reader lacks (their
+        chains must be in already)."""
+        missing: list[str] = []
+        for blob_id in blob_ids:
+            blob = self.entries.get(blob_id)
+            start = self.by_seq.get(self.chain_start(blob) or -1) if blob else None
+            for entry in (blob, start):
+                for seg in (entry.payload.get("segs") or []) if entry is not None else ():
+                    if seg[0] not in self.entries and seg[0] not in missing:
+                        missing.append(seg[0])
+        return missing
 
     def value(self, blob_id: str) -> Any:
         """The value of a blob. A delta chain is followed back to a whole (or already
@@ -190,7 +160,7 @@ class Reader:
             chain.append(entry)
             entry = self._entry(self.by_seq.get(entry.payload["base"]), entry.payload["base"])
         if not self._known(entry.id):
-            self.values[entry.id] = self.codec.decode(entry.payload.get("value"))
+            self.values[entry.id] = self._whole(entry)
         if not chain:
             return self.values[entry.id]
         start = self.value(entry.id)
@@ -203,6 +173,49 @@ class Reader:
             items.extend(self._added(link))
             self.prefixes[link.id] = (items, len(items))
         return items[:]  # the built list stays private: callers may change theirs
+
+    def _whole(self, entry: Entry) -> Any:
+        """A value stored whole: as it is, as segments (a spine), or as parts (a segment)."""
+        payload = entry.payload
+        if "segs" in payload:
+            items = [item for seg in payload["segs"] for item in self._list(seg[0])]
+        elif "parts" in payload:
+            items = [item for part in payload["parts"] for item in self._decoded_list(part)]
+        else:
+            return self.codec.decode(payload.get("value"))
+        if len(items) != payload.get("n"):
+            raise StoreCorruptError(f"LangGraph value {entry.id!r} does not hold its items")
+        return items
+
+    def _list(self, blob_id: str) -> list[Any]:
+        value = self.value(blob_id)
+        if not isinstance(value, list):
+            raise StoreCorruptError(f"LangGraph segment {blob_id!r} holds no list")
+        return value
+
+    def _decoded_list(self, doc: Any) -> list[Any]:
+        value = self.codec.decode(doc)
+        if not isinstance(value, list):
+            raise StoreCorruptError("a LangGraph segment part holds no list")
+        return value
+
+    def tail(self, blob_id: str) -> tuple[list[list[Any]], list[tuple[int, dict[str, Any]]]]:
+        """The spine a list blob rests on and (items, document) of what each of its tail
+        deltas added (a saver that read the thread goes on writing from there)."""
+        entry = self.entries[blob_id]
+        parts: list[tuple[int, dict[str, Any]]] = []
+        while "base" in entry.payload:
+            payload = entry.payload
+            if "from" in payload:
+                write = self._entry(self.by_seq.get(payload["from"]), payload["from"])
+                parts.append((len(self._added(entry)), write.payload["value"]))
+            else:
+                parts.append((len(self._added(entry)), payload["add"]))
+            entry = self._entry(self.by_seq.get(payload["base"]), payload["base"])
+        parts.reverse()
+        if "segs" in entry.payload:
+            return list(entry.payload["segs"]), parts
+        return [[entry.id, len(self._list(entry.id)), 0, 0]], parts
 
     def _known(self, blob_id: str) -> bool:
         return blob_id in self.values or blob_id in self.prefixes

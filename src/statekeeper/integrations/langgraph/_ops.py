@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import functools
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -28,16 +29,22 @@ from statekeeper.integrations.langgraph._layout import (
     RUNS_NAMESPACE,
     THREAD_KEY,
     WRITE,
-    Tip,
     blob_entry_id,
-    blob_payload,
     checkpoint_entry_id,
     run_key,
     session_id,
     thread_of,
     write_entry_id,
 )
+from statekeeper.integrations.langgraph._spine import (
+    SEGMENT_BYTES,
+    Planned,
+    Tip,
+    is_segment,
+    plan,
+)
 from statekeeper.integrations.langgraph._values import ValueCodec
+from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES
 from statekeeper.stores.base import Store
 from statekeeper.stores.types import Entry, EntryDraft, SessionPatch, SessionQuery, SessionRecord
 
@@ -51,6 +58,8 @@ class CheckpointLog:
 
     def __init__(self, store: Store, tenant: str, codec: ValueCodec) -> None:
         self.store, self.tenant, self.codec = store, tenant, codec
+        limit = getattr(store, "max_payload_bytes", DEFAULT_MAX_PAYLOAD_BYTES)
+        self.segment_cap = min(SEGMENT_BYTES, int(limit) // 4)
         self.tips: OrderedDict[str, dict[str, Tip]] = OrderedDict()
         self._parents: dict[str, tuple[str, dict[str, Any], dict[str, str]]] = {}
         self._known: set[str] = set()
@@ -125,7 +134,7 @@ class CheckpointLog:
         if parent_id is not None and (sid, parent_id) in self._writing:
             # The parent's writes are being stored: wait, so a delta can name them.
             await asyncio.wait(list(self._writing[(sid, parent_id)]))
-        drafts, values = await self._blobs(sid, checkpoint, parent_id, new_versions)
+        drafts, values, planned = await self._blobs(sid, checkpoint, parent_id, new_versions)
         rest = {k: v for k, v in checkpoint.items() if k not in ("channel_values", "id")}
         doc = {
             "id": cid,
@@ -140,7 +149,7 @@ class CheckpointLog:
         drafts.append(_side(checkpoint_entry_id(cid), CHECKPOINT, doc))
         patch = SessionPatch(set={"state": {"latest": cid}})
         stored = await self._append(sid, thread_id, ns, drafts, patch)
-        self._remember_put(sid, stored, checkpoint)
+        self._remember_put(sid, stored, checkpoint, planned)
         self._parents[sid] = (cid, dict(versions), values)
         return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": cid}}
 
@@ -150,8 +159,9 @@ class CheckpointLog:
         checkpoint: Checkpoint,
         parent_id: str | None,
         new_versions: ChannelVersions,
-    ) -> tuple[list[EntryDraft], dict[str, str]]:
-        """Drafts for the values that changed; the blob id of every value."""
+    ) -> tuple[list[EntryDraft], dict[str, str], dict[str, Planned]]:
+        """Drafts for the values that changed (and the segments they rest on); the blob id
+        of every value; what each list channel's next tip will be."""
         parent_versions, parent_values = await self._parent(sid, parent_id)
         tips = self.tips.get(sid, {})
         cached = self._written.get(sid)
@@ -159,6 +169,7 @@ class CheckpointLog:
         channel_values = checkpoint["channel_values"]
         drafts: list[EntryDraft] = []
         values: dict[str, str] = {}
+        planned: dict[str, Planned] = {}
         for channel, version in checkpoint["channel_versions"].items():
             if channel not in channel_values:
                 continue
@@ -172,13 +183,22 @@ class CheckpointLog:
             blob_id = blob_entry_id(checkpoint["id"], channel)
             tip = tips.get(channel)
             if tip is not None and tip.blob_id == blob_id:  # a retried put
-                payload = tip.payload
+                found = Planned(tip.payload, tip.segs, tip.parts, tip.written)
             else:
                 value = channel_values[channel]
-                payload = blob_payload(self.codec, channel, value, tip, written.get(channel, ()))
-            drafts.append(_side(blob_id, BLOB, payload))
+                fetch = functools.partial(self._fetch, sid)
+                sent = written.get(channel, ())
+                found = await plan(
+                    self.codec, blob_id, channel, value, tip, sent, fetch, self.segment_cap
+                )
+            drafts.extend(found.segments)
+            drafts.append(_side(blob_id, BLOB, found.payload))
             values[channel] = blob_id
-        return drafts, values
+            planned[channel] = found
+        return drafts, values, planned
+
+    async def _fetch(self, sid: str, entry_id: str) -> dict[str, Any]:
+        return (await self.store.get_entry(self.tenant, sid, entry_id)).payload
 
     async def _parent(
         self, sid: str, parent_id: str | None
@@ -196,17 +216,33 @@ class CheckpointLog:
         rest = self.codec.decode(entry.payload["checkpoint"])
         return dict(rest.get("channel_versions") or {}), dict(entry.payload["values"])
 
-    def _remember_put(self, sid: str, stored: list[Entry], checkpoint: Checkpoint) -> None:
+    def _remember_put(
+        self,
+        sid: str,
+        stored: list[Entry],
+        checkpoint: Checkpoint,
+        planned: dict[str, Planned],
+    ) -> None:
         """Make the list values just written the bases of the next deltas."""
         tips = self.tips_of(sid)
         for entry in stored:
-            if entry.kind != BLOB:
+            if entry.kind != BLOB or is_segment(entry.id):
                 continue
             channel = entry.payload["ch"]
             value = checkpoint["channel_values"].get(channel)
-            if type(value) is list:
+            found = planned.get(channel)
+            if type(value) is list and found is not None:
                 root = entry.payload.get("root", entry.seq)
-                tips[channel] = Tip(entry.id, entry.seq, root, list(value), entry.payload)
+                tips[channel] = Tip(
+                    entry.id,
+                    entry.seq,
+                    root,
+                    list(value),
+                    entry.payload,
+                    found.segs,
+                    found.parts,
+                    found.segments,
+                )
             else:
                 tips.pop(channel, None)
 

@@ -115,8 +115,8 @@ async def collect_garbage(
 
 
 def _needed_values(entries: Sequence[Entry], kept: Sequence[Entry]) -> set[str]:
-    """The blob ids the kept checkpoints read, with the chains their deltas extend and
-    the writes those deltas name."""
+    """The blob ids the kept checkpoints read, with the chains their deltas extend, the
+    writes those deltas name and the segments their spines name."""
     by_id = {e.id: e for e in entries}
     by_seq = {e.seq: e for e in entries}
     needed: set[str] = set()
@@ -128,6 +128,8 @@ def _needed_values(entries: Sequence[Entry], kept: Sequence[Entry]) -> set[str]:
                 named = by_seq.get(current.payload.get("from", -1))
                 if named is not None:
                     needed.add(named.id)
+                # A spine's segments (and the whole value at its base) are values too.
+                needed.update(seg[0] for seg in current.payload.get("segs") or ())
                 current = by_seq.get(current.payload.get("base", -1))
     return needed
 

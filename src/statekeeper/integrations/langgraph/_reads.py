@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from functools import partial
@@ -14,7 +15,6 @@ from statekeeper.errors import NotFoundError, StoreCorruptError
 from statekeeper.integrations.langgraph._layout import (
     CHECKPOINT,
     Reader,
-    Tip,
     checkpoint_entry_id,
     key,
     matches,
@@ -22,6 +22,7 @@ from statekeeper.integrations.langgraph._layout import (
     thread_of,
     writes_by_checkpoint,
 )
+from statekeeper.integrations.langgraph._spine import Tip
 from statekeeper.stores.types import Entry, EntryKind
 
 if TYPE_CHECKING:
@@ -61,20 +62,18 @@ async def get_tuple(log: CheckpointLog, config: RunnableConfig) -> CheckpointTup
 
 
 async def _load_values(log: CheckpointLog, reader: Reader, sid: str, entry: Entry) -> None:
-    """Read the checkpoint's blobs, and each delta chain in one range read. A list this
-    saver wrote or read last (a tip) is not read again: blobs never change."""
+    """Read the checkpoint's blobs, each delta chain in one range read, then the segments
+    the chains rest on. A list this saver wrote or read last (a tip) is not read again:
+    blobs never change."""
     tips = log.tips.get(sid, {})
-    blobs = []
+    wanted = []
     for channel, blob_id in entry.payload["values"].items():
         tip = tips.get(channel)
         if tip is not None and tip.blob_id == blob_id:
             reader.values[blob_id] = list(tip.items)
         elif blob_id not in reader.entries:
-            try:
-                blobs.append(await log.store.get_entry(log.tenant, sid, blob_id))
-            except NotFoundError:
-                continue  # reported by Reader.value, naming the missing value
-    reader.add(blobs)
+            wanted.append(blob_id)
+    reader.add(await _entries(log, sid, wanted))
     chained = [
         b
         for b in reader_blobs(reader, entry)
@@ -84,6 +83,22 @@ async def _load_values(log: CheckpointLog, reader: Reader, sid: str, entry: Entr
         low = min(int(b.payload["root"]) for b in chained)
         high = max(b.seq for b in chained)
         reader.add(await log.store.read_entries(log.tenant, sid, after_seq=low - 1, until_seq=high))
+    unbuilt = [b.id for b in reader_blobs(reader, entry) if b.id not in reader.values]
+    reader.add(await _entries(log, sid, reader.segments_missing(unbuilt)))
+
+
+async def _entries(log: CheckpointLog, sid: str, entry_ids: list[str]) -> list[Entry]:
+    """The entries with these ids, read together; a missing one is left out (and
+    reported by `Reader.value`, naming it)."""
+
+    async def one(entry_id: str) -> Entry | None:
+        try:
+            return await log.store.get_entry(log.tenant, sid, entry_id)
+        except NotFoundError:
+            return None
+
+    found = await asyncio.gather(*(one(i) for i in entry_ids))
+    return [e for e in found if e is not None]
 
 
 def _remember_read(log: CheckpointLog, sid: str, entry: Entry, reader: Reader) -> None:
@@ -96,7 +111,8 @@ def _remember_read(log: CheckpointLog, sid: str, entry: Entry, reader: Reader) -
         if type(value) is list:
             blob = reader.entries[blob_id]
             root = blob.payload.get("root", blob.seq)
-            tips[channel] = Tip(blob_id, blob.seq, root, value, blob.payload)
+            segs, parts = reader.tail(blob_id)
+            tips[channel] = Tip(blob_id, blob.seq, root, value, blob.payload, segs, parts)
 
 
 async def list_checkpoints(

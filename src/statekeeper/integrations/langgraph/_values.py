@@ -33,6 +33,7 @@ from langchain_core.messages import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from statekeeper.errors import InvalidInputError, StoreCorruptError
+from statekeeper.jsoncodec import gc_paused
 
 __all__ = ["PickleRefusedError", "ValueCodec", "check_serde"]
 
@@ -147,7 +148,10 @@ class ValueCodec:
         if "json" in doc:
             return doc["json"]
         if "msgs" in doc:
-            return [_message(item) for item in doc["msgs"]]
+            # Built-in message types only, no user code: their thousands of containers
+            # would otherwise trigger repeated full collections over everything loaded.
+            with gc_paused():
+                return [_message(item) for item in doc["msgs"]]
         type_ = doc.get("type")
         if _is_pickle(type_):
             raise PickleRefusedError("a stored LangGraph value is pickle; refusing to load it")
