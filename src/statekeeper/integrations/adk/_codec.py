@@ -35,6 +35,7 @@ __all__ = [
     "APP_KEY",
     "EVENT_KIND",
     "ID_KEY",
+    "ORDER_KEY",
     "STATE_NAMESPACE",
     "UPDATED_KEY",
     "USER_KEY",
@@ -58,6 +59,8 @@ STATE_NAMESPACE = "adk.state"
 """The record namespace of app-wide and per-user state."""
 APP_KEY, USER_KEY, ID_KEY, UPDATED_KEY = "adk.app", "adk.user", "adk.id", "adk.updated"
 """Session metadata: the ADK names and ADK's ``last_update_time`` (a float)."""
+ORDER_KEY = "adk.ordered"
+"""Session metadata: True while the events are in timestamp order (see `_reads`)."""
 
 
 class AdkSessionExistsError(AlreadyExistsError, AdkAlreadyExistsError):

@@ -42,24 +42,31 @@ from statekeeper.errors import (
     StatekeeperError,
 )
 from statekeeper.ids import validate_id
-from statekeeper.jsoncodec import gc_paused
 from statekeeper.integrations._owned import AdapterStore, StoreLifecycle, on_store
 from statekeeper.integrations.adk._codec import (
     APP_KEY,
     EVENT_KIND,
     ID_KEY,
+    ORDER_KEY,
     UPDATED_KEY,
     USER_KEY,
     AdkSessionExistsError,
     AdkSessionNotFoundError,
     AdkStaleSessionError,
     check_name,
-    decode_event,
     encode_event,
     entry_id,
     jsonable,
     session_key,
     split_delta,
+)
+from statekeeper.integrations.adk._reads import (
+    Order,
+    marker,
+    order_after,
+    order_of,
+    parse_marker,
+    read_events,
 )
 from statekeeper.integrations.adk._shared import SharedState, Undo
 from statekeeper.stores import Store
@@ -67,19 +74,11 @@ from statekeeper.stores.base import EntryDraft, SessionPatch, SessionQuery, Sess
 
 __all__ = ["StatekeeperSessionService"]
 
-_MARKER = "statekeeper:"
 _STALE = (
     "The session has been modified in storage since it was loaded. "
     "Please reload the session before appending more events."
 )
 _PAGE = 1000
-
-
-def _marker_version(marker: str | None) -> int | None:
-    """The session version a marker this service wrote names (None for other markers)."""
-    if marker and marker.startswith(_MARKER) and marker[len(_MARKER) :].isdigit():
-        return int(marker[len(_MARKER) :])
-    return None
 
 
 class StatekeeperSessionService(StoreLifecycle, BaseSessionService):
@@ -162,6 +161,7 @@ class StatekeeperSessionService(StoreLifecycle, BaseSessionService):
                 USER_KEY: user_id,
                 ID_KEY: session_id,
                 UPDATED_KEY: time.time(),
+                ORDER_KEY: True,
             },
             state=parts["session"],
         )
@@ -191,7 +191,8 @@ class StatekeeperSessionService(StoreLifecycle, BaseSessionService):
         record = await self._find(app_name, user_id, session_id)
         if record is None:
             return None
-        return await self._to_session(record, await self._events(record, config))
+        events = await read_events(self._store, self._tenant, record, config)
+        return await self._to_session(record, events)
 
     @on_store
     async def list_sessions(
@@ -268,13 +269,16 @@ class StatekeeperSessionService(StoreLifecycle, BaseSessionService):
         key = session_key(session.app_name, session.user_id, session.id)
         with self._counted_lock(key) as lock:
             async with lock:
-                expected, record = await self._expected_version(session, key, parts["session"])
+                expected, record, order = await self._expected_version(
+                    session, key, parts["session"]
+                )
                 fields: dict[str, Any] = {
                     "metadata": {
                         APP_KEY: session.app_name,
                         USER_KEY: session.user_id,
                         ID_KEY: session.id,
                         UPDATED_KEY: event.timestamp,
+                        ORDER_KEY: order_after(order, event.timestamp),
                     }
                 }
                 if record is not None:
@@ -299,7 +303,7 @@ class StatekeeperSessionService(StoreLifecycle, BaseSessionService):
                 if result.replayed:
                     return event  # an equal re-delivery: stored once, applied once
                 session.last_update_time = event.timestamp
-                session._storage_update_marker = f"{_MARKER}{result.session.version}"
+                session._storage_update_marker = marker(result.session)
         return self._commit_event_to_session(session, event)
 
     # -- helpers --------------------------------------------------------------------------
@@ -324,12 +328,14 @@ class StatekeeperSessionService(StoreLifecycle, BaseSessionService):
 
     async def _expected_version(
         self, session: Session, key: str, session_delta: dict[str, Any]
-    ) -> tuple[int, SessionRecord | None]:
-        """The version the append must find, and the stored record when it was read
-        (always when the event changes session state, which is merged into it)."""
-        version = _marker_version(session._storage_update_marker)
-        if version is not None and not session_delta:
-            return version, None
+    ) -> tuple[int, SessionRecord | None, Order]:
+        """The version the append must find, the stored record when it was read (always
+        when the event changes session state, which is merged into it), and the order
+        facts of the log at that version (`_reads`)."""
+        known = parse_marker(session._storage_update_marker)
+        version = known[0] if known else None
+        if known is not None and not session_delta:
+            return known[0], None, known[1]
         try:
             record = await self._store.get_session(self._tenant, key)
         except NotFoundError:
@@ -337,14 +343,14 @@ class StatekeeperSessionService(StoreLifecycle, BaseSessionService):
         if version is not None:
             if record.version != version:
                 raise AdkStaleSessionError(_STALE, expected=version, actual=record.version)
-            return version, record
+            return version, record, order_of(record)
         # A session object this service did not load: stale only when the store moved
         # on past it, as ADK's DatabaseSessionService decides for marker-less sessions.
         stored = record.metadata.get(UPDATED_KEY)
         moved_on = isinstance(stored, int | float) and stored > session.last_update_time
         if moved_on and not await self._same_last_event(record, session.events):
             raise AdkStaleSessionError(_STALE, expected=None, actual=record.version)
-        return record.version, record
+        return record.version, record, order_of(record)
 
     async def _same_last_event(self, record: SessionRecord, events: Sequence[Event]) -> bool:
         if not events:
@@ -384,22 +390,6 @@ class StatekeeperSessionService(StoreLifecycle, BaseSessionService):
             return None  # not an ADK session of these names (ids are hashes of them)
         return record
 
-    async def _events(self, record: SessionRecord, config: GetSessionConfig | None) -> list[Event]:
-        recent = config.num_recent_events if config else None
-        after = config.after_timestamp if config else None
-        if recent == 0:
-            return []
-        # One entry per event, numbered from 1: the last n events are the last n seqs.
-        start = max(0, record.last_seq - recent) if recent is not None and after is None else 0
-        entries = await self._store.read_entries(self._tenant, record.id, after_seq=start)
-        with gc_paused():  # thousands of acyclic models: see `gc_paused`
-            events = [decode_event(e) for e in entries]
-        if after is not None:
-            events = [e for e in events if e.timestamp >= after]
-        if recent is not None:
-            events = events[-recent:]
-        return events
-
     async def _to_session(self, record: SessionRecord, events: list[Event]) -> Session:
         app_name, user_id = str(record.metadata[APP_KEY]), str(record.metadata[USER_KEY])
         return self._build(
@@ -428,7 +418,7 @@ class StatekeeperSessionService(StoreLifecycle, BaseSessionService):
             events=events,
             last_update_time=float(updated) if isinstance(updated, int | float) else 0.0,
         )
-        session._storage_update_marker = f"{_MARKER}{record.version}"
+        session._storage_update_marker = marker(record)
         return session
 
 
