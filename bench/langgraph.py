@@ -12,11 +12,18 @@ delta naming it.
 Disk: our thread is built step by step to 10,000 messages and its file compared with the
 payload (LangGraph's own serialized bytes of the messages, what any saver stores at the
 least). SqliteSaver cannot be built that way (the file grows with the square of the
-history), so its bytes per step at 10,000 are compared with the step's payload.
+history), so its bytes per step at 10,000 are compared with the step's payload. Ours
+also reports the JSON it stores per step over the last ``TAIL * FANOUT`` steps: one whole
+cycle of segments (every ``TAIL`` steps) and merges (every ``TAIL * FANOUT``).
+
+Cold reads: ``get_state`` of a thread grown step by step to 1,000 and 10,000 messages,
+by a graph on a new saver over a new store handle, as another process would (`cold`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import statistics
 import tempfile
 import time
@@ -32,11 +39,17 @@ from langgraph.graph import START, MessagesState, StateGraph
 
 from bench.common import Ratios, Verdicts, interleave, message_dict
 from statekeeper import open_store
+from statekeeper.integrations.langgraph import _spine
+from statekeeper.integrations.langgraph._layout import session_id
 from statekeeper.integrations.langgraph.checkpoint import StatekeeperSaver
+from statekeeper.jsoncodec import encode_json
 
 HISTORIES = (10, 10_000)
 BATCHES, BATCH = 3, 4
 BUILT = 10_000
+CYCLE = _spine.TAIL * _spine.FANOUT  # steps between two merges into a level 2 segment
+COLD = (1_000, 10_000)
+COLD_BATCHES, COLD_BATCH = 7, 3
 SERDE = JsonPlusSerializer()
 
 
@@ -135,29 +148,95 @@ async def turns(history: int, folder: Path) -> Ratios:
             return await interleave(ours_turn, raw_turn, BATCHES, 2)
 
 
-async def built(folder: Path, page_size: int) -> dict[str, float]:
-    """Our thread built step by step to `BUILT` messages: disk / payload, read time."""
-    db = folder / f"built-{page_size}.db"
+async def built(folder: Path, page_size: int, steps: int = BUILT) -> dict[str, Any]:
+    """Our thread built step by step to ``steps`` messages: disk / payload, the bytes a
+    step adds averaged over the last `CYCLE` steps (a whole cycle of segments and
+    merges), read time (a new saver on the same handle, as the previous bench did)."""
+    db = folder / f"built-{page_size}-{steps}.db"
     url = f"sqlite:///{db}?durability=process&page_size={page_size}"
     async with open_store(url) as store:
         thread = Thread(StatekeeperSaver(store), 0, True)
         await thread.step(-1)
+        window, cycle_start = min(CYCLE, steps), 0
         started = time.perf_counter()
-        for n in range(BUILT):
+        for n in range(steps):
+            if n == steps - window:
+                cycle_start = await _stored(store, thread)
             await thread.step(n)
-        build_ms = (time.perf_counter() - started) * 1000 / BUILT
+        build_ms = (time.perf_counter() - started) * 1000 / steps
+        stored = await _stored(store, thread) - cycle_start
         reads = []
         for _ in range(3):
             started = time.perf_counter()
             found = await StatekeeperSaver(store).aget_tuple(thread.config)
             reads.append(time.perf_counter() - started)
         assert found is not None
-        assert len(found.checkpoint["channel_values"]["messages"]) == BUILT
+        assert len(found.checkpoint["channel_values"]["messages"]) == steps
+    step_payload = _payload(thread.messages[-window:]) / window
     return {
+        "db": db,
+        "config": thread.config,
+        "messages": thread.messages,
         "disk": _size(db) / _payload(thread.messages),
         "step_ms": build_ms,
         "read_ms": statistics.median(reads) * 1000,
+        "cycle_stored": stored / window,
+        "step_payload": step_payload,
     }
+
+
+async def _stored(store: Any, thread: Thread) -> int:
+    """The JSON bytes of every entry of the thread so far."""
+    sid = session_id(thread.config["configurable"]["thread_id"], "")
+    return sum(len(encode_json(e.payload)) for e in await store.read_entries("default", sid))
+
+
+async def cold(steps: int, folder: Path, ours_built: dict[str, Any]) -> Ratios:
+    """``get_state`` of a thread grown step by step to ``steps`` messages, through a graph
+    on a new saver over a new store handle (what another process does), sides
+    interleaved; handles are opened (and graphs compiled) before the timing.
+
+    SqliteSaver reads the latest checkpoint's row (the whole list) and its writes, however
+    the thread grew; growing its thread step by step would store ``steps ** 2 / 2``
+    messages (50 million at 10,000), so its thread gets the list as it stands at
+    ``steps``, then 3 steps (``synchronous=FULL`` set, though a read does not sync)."""
+    raw_db = folder / f"cold-lg-{steps}.db"
+    with SqliteSaver.from_conn_string(str(raw_db)) as raw_saver:
+        raw = Thread(raw_saver, 0, False)
+        raw.messages = list(ours_built["messages"][:-3])
+        await raw.step(-1)
+        for n in range(3):
+            await raw.step(n)
+    count = (COLD_BATCHES + 1) * COLD_BATCH
+    async with contextlib.AsyncExitStack() as stack:
+        ours_graphs, raw_graphs = [], []
+        for _ in range(count):
+            store = await stack.enter_async_context(open_store(f"sqlite:///{ours_built['db']}"))
+            ours_graphs.append(_chat(StatekeeperSaver(store)))
+            saver = stack.enter_context(SqliteSaver.from_conn_string(str(raw_db)))
+            saver.conn.execute("PRAGMA synchronous=FULL")
+            raw_graphs.append(_chat(saver))
+        ours_config = {"configurable": dict(ours_built["config"]["configurable"])}
+        raw_config = {"configurable": dict(raw.config["configurable"])}
+        for c in (ours_config, raw_config):  # the latest, as get_state of a thread reads
+            c["configurable"].pop("checkpoint_id", None)
+
+        async def ours_read(n: int) -> None:
+            state = await ours_graphs[n].aget_state(ours_config)
+            assert len(state.values["messages"]) == steps
+
+        async def raw_read(n: int) -> None:
+            state = raw_graphs[n].get_state(raw_config)
+            assert len(state.values["messages"]) == steps
+
+        # What the bench holds (the lists built, the handles) is frozen: a full collection
+        # would scan it on whichever side happens to allocate then, 100+ ms either way.
+        gc.collect()
+        gc.freeze()
+        try:
+            return await interleave(ours_read, raw_read, COLD_BATCHES, COLD_BATCH)
+        finally:
+            gc.unfreeze()
 
 
 async def run() -> dict[str, Any]:
@@ -171,6 +250,11 @@ async def run() -> dict[str, Any]:
         }
         results["turns"] = {h: await turns(h, folder) for h in HISTORIES}
         results["built"] = {size: await built(folder, size) for size in (4096, 16384)}
+        threads = {BUILT: results["built"][4096]}
+        for steps in COLD:
+            if steps not in threads:
+                threads[steps] = await built(folder, 4096, steps)
+        results["cold"] = {steps: await cold(steps, folder, threads[steps]) for steps in COLD}
     return results
 
 
@@ -198,10 +282,23 @@ def report(results: dict[str, Any]) -> list[str]:
             f"{row['step_ms']:.2f} ms  read of the latest checkpoint {row['read_ms']:.0f} ms"
         )
     big = results["speed"][("power", HISTORIES[-1])]
+    row = results["built"][4096]
+    print(
+        f"stored per step over the last {CYCLE:,} steps (a whole cycle of segments and "
+        f"merges): {row['cycle_stored']:,.0f} B of JSON, "
+        f"{row['cycle_stored'] / row['step_payload']:.1f}x the message's payload"
+    )
     print(
         f"SqliteSaver at {HISTORIES[-1]:,}: disk growth per step / the step's payload "
-        f"{big['raw_growth']:.0f}; read of the latest checkpoint {big['raw_read_ms']:.0f} ms"
+        f"{big['raw_growth']:.0f} ({big['raw_growth'] / row['disk']:,.0f}x ours, whose "
+        f"disk / payload is {row['disk']:.2f}); read of the latest checkpoint "
+        f"{big['raw_read_ms']:.0f} ms"
     )
+    for steps, ratios in results["cold"].items():
+        print(
+            f"cold get_state of a thread grown step by step to {steps:,}: ours "
+            f"{ratios.ours_us / 1000:.0f} ms, SqliteSaver {ratios.raw_us / 1000:.0f} ms"
+        )
     verdicts = Verdicts()
     for durability in ("power", "process"):
         ratios = results["speed"][(durability, HISTORIES[-1])]["ratios"]
@@ -209,4 +306,6 @@ def report(results: dict[str, Any]) -> list[str]:
         verdicts.at_least(f"speedup per step at 10,000 ({durability})", speedups, 100)
     for size, row in results["built"].items():
         verdicts.at_most(f"disk / payload at {BUILT:,} (page_size={size})", row["disk"], 2.0)
+    for steps, ratios in results["cold"].items():
+        verdicts.at_most(f"cold get_state at {steps:,} steps, ours/SqliteSaver", ratios, 1.0)
     return verdicts.missed

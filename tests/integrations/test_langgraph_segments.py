@@ -106,19 +106,19 @@ def small(monkeypatch: pytest.MonkeyPatch) -> None:
 async def test_a_cold_read_reads_a_bounded_number_of_entries() -> None:
     async with open_store("memory://") as store:
         thread = Thread(StatekeeperSaver(store))
-        await thread.grow(300)
+        await thread.grow(500)
         short, read_short = await cold_read(store, thread.config)
         assert short == contents(thread.messages)
-        await thread.grow(900)
+        await thread.grow(1500)
         long, read_long = await cold_read(store, thread.config)
         assert long == contents(thread.messages)
     # The chain back to the segments (< TAIL steps of a delta, its write and checkpoint),
-    # fewer than FANOUT segments per level (two levels by 1,200 steps), and the
-    # checkpoint's own entries: not the thread's length (3 entries per step before).
-    bound = 3 * _spine.TAIL + 2 * (_spine.FANOUT - 1) + 8
+    # fewer than FANOUT segments per level (at most three levels by 2,000 steps), and
+    # the checkpoint's own entries: not the thread's length (3 entries per step before).
+    bound = 3 * _spine.TAIL + 3 * (_spine.FANOUT - 1) + 8
     assert read_short <= bound
     assert read_long <= bound
-    assert read_long < 300
+    assert read_long < 3 * 500
 
 
 @pytest.mark.usefixtures("small")

@@ -6,17 +6,19 @@ that has not seen the thread (another process) reads all of it. So every `TAIL` 
 the saver writes a *segment*: an ``lg.blob`` (id ``s:<checkpoint>:<channel>:<level>``,
 payload ``{"v": 2, "ch", "n": items, "parts": [value documents]}``) holding the items
 those steps added, and that step's blob is a *spine*: ``{"v": 2, "ch", "n": items,
-"segs": [[id, items, level], ...]}``, the entries that hold the whole list, in order. The
+"segs": [[id, items, level, bytes], ...]}``, the entries that hold the whole list, in order. The
 next deltas rest on the spine (their ``root``). When `FANOUT` segments of one level end
 the spine, they are merged into one of the next level: their stored parts are fetched and
 joined, never decoded. The first whole value of a list is the spine's base (level 0,
 never merged), so a thread written before segments existed carries on from its chain.
 
 A cold read of the latest value reads its chain back to the spine (fewer than `TAIL`
-steps, one range read) and the spine's segments (fewer than `FANOUT` per level): bounded
-by ``TAIL + FANOUT * levels``, where level ``L`` holds ``TAIL * FANOUT ** (L - 1)``
-steps. The price: each item is written again once per level it reaches (two more copies
-by 10,000 steps, three by 1,000,000), in one step every ``TAIL * FANOUT ** (L - 1)``.
+steps, one range read) and the spine's segments (fewer than `FANOUT` per level), where
+level ``L`` holds ``TAIL * FANOUT ** (L - 1)`` steps; no merge makes a segment larger than
+`SEGMENT_BYTES` (those segments stay, so past that size a read takes one more segment
+per few MB of history, which it decodes anyway). The price: each item is written again
+once per level it reaches, in one step every ``TAIL * FANOUT ** (L - 1)`` (messages of
+~1 KB: 1,024 steps make a 1 MB level 2 segment, and level 3 would pass the cap).
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ from statekeeper.integrations.langgraph._values import ValueCodec
 from statekeeper.jsoncodec import encode_json
 from statekeeper.stores.types import EntryDraft
 
-TAIL = 32  # steps of deltas before they are written again as one segment
-FANOUT = 32  # segments of one level merged into one of the next
+# Chosen by measurement (bench.langgraph, docs/integrations/langgraph-checkpointer.md): a
+# tail is one range read, cheap even at 128 steps; each segment is a read of its own.
+TAIL = 128  # steps of deltas before they are written again as one segment
+FANOUT = 8  # segments of one level merged into one of the next
 FIXED = 0  # the level of what is never merged: a whole value, segments grown too large
 SEGMENT_BYTES = 4 << 20  # no merge makes a segment larger, nor above a quarter of the
 # store's largest entry (16 MB by default; sealing adds a third)
