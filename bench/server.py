@@ -56,6 +56,7 @@ from statekeeper.stores import Store, open_store
 from statekeeper.stores.base import Entry
 
 BATCHES, BATCH = 6, 50
+ROUTE_BATCHES, ROUTE_BATCH = 20, 25  # short batches: a noisy moment spoils fewer of them
 READ_SIZES = (1_000, 10_000)
 PAGE = 20
 RUNS_PER_SIDE = 30
@@ -192,11 +193,11 @@ async def _routes(url: str, rows: dict[str, Any]) -> None:
 
             for size in READ_SIZES:
                 rows[f"read {size}"] = await interleave(
-                    reader(ours, size), reader(bare, size), BATCHES, BATCH
+                    reader(ours, size), reader(bare, size), ROUTE_BATCHES, ROUTE_BATCH
                 )
             small, large = READ_SIZES
             rows["read growth"] = await interleave(
-                reader(ours, large), reader(ours, small), BATCHES, BATCH
+                reader(ours, large), reader(ours, small), ROUTE_BATCHES, ROUTE_BATCH
             )
 
             def appender(client: httpx.AsyncClient, session_id: str) -> Any:
@@ -208,7 +209,10 @@ async def _routes(url: str, rows: dict[str, Any]) -> None:
                 return append
 
             rows["append routes"] = await interleave(
-                appender(ours, "append-ours"), appender(bare, "append-bare"), BATCHES, BATCH
+                appender(ours, "append-ours"),
+                appender(bare, "append-bare"),
+                ROUTE_BATCHES,
+                ROUTE_BATCH,
             )
     finally:
         await bare_store.close()

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import httpx
 
-from statekeeper.core.messages import Message
+from statekeeper.core.messages import Message, stored_message
 from statekeeper.longterm import LongTermStore
 from statekeeper.runtime.profiles import AuthProfiles
 from statekeeper.sessions import SessionManager
@@ -96,6 +96,12 @@ async def test_the_tree_shows_branches_and_what_a_compaction_stands_for(
         (seq, seq in branch) for seq in (11, 12, 13)
     ]
     assert [n["on_branch"] for n in nodes.values()] == [seq in branch for seq in nodes]
+    stored = {e.seq: e for e in await session.entries(after_seq=10, limit=3)}
+    for item in page.json()["items"]:  # the message as the library writes it
+        entry = stored[item["seq"]]
+        assert (
+            item["message"] == stored_message(entry.payload, entry.id, entry.created_at).to_dict()
+        )
     assert tree["head_seq"] == result.entry.seq
     branch_point = [e for e in tree["edges"] if e["type"] == "parent" and e["from"] == 2]
     assert sorted(e["to"] for e in branch_point) == [3, 13]

@@ -146,7 +146,9 @@ def create_app(config: ServerConfig) -> FastAPI:
         lifespan=lifespan,
     )
     _errors(app, locations)
-    for module in (routes_runs, routes_sessions, routes_runtime, routes_memories, routes_stream):
+    # Requests are matched against the routes in order: the sessions' (a conversation's
+    # appends and reads, the busiest) come first.
+    for module in (routes_sessions, routes_runs, routes_runtime, routes_memories, routes_stream):
         app.include_router(module.router, prefix=API_PREFIX, responses=ERROR_RESPONSES)
     app.add_middleware(BodyLimit, limit=config.max_body_bytes)  # inside CORS: errors readable
     if config.cors_origins:

@@ -100,11 +100,22 @@ def check_scope(scope: object) -> Scope:
     raise InvalidInputError(f"unknown scope {scope!r}; use one of {', '.join(SCOPES)}")
 
 
+_VERIFIED_MAX = 1024
+
+
 class ApiKeys:
-    """The API keys kept in ``store``."""
+    """The API keys kept in ``store``.
+
+    `verify` reads the key's record on every call, so a revocation (by any process)
+    counts from the next request. What it skips is the rest, once a key has been seen:
+    it remembers the record value each live key was verified against, and while the
+    record read is that same value it does not decode it or hash the secret again.
+    """
 
     def __init__(self, store: RecordStore) -> None:
         self.store = store
+        # key id -> (the record value it was verified against, its secret, the key)
+        self._verified: dict[str, tuple[object, bytes, ApiKey]] = {}
 
     async def create(
         self, tenant: str, scope: str, *, label: str | None = None
@@ -186,16 +197,26 @@ class ApiKeys:
         """The live key ``presented`` is, or `AuthenticationError` (never saying why in
         more detail than "unknown or revoked", and never echoing the key)."""
         key_id, secret = _split(presented)
+        given = secret.encode("utf-8")
         try:
-            key = await self.get(key_id)
+            validate_id(key_id, "key id")
+            found = await self.store.get_record(KEYS_TENANT, KEYS_NAMESPACE, key_id)
+            seen = self._verified.pop(key_id, None)
+            if seen is not None and seen[0] == found.value and hmac.compare_digest(seen[1], given):
+                key = seen[2]  # the record is as it was (not revoked), the secret the same
+            else:
+                key = _decode(found)
+                if not hmac.compare_digest(key.secret_sha256, _digest(secret)) or key.revoked_at:
+                    raise AuthenticationError("unknown or revoked API key")
         except (NotFoundError, InvalidInputError):
             raise AuthenticationError("unknown or revoked API key") from None
         except StoreCorruptError as exc:  # fail closed, and tell the operator
             _log.warning("refusing an API key: %s", exc)
             raise AuthenticationError("unknown or revoked API key") from None
-        if not hmac.compare_digest(key.secret_sha256, _digest(secret)) or key.revoked_at:
-            raise AuthenticationError("unknown or revoked API key")
-        return key
+        if len(self._verified) >= _VERIFIED_MAX:
+            self._verified.pop(next(iter(self._verified)))
+        self._verified[key_id] = (found.value, given, key)
+        return key.model_copy()
 
 
 def _split(presented: str) -> tuple[str, str]:

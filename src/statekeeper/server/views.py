@@ -10,7 +10,14 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from statekeeper.core.messages import Message, MessageCategory, stored_message, utcnow
+from statekeeper.core.messages import (
+    Message,
+    MessageCategory,
+    Role,
+    default_category,
+    stored_message,
+    utcnow,
+)
 from statekeeper.core.metrics import Metrics
 from statekeeper.runs.approvals import settle
 from statekeeper.runs.operations import timeline
@@ -205,19 +212,60 @@ def _covers(entry: Entry, by_seq: dict[int, Entry]) -> list[int]:
     return sorted(covered)
 
 
+_CATEGORY_NAMES = {category.value: category.name.lower() for category in MessageCategory}
+_TEXT_ROLES = {role.value: default_category(role).value for role in Role}
+
+
+def _json_time(iso: str) -> str:
+    """A time as pydantic writes it in JSON, given its ``isoformat()``: UTC as ``Z``."""
+    return iso[:-6] + "Z" if iso.endswith("+00:00") else iso
+
+
+def _text_message(entry: Entry, created: str) -> dict[str, Any] | None:
+    """`Message.to_dict` of the message a message entry holds, built from the payload
+    when it is the usual text message (role and text, maybe tokens: what `stored_message`
+    would read as it is), else None. Made from the `Message`, a page of 20 entries cost a
+    third more than the rest of its request; tests hold the two to the same answer."""
+    payload = entry.payload
+    role, content, tokens = payload.get("role"), payload.get("content"), payload.get("tokens")
+    if (
+        type(role) is not str
+        or role not in _TEXT_ROLES
+        or type(content) is not str
+        or len(payload) != 2 + ("tokens" in payload)
+        or not (tokens is None or (type(tokens) is int and tokens >= 0))
+        or not 0 < len(entry.id) <= 128
+    ):
+        return None
+    return {
+        "role": role,
+        "content": content,
+        "category": _TEXT_ROLES[role],
+        "id": entry.id,
+        "created_at": _json_time(created),
+        "name": None,
+        "metadata": {},
+        "tokens": tokens,
+    }
+
+
 def entry_json(entry: Entry, by_seq: dict[int, Entry], branch: set[str]) -> dict[str, Any]:
     """An `Entry`: the stored message (or a compaction's summary) and its category."""
-    message = _message(entry)
+    created = entry.created_at.isoformat()
+    data = _text_message(entry, created) if entry.kind == "message" else None
+    if data is None:
+        message = _message(entry)
+        data = None if message is None else message.to_dict()
     return {
         "seq": entry.seq,
         "id": entry.id,
         "parent_seq": entry.parent_seq,
         "kind": entry.kind,
-        "created_at": entry.created_at.isoformat(),
+        "created_at": created,
         "on_branch": entry.id in branch,
-        "category": None if message is None else message.category.name.lower(),
-        "message": None if message is None else message.to_dict(),
-        "covers": _covers(entry, by_seq),
+        "category": None if data is None else _CATEGORY_NAMES[data["category"]],
+        "message": data,
+        "covers": _covers(entry, by_seq) if entry.kind == "compaction" else [],
         # A checkpoint's payload is a whole run state (maybe sealed): the run's routes show it.
         "payload": None if entry.kind in _NO_PAYLOAD else entry.payload,
     }
