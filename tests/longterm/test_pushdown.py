@@ -24,7 +24,7 @@ from statekeeper.longterm.reading import Reader, record_query
 from statekeeper.stores import Store
 from statekeeper.stores.base import WrappingStore
 from statekeeper.stores.record_query import RecordQuery, ValueTest, queryable
-from statekeeper.stores.sqlite.record_sql import json_path, query_condition
+from statekeeper.stores.sqlite.record_sql import guarded, json_path, query_condition
 
 FIELDS = ["a", "b", "a.b", "é", "", 'q"', "x\\y", "t\n"]
 texts = st.text(alphabet=["a", "b", "é", "😀", "\x00", '"', "\\", "\n", "Z", " "], max_size=4)
@@ -72,7 +72,7 @@ def envelope(value: dict) -> str:
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(items, min_size=1, max_size=8), filters)
+@given(st.lists(items | values, min_size=1, max_size=8), filters)
 def test_the_sql_prefilter_keeps_every_record_the_rules_match(rows: list, filter: dict) -> None:
     checked = rules.check_filter(filter)
     condition, params = query_condition(record_query(checked))
@@ -84,9 +84,10 @@ def test_the_sql_prefilter_keeps_every_record_the_rules_match(rows: list, filter
     kept = {k for (k,) in db.execute(f"SELECT key FROM records WHERE {condition}", params)}
     wanted = {f"k{i}" for i, v in enumerate(rows) if rules.matches(v, checked)}
     assert wanted <= kept
+    assert {f"k{i}" for i, v in enumerate(rows) if not isinstance(v, dict)} <= kept  # reported
 
 
-def test_the_prefilter_is_exact_on_plain_filters() -> None:
+def test_the_prefilter_is_exact_on_plain_filters_without_strict_bounds() -> None:
     rows = [{"n": n, "kind": n % 3, "s": f"t{n}", "f": n % 2 == 0} for n in range(30)]
     db = sqlite3.connect(":memory:")
     db.execute("CREATE TABLE records (key TEXT, value TEXT)")
@@ -95,10 +96,10 @@ def test_the_prefilter_is_exact_on_plain_filters() -> None:
     )
     for filter in (
         {"kind": 1},
-        {"n": {"$gte": 10, "$lt": 20}},
+        {"n": {"$gte": 10, "$lte": 20}},
         {"s": {"$in": ["t1", "t2"]}, "f": True},
         {"kind": {"$ne": 2}, "n": {"$nin": [1, 4]}},
-        {"s": {"$gt": "t5"}},
+        {"s": {"$gte": "t5"}},
         {"missing": None},
     ):
         condition, params = query_condition(record_query(filter))
@@ -113,9 +114,13 @@ def test_records_that_are_not_json_or_not_items_are_always_kept() -> None:
         "INSERT INTO records VALUES (?, ?)",
         [("bad", "{not json"), ("list", "[1]"), ("novalue", json.dumps({"x": 1}))],
     )
-    condition, params = query_condition(record_query({"n": 1}))
-    kept = {k for (k,) in db.execute(f"SELECT key FROM records WHERE {condition}", params)}
-    assert kept == {"bad", "list", "novalue"}
+    for filter in ({"n": 1}, {"n": {"$gt": "a"}}, {"n": {"$ne": "a"}}, {"n": None}):
+        condition, params = query_condition(record_query(filter))
+        with pytest.raises(sqlite3.OperationalError, match="malformed JSON"):
+            db.execute(f"SELECT key FROM records WHERE {condition}", params).fetchall()
+        where = guarded(condition)
+        kept = {k for (k,) in db.execute(f"SELECT key FROM records WHERE {where}", params)}
+        assert kept == {"bad", "list", "novalue"}
 
 
 def test_labels_sqlite_cannot_address_leave_their_test_to_python() -> None:

@@ -15,7 +15,6 @@ import inspect
 import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import Enum
 from typing import Any, Final, TypeAlias
@@ -27,11 +26,11 @@ from statekeeper.errors import (
     ConflictError,
     InvalidInputError,
     NotFoundError,
-    StoreCorruptError,
 )
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import encode_json
 from statekeeper.longterm import rules
+from statekeeper.longterm.items import Found, MemoryItem, best, decode, decoded, envelope
 from statekeeper.longterm.reading import PAGE as _PAGE
 from statekeeper.longterm.reading import Reader
 from statekeeper.retry import retry_on_conflict
@@ -55,87 +54,6 @@ class _Default(Enum):
 
 DEFAULT_TTL: Final = _Default.TTL
 """``put(..., ttl=DEFAULT_TTL)`` (the default) uses the store's ``default_ttl``."""
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryItem:
-    """A stored item; ``score`` is the similarity to a search query (None otherwise)."""
-
-    namespace: tuple[str, ...]
-    key: str
-    value: dict[str, JsonValue]
-    created_at: datetime
-    updated_at: datetime
-    expires_at: datetime | None = None
-    score: float | None = None
-
-
-@dataclass(slots=True)
-class _Found:
-    record: VersionedRecord
-    envelope: dict[str, Any]
-    created_at: datetime
-    updated_at: datetime
-
-    def item(self, score: float | None = None) -> MemoryItem:
-        return MemoryItem(
-            rules.slot_namespace(self.record.key),
-            self.envelope["key"],
-            self.envelope["value"],
-            self.created_at,
-            self.updated_at,
-            self.record.expires_at,
-            score,
-        )
-
-
-def _decode(record: VersionedRecord) -> _Found:
-    """The item a record holds; `StoreCorruptError` if it is not an item envelope.
-
-    Cheap on purpose (a search decodes every record under its prefix): the namespace is
-    read from the record key, and vectors are checked when a query scores them.
-    """
-    env: Any = record.value
-    try:
-        if not isinstance(env, dict):
-            raise TypeError("not an object")
-        if not isinstance(env["value"], dict) or not isinstance(env["key"], str):
-            raise TypeError("no value or key")
-        created = datetime.fromisoformat(env["created_at"])
-        updated = datetime.fromisoformat(env["updated_at"])
-        ttl = env.get("ttl")
-        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int | float)):
-            raise TypeError("bad ttl")
-    except (KeyError, TypeError, ValueError) as exc:
-        raise StoreCorruptError(
-            f"long-term record {record.namespace}/{record.key} is not an item envelope "
-            f"({exc}); delete or rewrite it"
-        ) from exc
-    return _Found(record, env, created, updated)
-
-
-def _decoded(record: VersionedRecord) -> _Found | None:
-    """`_decode`, or None after logging why (a damaged item never hides the others)."""
-    try:
-        return _decode(record)
-    except StoreCorruptError as exc:
-        _log.warning("skipping a long-term record: %s", exc)
-        return None
-
-
-def _best(probe: list[float], where: str, vectors: object) -> float | None:
-    """The best similarity of stored vectors (base64 texts) to the query; None if none."""
-    if vectors is None:
-        return None
-    try:
-        if not isinstance(vectors, list):
-            raise TypeError("not a list")
-        unpacked = [rules.unpack_vector(v) for v in vectors]
-    except (TypeError, ValueError):
-        _log.warning("long-term record %s has unreadable vectors", where)
-        return None
-    scores = [s for s in (rules.cosine(probe, v) for v in unpacked) if s is not None]
-    return max(scores) if scores else None
 
 
 def _check_ttl(ttl: object) -> float | None:
@@ -215,36 +133,27 @@ class LongTermStore:
         ``index``: None embeds the store's ``fields``, False nothing, a list those paths.
         ``ttl`` in minutes (None: never expires). ``created_at`` survives updates.
         """
-        ns, where, value, minutes = self._checked(namespace, key, value, ttl)
+        _, where, value, minutes = self._checked(namespace, key, value, ttl)
         vectors = await self._vectors(value, index)
 
         async def write() -> VersionedRecord:
             now = self._clock()
             try:
-                old = _decode(await self.store.get_record(self.tenant, self.namespace, where))
+                old = decode(await self.store.get_record(self.tenant, self.namespace, where))
                 created, version = old.created_at.isoformat(), old.record.version
             except NotFoundError:
                 created, version = now.isoformat(), 0
-            envelope: dict[str, JsonValue] = {
-                "namespace": list(ns),
-                "key": key,
-                "value": value,
-                "created_at": created,
-                "updated_at": now.isoformat(),
-                "ttl": minutes,
-            }
-            if vectors:
-                envelope["vectors"] = list[JsonValue](vectors)
+            held = envelope(where, key, value, created, now.isoformat(), minutes, vectors)
             return await self.store.put_record(
                 self.tenant,
                 self.namespace,
                 where,
-                envelope,
+                held,
                 expected_version=version,
                 expires_at=None if minutes is None else now + timedelta(minutes=minutes),
             )
 
-        return _decode(await retry_on_conflict(write, attempts=10)).item()
+        return decode(await retry_on_conflict(write, attempts=10)).item()
 
     def check_put(
         self,
@@ -289,7 +198,7 @@ class LongTermStore:
         """The item, or None if absent or expired. Reading refreshes its TTL by default."""
         where = rules.slot(rules.check_namespace(namespace), rules.check_key(key))
         try:
-            found = _decode(await self.store.get_record(self.tenant, self.namespace, where))
+            found = decode(await self.store.get_record(self.tenant, self.namespace, where))
         except NotFoundError:
             return None
         if self._refreshing(refresh_ttl):
@@ -323,7 +232,7 @@ class LongTermStore:
         if query is not None:
             probe = rules.unit((await self._embed_texts([query], self.embed_query))[0])
         scope = rules.scope_prefix(ns)
-        page: list[tuple[float | None, _Found]]
+        page: list[tuple[float | None, Found]]
         if probe is None:
             page = [(None, f) for f in await self._matching(scope, checked, offset + limit)]
             page = page[offset:]
@@ -335,13 +244,13 @@ class LongTermStore:
 
     async def _matching(
         self, scope: str, checked: dict[str, Any], count: int | None
-    ) -> list[_Found]:
+    ) -> list[Found]:
         """The first ``count`` (None: all) items under ``scope`` matching the filter, in
         key order."""
-        found: list[_Found] = []
+        found: list[Found] = []
         first = _PAGE if count is None else count
         async for record in self._reader.records(scope, checked, first_page=first):
-            candidate = _decoded(record)
+            candidate = decoded(record)
             if candidate is not None and rules.matches(candidate.envelope["value"], checked):
                 found.append(candidate)
                 if count is not None and len(found) >= count:
@@ -350,7 +259,7 @@ class LongTermStore:
 
     async def _ranked(
         self, scope: str, checked: dict[str, Any], probe: list[float], offset: int, limit: int
-    ) -> list[tuple[float | None, _Found]]:
+    ) -> list[tuple[float | None, Found]]:
         """The page of items matching the filter, most similar first, then those without
         a vector. Scores come from the stored vectors alone when the store can read just
         them; only the items of the page are then read whole."""
@@ -360,14 +269,14 @@ class LongTermStore:
             scored = [(self._score(f, probe), f) for f in matching]
             scored.sort(key=lambda pair: (pair[0] is None, -(pair[0] or 0.0)))
             return scored[offset : offset + limit]
-        ranked = [(_best(probe, slot, vectors), slot) for slot, vectors in picked]
+        ranked = [(best(probe, slot, vectors), slot) for slot, vectors in picked]
         ranked.sort(key=lambda pair: (pair[0] is None, -(pair[0] or 0.0)))  # stable: key order
-        page: list[tuple[float | None, _Found]] = []
+        page: list[tuple[float | None, Found]] = []
         for _, where in ranked:
             if len(page) >= offset + limit:
                 break
             try:
-                found = _decoded(await self.store.get_record(self.tenant, self.namespace, where))
+                found = decoded(await self.store.get_record(self.tenant, self.namespace, where))
             except NotFoundError:
                 continue  # deleted or expired since
             if found is not None and rules.matches(found.envelope["value"], checked):
@@ -409,7 +318,7 @@ class LongTermStore:
     def _refreshing(self, refresh_ttl: bool | None) -> bool:
         return self.refresh_on_read if refresh_ttl is None else refresh_ttl
 
-    async def _refresh(self, found: _Found) -> None:
+    async def _refresh(self, found: Found) -> None:
         """Push the expiry ``ttl`` minutes past now; a concurrent write wins (it set its own)."""
         minutes = found.envelope.get("ttl")
         if minutes is None:
@@ -426,9 +335,9 @@ class LongTermStore:
             )
 
     @staticmethod
-    def _score(found: _Found, probe: list[float]) -> float | None:
+    def _score(found: Found, probe: list[float]) -> float | None:
         """The best similarity of the item's vectors to the query (None: no vector)."""
-        return _best(probe, found.record.key, found.envelope.get("vectors"))
+        return best(probe, found.record.key, found.envelope.get("vectors"))
 
     async def _vectors(
         self, value: dict[str, JsonValue], index: bool | Sequence[str] | None

@@ -1,19 +1,23 @@
 """A `RecordQuery` as a SQLite condition on the ``value`` column (JSON1 functions).
 
 The condition is a prefilter (see `statekeeper.stores.record_query`): it may keep a
-record that fails a test, never drops one that passes. So a test is left out whenever
-SQLite could answer it differently from the JSON rules:
+record that fails a test, never drops one that passes. Each test reads its field once
+(``json_extract``; SQLite parses a row's JSON once for all the calls on it) and is
+written to be NULL exactly when the field is null or missing; only then is the JSON
+rule for a missing field applied, and, when that rule would drop the record, whether
+the record holds an object at ``within`` at all (a record that does not is kept, for
+the caller to report). A test is loosened or left out where SQLite could answer
+differently from the JSON rules:
 
-- a path label that the encoder would escape (``"``, ``\\``, control characters):
-  SQLite matches labels against the key's stored, escaped text;
-- a string operand holding NUL; and a stored string holding NUL keeps its record for
-  every test but ``eq`` and ``in``: SQLite's ``json_extract`` cuts a string at NUL;
-- ``ne`` / ``nin`` on a number other than a whole number within 2**53: SQLite reads a
-  stored float or a large integer as a double that may round (it never does for an
-  integer it keeps as one);
-- numbers compared with a margin of 1e-12 of the operand, for the same rounding.
-
-A record whose text is not JSON, or holds no object at ``within``, is always kept.
+- a path label the encoder would escape (``"``, ``\\``, control characters): SQLite
+  matches labels against a key's stored, escaped text;
+- a string operand holding NUL (``json_extract`` cuts a string at NUL), and a stored
+  string holding NUL keeps its record for ``ne`` and ``gt`` / ``gte``;
+- numbers are compared within a margin of 1e-12 of the operand (SQLite reads a stored
+  float or a large integer as a double that may round), and ``ne`` / ``nin`` exclude
+  only whole numbers within 2**53 stored as integers;
+- booleans read as 1 and 0 and an array or object as its JSON text: they may pass a
+  number or a string test (the caller's check drops them).
 """
 
 from __future__ import annotations
@@ -23,12 +27,14 @@ from typing import Any, Final
 
 from statekeeper.stores.record_query import RecordQuery, Scalar, ValueTest
 
-__all__ = ["json_path", "query_condition"]
+__all__ = ["guarded", "json_path", "query_condition"]
 
 _EXACT_INT: Final = 2**53
 _MARGIN: Final = 1e-12
-_NUMBER: Final = "{t} IN ('integer', 'real')"
-_HAS_NUL: Final = "instr(value -> ?, '\\u0000') > 0"  # the JSON text of the value at the path
+_X: Final = "json_extract(value, ?)"
+_T: Final = "nullif(json_type(value, ?), 'null')"
+_HAS_NUL: Final = "instr(value -> ?, '\\u0000') > 0"  # the field's JSON text has a NUL
+_Part = tuple[str, list[Any]]
 
 
 def json_path(labels: tuple[str, ...]) -> str | None:
@@ -41,109 +47,114 @@ def json_path(labels: tuple[str, ...]) -> str | None:
 
 def query_condition(query: RecordQuery) -> tuple[str, list[Any]]:
     """A SQL condition on ``value`` keeping every record the query may match, and its
-    parameters; ``("1", [])`` when no test can be put in SQL."""
+    parameters; ``("1", [])`` when no test can be put in SQL. It raises SQLite's
+    "malformed JSON" on a record that is not JSON: see `guarded`."""
     within = json_path(query.within)
+    if within is None:
+        return "1", []
     parts: list[str] = []
     params: list[Any] = []
     for test in query.tests:
         path = json_path(query.within + test.path)
-        made = None if path is None else _test(test, path)
-        if made is not None:
-            parts.append(made[0])
-            params += made[1]
-    if within is None or not parts:
+        core = None if path is None else _core(test, path)
+        if core is None:
+            continue
+        if _on_null(test):
+            parts.append(f"coalesce({core[0]}, 1)")
+            params += core[1]
+        else:
+            parts.append(f"coalesce({core[0]}, json_type(value, ?) IS NOT 'object')")
+            params += [*core[1], within]
+    if not parts:
         return "1", []
-    # SQLite parses a value once for all the JSON functions of a row (its parse cache),
-    # so the guard costs little more than the tests alone.
-    guard = "json_valid(value) AND json_type(value, ?) = 'object'"
-    return f"(CASE WHEN {guard} THEN {' AND '.join(parts)} ELSE 1 END)", [within, *params]
+    return "(" + " AND ".join(parts) + ")", params
 
 
-def _test(test: ValueTest, path: str) -> tuple[str, list[Any]] | None:
-    t, x = "json_type(value, ?)", "json_extract(value, ?)"
+def guarded(condition: str) -> str:
+    """``condition`` that keeps a record that is not JSON instead of failing on it."""
+    return f"(CASE WHEN json_valid(value) THEN {condition} ELSE 1 END)"
+
+
+def _on_null(test: ValueTest) -> bool:
+    """The JSON rule for a null or missing field (it equals only null)."""
+    if test.op in ("eq", "ne"):
+        return (test.operand is None) == (test.op == "eq")
     if test.op in ("in", "nin"):
-        operands = test.operand if isinstance(test.operand, tuple) else ()
-        made = [_equal(o, t, x, path, negated=test.op == "nin") for o in operands]
-        if test.op == "in":
-            if any(m is None for m in made):
-                return None
-            kept = [m for m in made if m is not None]
-            if not kept:
-                return "0", []  # in an empty list: nothing matches
-            return "(" + " OR ".join(m[0] for m in kept) + ")", [p for m in kept for p in m[1]]
-        kept = [m for m in made if m is not None]  # fewer exclusions: still a superset
-        if not kept:
-            return None
-        return "(" + " AND ".join(m[0] for m in kept) + ")", [p for m in kept for p in m[1]]
+        listed = isinstance(test.operand, tuple) and None in test.operand
+        return listed == (test.op == "in")
+    return False
+
+
+def _core(test: ValueTest, path: str) -> _Part | None:
+    """The test on a present, non-null field: NULL when the field is null or missing."""
     operand = test.operand
+    if test.op in ("in", "nin"):
+        operands = operand if isinstance(operand, tuple) else ()
+        return _listed(operands, path, negated=test.op == "nin")
     if isinstance(operand, tuple):
         return None
     if test.op in ("eq", "ne"):
-        return _equal(operand, t, x, path, negated=test.op == "ne")
-    return _order(test.op, operand, t, x, path)
+        return _equal(operand, path, negated=test.op == "ne")
+    return _order(test.op, operand, path)
 
 
-def _equal(
-    operand: Scalar, t: str, x: str, path: str, *, negated: bool
-) -> tuple[str, list[Any]] | None:
-    if operand is None:
-        sql = (
-            f"({t} IS NOT NULL AND {t} != 'null')" if negated else f"({t} IS NULL OR {t} = 'null')"
-        )
-        return sql, [path, path]
+def _listed(operands: tuple[Scalar, ...], path: str, *, negated: bool) -> _Part | None:
+    if not operands:  # nothing is in an empty list, and nothing is excluded by it
+        return None if negated else (f"(CASE WHEN {_X} IS NULL THEN NULL ELSE 0 END)", [path])
+    made = [_equal(o, path, negated=negated) for o in operands]
+    if negated:  # fewer exclusions keep more records: still a prefilter
+        kept = [m for m in made if m is not None]
+        if not kept:
+            return None
+    elif any(m is None for m in made):
+        return None
+    else:
+        kept = [m for m in made if m is not None]
+    joint = " AND " if negated else " OR "
+    return "(" + joint.join(m[0] for m in kept) + ")", [p for m in kept for p in m[1]]
+
+
+def _equal(operand: Scalar, path: str, *, negated: bool) -> _Part | None:
+    if operand is None:  # a present, non-null field is never null
+        return f"(CASE WHEN {_X} IS NULL THEN NULL ELSE {int(negated)} END)", [path]
     if isinstance(operand, bool):
         name = "'true'" if operand else "'false'"
-        return (f"{t} IS NOT {name}" if negated else f"{t} = {name}"), [path]
+        return f"({_T} {'!=' if negated else '='} {name})", [path]
     if isinstance(operand, str):
         if "\x00" in operand:
             return None
-        if negated:
-            sql = f"({_HAS_NUL} OR NOT ({t} IS 'text' AND {x} IS ?))"
-            return sql, [path, path, path, operand]
-        return f"({t} = 'text' AND {x} = ?)", [path, path, operand]
-    if isinstance(operand, int | float):
-        if negated:
-            if not (isinstance(operand, int) and abs(operand) <= _EXACT_INT):
-                return None
-            sql = f"NOT ({t} IS 'integer' AND typeof({x}) = 'integer' AND {x} = ?)"
-            return sql, [path, path, path, operand]
-        return _number("=", operand, t, x, path)
-    return None
+        if negated:  # an equal text may be an array's JSON or a string cut at NUL
+            sql = f"({_X} != ? OR json_type(value, ?) != 'text' OR {_HAS_NUL})"
+            return sql, [path, operand, path, path]
+        return f"({_X} = ?)", [path, operand]
+    if negated:
+        if not (isinstance(operand, int) and abs(operand) <= _EXACT_INT):
+            return None
+        return f"({_X} != ? OR json_type(value, ?) != 'integer')", [path, operand, path]
+    span = _span(operand)
+    if span is None:
+        return None
+    return f"({_X} BETWEEN ? AND ?)", [path, *span]
 
 
-def _order(op: str, operand: Scalar, t: str, x: str, path: str) -> tuple[str, list[Any]] | None:
+def _order(op: str, operand: Scalar, path: str) -> _Part | None:
     if isinstance(operand, str):
         if "\x00" in operand:
             return None
-        sign = {"gt": ">", "gte": ">=", "lt": "<", "lte": "<="}[op]
-        return f"({_HAS_NUL} OR ({t} = 'text' AND {x} {sign} ?))", [path, path, path, operand]
+        if op in ("lt", "lte"):  # texts from '' up (numbers sort before any text)
+            return f"({_X} BETWEEN '' AND ?)", [path, operand]
+        sign = ">" if op == "gt" else ">="
+        sql = f"({_X} {sign} ? OR ({_X} >= '' AND {_HAS_NUL}))"
+        return sql, [path, operand, path, path]
     if isinstance(operand, bool) or not isinstance(operand, int | float):
         return None
-    return _number({"gt": ">", "gte": ">=", "lt": "<", "lte": "<="}[op], operand, t, x, path)
-
-
-def _number(
-    sign: str, operand: int | float, t: str, x: str, path: str
-) -> tuple[str, list[Any]] | None:
-    """A number test: exact on a stored integer (SQLite compares an integer with an
-    integer or a float exactly, as Python does), within the margin on a stored float."""
     span = _span(operand)
     if span is None:
         return None
     low, high = span
-    loose = {"=": f"{x} BETWEEN ? AND ?", ">": f"{x} >= ?", ">=": f"{x} >= ?"}.get(
-        sign, f"{x} <= ?"
-    )
-    loose_params = {"=": [path, low, high], ">": [path, low], ">=": [path, low]}.get(
-        sign, [path, high]
-    )
-    if isinstance(operand, int) and not -(2**63) <= operand < 2**63:
-        return f"({_NUMBER.format(t=t)} AND {loose})", [path, *loose_params]
-    sql = (
-        f"({_NUMBER.format(t=t)} AND CASE WHEN typeof({x}) = 'integer' THEN {x} {sign} ?"
-        f" ELSE {loose} END)"
-    )
-    return sql, [path, path, path, operand, *loose_params]
+    if op in ("gt", "gte"):  # up to infinity: a text (it sorts after numbers) fails
+        return f"({_X} BETWEEN ? AND ?)", [path, low, math.inf]
+    return f"({_X} BETWEEN ? AND ?)", [path, -math.inf, high]
 
 
 def _span(number: int | float) -> tuple[float, float] | None:

@@ -34,7 +34,7 @@ from statekeeper.stores.rules import (
     to_micros,
 )
 from statekeeper.stores.sqlite.conn import SQLiteConnection
-from statekeeper.stores.sqlite.record_sql import json_path, query_condition
+from statekeeper.stores.sqlite.record_sql import guarded, json_path, query_condition
 from statekeeper.stores.types import CorruptItem
 
 __all__ = ["SQLiteRecordsAndEvents"]
@@ -155,19 +155,27 @@ class SQLiteRecordsAndEvents(SQLiteConnection):
         condition: str,
         params: list[Any],
     ) -> RecordList:
-        sql = (
-            "SELECT key, version, updated_us, expires_us, value FROM records "
-            f"WHERE tenant=? AND namespace=? AND key>=? AND key<? AND key>? AND {self._LIVE}"
-            f" AND {condition} ORDER BY key LIMIT ?"
-        )
+        def select(where: str) -> str:
+            return (
+                "SELECT key, version, updated_us, expires_us, value FROM records WHERE"
+                f" tenant=? AND namespace=? AND key>=? AND key<? AND key>? AND {self._LIVE}"
+                f" AND {where} ORDER BY key LIMIT ?"
+            )
+
+        sql = select(condition)
 
         def run(db: sqlite3.Connection) -> RecordList:
+            nonlocal sql
             found, after, now = RecordList(), after_key or "", _us(utcnow())
             while True:  # more batches only when damaged rows took places in this one
-                rows = db.execute(
-                    sql,
-                    (tenant, namespace, prefix, prefix + _KEY_END, after, now, *params, limit),
-                ).fetchall()
+                args = (tenant, namespace, prefix, prefix + _KEY_END, after, now, *params, limit)
+                try:
+                    rows = db.execute(sql, args).fetchall()
+                except sqlite3.OperationalError as exc:
+                    if condition == "1" or "malformed JSON" not in str(exc):
+                        raise
+                    sql = select(guarded(condition))  # a record is not JSON: keep it, listed
+                    continue  # as damaged (the check costs every row, so only when needed)
                 for row in rows:
                     decode = partial(self._record, namespace, row)
                     if not add_record(found, limit, row[0], decode, row[4]):
@@ -188,6 +196,7 @@ class SQLiteRecordsAndEvents(SQLiteConnection):
         if where is None:
             raise InvalidInputError(f"record value path {path!r} cannot be read in SQL")
         condition, params = query_condition(query)
+        condition = guarded(condition)
         sql = (
             "SELECT key, CASE WHEN json_valid(value) THEN value -> ? ELSE NULL END,"
             " CASE WHEN json_valid(value) THEN NULL ELSE value END FROM records "

@@ -1,0 +1,136 @@
+"""What a long-term record holds for an item (its *envelope*) and the item read from it.
+
+An envelope is a JSON object: the value first, ``created_at``, and only what the record's
+slot does not imply: ``updated_at`` once it differs, the key when the slot holds its
+digest, the TTL when there is one, and the vectors (unit-length float32 as base64).
+Envelopes written before 2026-11-28 hold every field, and the namespace: both are read.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from pydantic import JsonValue
+
+from statekeeper.errors import StoreCorruptError
+from statekeeper.longterm import rules
+from statekeeper.stores.base import VersionedRecord
+
+__all__ = ["Found", "MemoryItem", "best", "decode", "decoded", "envelope"]
+
+_log = logging.getLogger("statekeeper.longterm")
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryItem:
+    """A stored item; ``score`` is the similarity to a search query (None otherwise)."""
+
+    namespace: tuple[str, ...]
+    key: str
+    value: dict[str, JsonValue]
+    created_at: datetime
+    updated_at: datetime
+    expires_at: datetime | None = None
+    score: float | None = None
+
+
+@dataclass(slots=True)
+class Found:
+    record: VersionedRecord
+    envelope: dict[str, Any]
+    key: str
+    created_at: datetime
+    updated_at: datetime
+
+    def item(self, score: float | None = None) -> MemoryItem:
+        return MemoryItem(
+            rules.slot_namespace(self.record.key),
+            self.key,
+            self.envelope["value"],
+            self.created_at,
+            self.updated_at,
+            self.record.expires_at,
+            score,
+        )
+
+
+def decode(record: VersionedRecord) -> Found:
+    """The item a record holds; `StoreCorruptError` if it is not an item envelope.
+
+    Cheap on purpose (a search decodes every record it returns): the namespace, and the
+    key unless it was digested, are read from the record key; vectors are checked when
+    a query scores them. Envelopes written before 2026-11-28 hold every field (and the
+    namespace); newer ones leave out what is implied (see `envelope`).
+    """
+    env: Any = record.value
+    try:
+        if not isinstance(env, dict):
+            raise TypeError("not an object")
+        key = env.get("key")
+        if key is None:
+            key = record.key.partition(".:")[2]
+            if key.startswith(":"):
+                raise TypeError("no key for a digested slot")
+        if not isinstance(env["value"], dict) or not isinstance(key, str):
+            raise TypeError("no value or key")
+        created = datetime.fromisoformat(env["created_at"])
+        updated = datetime.fromisoformat(env.get("updated_at") or env["created_at"])
+        ttl = env.get("ttl")
+        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int | float)):
+            raise TypeError("bad ttl")
+    except (KeyError, TypeError, ValueError) as exc:
+        raise StoreCorruptError(
+            f"long-term record {record.namespace}/{record.key} is not an item envelope "
+            f"({exc}); delete or rewrite it"
+        ) from exc
+    return Found(record, env, key, created, updated)
+
+
+def envelope(
+    where: str,
+    key: str,
+    value: dict[str, JsonValue],
+    created: str,
+    updated: str,
+    minutes: float | None,
+    vectors: list[str],
+) -> dict[str, JsonValue]:
+    """What a record holds for an item: the value first, then only what its slot does
+    not imply (a filtered search parses every envelope it looks at, so bytes count)."""
+    envelope: dict[str, JsonValue] = {"value": value, "created_at": created}
+    if updated != created:
+        envelope["updated_at"] = updated
+    if where.partition(".:")[2] != key:  # a digested key
+        envelope["key"] = key
+    if minutes is not None:
+        envelope["ttl"] = minutes
+    if vectors:
+        envelope["vectors"] = list[JsonValue](vectors)
+    return envelope
+
+
+def decoded(record: VersionedRecord) -> Found | None:
+    """`decode`, or None after logging why (a damaged item never hides the others)."""
+    try:
+        return decode(record)
+    except StoreCorruptError as exc:
+        _log.warning("skipping a long-term record: %s", exc)
+        return None
+
+
+def best(probe: list[float], where: str, vectors: object) -> float | None:
+    """The best similarity of stored vectors (base64 texts) to the query; None if none."""
+    if vectors is None:
+        return None
+    try:
+        if not isinstance(vectors, list):
+            raise TypeError("not a list")
+        unpacked = [rules.unpack_vector(v) for v in vectors]
+    except (TypeError, ValueError):
+        _log.warning("long-term record %s has unreadable vectors", where)
+        return None
+    scores = [s for s in (rules.cosine(probe, v) for v in unpacked) if s is not None]
+    return max(scores) if scores else None
