@@ -26,6 +26,7 @@ SUITES = {
     "langgraph": "LangGraph checkpointer vs SqliteSaver (MessagesState)",
     "sealed": "encryption at rest: a sealed SQLite store vs the same store plain",
     "floor": "the SQL floor of an append: raw insert, our statements alone, Session.append",
+    "instructions": "instructions per append (callgrind): Session.append vs raw sqlite3",
     "threads": "one store from 8 threads with their own loops vs 8 tasks on one loop",
 }
 
