@@ -79,7 +79,7 @@ async def test_a_rate_limited_profile_is_rotated_and_the_run_completes(store: St
     assert (first.usage_count, second.usage_count) == (1, 1)
     assert (second.failure_count, second.cooldown_until) == (0, None)
 
-    events = await store.read_events("alice", result.run_id)
+    events = await runner.runs.events(result.run_id)  # with the texts the events name
     rotated = [e.payload for e in events if e.stream == "auth"]
     assert [(p["from"], p["to"], p["reason"]) for p in rotated] == [
         ("first", "second", "429 on first")

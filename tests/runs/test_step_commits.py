@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from statekeeper.core.messages import Message
-from statekeeper.runs import CheckpointOptions, Coordination, Finish, Respond, Runner
+from statekeeper.core.messages import Message, ToolCallBlock
+from statekeeper.runs import CheckpointOptions, Coordination, Finish, Respond, Runner, Tool
 from statekeeper.runs.scripted import ScriptedAgent
 from statekeeper.runs.state import RunState
 from statekeeper.runs.store import RunStore
@@ -130,3 +130,74 @@ async def test_loading_a_run_whose_index_lags_far_behind_reads_only_the_last_ent
     assert (loaded.state.turn, loaded.state.revision) == (300, 300)
     assert sum(recording.read) <= 64  # one page back from the end, not 600 entries
     assert loaded.index.revision == 300  # rolled forward
+
+
+# -- steps that call a tool ---------------------------------------------------------------
+
+
+async def look_up(args: dict[str, Any], ctx: Any) -> str:
+    return "in transit " * 50
+
+
+def calling_agent() -> ScriptedAgent:
+    def asks(n: int) -> Respond:
+        call = ToolCallBlock(id=f"c{n}", name="look_up", arguments="{}")
+        return Respond([Message.assistant(f"checking {n}", tool_calls=[call])])
+
+    return ScriptedAgent("worker", [asks(1), asks(2), Finish("done")])
+
+
+async def test_a_step_that_calls_a_tool_is_one_append_with_its_tool_events(store: Store) -> None:
+    recording = Recording(store)
+    runner = Runner(recording, TENANT, [calling_agent()], [Tool("look_up", look_up)])  # type: ignore[arg-type]
+    result = await runner.start("worker", "go")
+    assert result.status == "completed"
+    steps = [kinds for how, kinds, _ in recording.writes if how == "entries"]
+    said = ["assistant/complete", "tool/call_start", "tool/result"]
+    assert steps[1:3] == [said, said]
+    alone = [kinds for how, kinds, _ in recording.writes if how == "events"]
+    assert not {"tool/call_start", "tool/result"} & {k for kinds in alone for k in kinds}
+
+
+async def test_the_events_name_the_messages_instead_of_repeating_them(store: Store) -> None:
+    runner = Runner(store, TENANT, [calling_agent()], [Tool("look_up", look_up)])
+    result = await runner.start("worker", "go")
+    logged = await store.read_events(TENANT, result.run_id)
+    said = next(e for e in logged if e.kind == "complete")
+    output = next(e for e in logged if e.kind == "result")
+    assert "text" not in said.payload
+    assert said.payload["tool_calls"] == [{"id": "c1", "name": "look_up"}]
+    assert "output" not in output.payload
+    messages = {m.id: m for m in result.new_messages}
+    assert messages[said.payload["id"]].text == "checking 1"
+    assert messages[output.payload["message"]].text == "in transit " * 50
+    resolved = await runner.runs.events(result.run_id)
+    texts = [(e.kind, e.payload.get("text") or e.payload.get("output")) for e in resolved]
+    assert ("complete", "checking 1") in texts
+    assert ("result", "in transit " * 50) in texts
+
+
+async def test_subscribers_here_see_the_call_start_before_the_tool_runs(store: Store) -> None:
+    seen: list[tuple[str, str]] = []
+    logged_then: list[list[str]] = []
+
+    async def watched(args: dict[str, Any], ctx: Any) -> str:
+        if not seen:  # what a subscriber here has got by the time the tool runs
+            seen.extend([(e.stream, e.kind) for e in [await anext(sub) for _ in range(4)]])
+            logged = await store.read_events(TENANT, ctx.run.run_id)
+            logged_then.append([e.kind for e in logged])
+        return "ok"
+
+    runner = Runner(store, TENANT, [calling_agent()], [Tool("look_up", watched)])
+    bus = runner.events
+    assert isinstance(bus, EventBus)
+    with bus.subscribe("run-watched") as sub:
+        await runner.start("worker", "go", run_id="run-watched")
+    assert seen == [
+        ("lifecycle", "start"),
+        ("lifecycle", "status"),
+        ("assistant", "complete"),
+        ("tool", "call_start"),
+    ]
+    # The log had neither yet: they are logged with the step's checkpoint.
+    assert logged_then == [["start", "status"]]

@@ -65,8 +65,11 @@ class ApprovalGate:
             info["awaiting_approval"] = call.id in waiting_ids
             await self.lifecycle.publish(state, "tool", "call_start", info)
 
-    async def settle(self, state: RunState, context: Any) -> list[Message] | None:
-        """Apply the decisions: run the approved calls, turn rejections into results.
+    async def settle(
+        self, state: RunState, context: Any, *, ahead: bool = False
+    ) -> list[Message] | None:
+        """Apply the decisions: run the approved calls, turn rejections into results
+        (``ahead``: their events go with the checkpoint, as `ToolBox.run` says).
 
         Returns the held message and its results in call order (the run is RUNNING
         again), or None while some call still has no decision (nothing changes).
@@ -81,7 +84,7 @@ class ApprovalGate:
         # The status change comes before the tool events it releases.
         self.lifecycle.move(state, AgentStatus.RUNNING)
         await self.lifecycle.flush()
-        ran = await self.tools.run(state, context, calls, announced=True)
+        ran = await self.tools.run(state, context, calls, announced=True, ahead=ahead)
         results = {r.tool_results[0].tool_call_id: r for r in ran}
         for call, reason in settled.rejected:
             # It did not run: listed in the tool counts, but not counted up.
@@ -89,12 +92,8 @@ class ApprovalGate:
             results[call.call_id] = Message.tool_result(
                 call.call_id, f"Tool call rejected: {reason}", is_error=True
             )
-            await self.lifecycle.publish(
-                state,
-                "tool",
-                "error",
-                {"tool": call.tool, "call_id": call.call_id, "rejected": reason},
-            )
+            payload = {"tool": call.tool, "call_id": call.call_id, "rejected": reason}
+            await self.lifecycle.publish(state, "tool", "error", payload, ahead=ahead)
         handled = {i.call_id for i in state.interruptions}
         state.interruptions = []
         state.decisions = [d for d in state.decisions if d.call_id not in handled]

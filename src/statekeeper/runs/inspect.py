@@ -108,10 +108,15 @@ class RunInspector:
         events = await self.runs.store.read_events(
             self.runs.tenant, self.run_id, after_seq=self._events_seen
         )
+        texts: dict[str, str] = {}
+        if any(e.stream == "assistant" and "text" not in e.payload for e in events):
+            # The runner's events name the message (``id``): its text is in the session.
+            texts = {m.id: m.text for m in (await self.items()).assistant}
         for event in events:
             self._events_seen = event.seq
             payload = event.payload
             if event.stream == "assistant" and "usage" in payload:
+                text = payload.get("text", texts.get(str(payload.get("id")), ""))
                 self._responses.append(
                     ModelResponse(
                         turn=int(payload.get("turn", 0)),
@@ -120,7 +125,7 @@ class RunInspector:
                         usage=dict(payload["usage"]),
                         cost=float(payload.get("cost", 0.0)),
                         at=event.ts,
-                        text=str(payload.get("text", "")),
+                        text=str(text),
                         profile=payload.get("profile"),
                     )
                 )

@@ -28,7 +28,10 @@ class RunLifecycle:
     queued and published before the next event, or by `flush`, so subscribers see status
     changes in the order they happened and interleaved correctly with the rest. An event
     published with ``hold=True`` waits in the same queue; `publish_with` logs the run's
-    queued events in the run's next checkpoint append (one transaction for both).
+    queued events in the run's next checkpoint append (one transaction for both). One
+    published with ``ahead=True`` (and the run's queued ones before it) reaches this
+    process's subscribers at once and is logged by that append too
+    (`EventBus.publish_ahead`).
     """
 
     def __init__(self, transitions: TransitionTable, events: EventSink) -> None:
@@ -63,6 +66,7 @@ class RunLifecycle:
         payload: dict[str, Any],
         *,
         hold: bool = False,
+        ahead: bool = False,
     ) -> None:
         """Publish an event of the run (after the queued events), with its trace id and,
         when traced, ``span_id``: the span it happened in.
@@ -70,10 +74,17 @@ class RunLifecycle:
         ``hold`` queues it instead, to go with the run's next checkpoint (`publish_with`)
         or the next event published, whichever comes first: for an event that describes
         the step being written (what the agent said), not one a watcher waits for live.
+        ``ahead`` fans it out at once and logs it with the next checkpoint (for an event
+        a watcher waits for live, when the sink is an `EventBus`; else it is published).
         """
         payload = _traced(state, {**payload, "turn": state.turn})
         if hold:
             self._pending.append((state.run_id, stream, kind, payload))
+            return
+        if ahead and isinstance(self.events, EventBus):
+            for _, queued_stream, queued_kind, queued in self._take(state.run_id):
+                await self.events.publish_ahead(state.run_id, queued_stream, queued_kind, queued)
+            await self.events.publish_ahead(state.run_id, stream, kind, payload)
             return
         await self.flush()
         await self.events.publish(state.run_id, stream, kind, payload)
@@ -83,6 +94,24 @@ class RunLifecycle:
         pending, self._pending = self._pending, []
         for run_id, stream, kind, payload in pending:
             await self.events.publish(run_id, stream, kind, payload)
+
+    async def settle(self, state: RunState) -> None:
+        """Publish the queued events, and log the run's events published ahead."""
+        await self.flush()
+        if isinstance(self.events, EventBus):
+            await self.events.flush_ahead(state.run_id)
+
+    def joins(self, store: object, tenant: str) -> bool:
+        """Whether the run's events can be logged by an append to ``store`` for
+        ``tenant``: the sink is an `EventBus` logging there."""
+        bus = self.events
+        return isinstance(bus, EventBus) and bus.tenant == tenant and _same(bus.store, store)
+
+    def _take(self, run_id: str) -> list[_Queued]:
+        """The run's queued events, out of the queue (other runs' stay)."""
+        mine = [queued for queued in self._pending if queued[0] == run_id]
+        self._pending = [queued for queued in self._pending if queued[0] != run_id]
+        return mine
 
     async def publish_with(
         self,
@@ -95,13 +124,12 @@ class RunLifecycle:
         events in it, when the sink is an `EventBus` logging to that store and tenant
         (`EventBus.publish_with`); otherwise publish them first and ``write(None)``."""
         bus = self.events
-        if not isinstance(bus, EventBus) or bus.tenant != tenant or not _same(bus.store, store):
+        if not isinstance(bus, EventBus) or not self.joins(store, tenant):
             await self.flush()
             await write(None)
             return
-        mine = [(s, k, p) for run_id, s, k, p in self._pending if run_id == state.run_id]
         # Other runs' queued events wait for their own runs' next write or publish.
-        self._pending = [queued for queued in self._pending if queued[0] != state.run_id]
+        mine = [(s, k, p) for _, s, k, p in self._take(state.run_id)]
         await bus.publish_with(state.run_id, mine, write)
 
 

@@ -200,7 +200,8 @@ class RunLoop:
             await self._cancelled(active)
             return False
         if state.status == AgentStatus.WAITING_FOR_APPROVAL:
-            settled = await self.approvals.settle(state, active.context)
+            ahead = active.writer.joins_events
+            settled = await self.approvals.settle(state, active.context, ahead=ahead)
             if settled is None:
                 return False  # some call still has no decision
             await self._commit(active, settled)
@@ -241,7 +242,7 @@ class RunLoop:
             await self.lifecycle.publish(state, "lifecycle", "end", {"status": state.status})
             await self.coordination.settle_child(state)
         else:
-            await self.lifecycle.flush()
+            await self.lifecycle.settle(state)
 
     # -- one step ------------------------------------------------------------------------
 
@@ -356,7 +357,8 @@ class RunLoop:
         calls = messages[-1].tool_calls
         waiting = [c for c in calls if self.tools.needs_approval(state, c)]
         if not waiting:
-            return [*messages, *await self.tools.run(state, active.context, calls)]
+            ahead = active.writer.joins_events
+            return [*messages, *await self.tools.run(state, active.context, calls, ahead=ahead)]
         # The call message is held (not written) until every decision is in.
         await self.approvals.hold(state, messages[-1], waiting)
         return messages[:-1]

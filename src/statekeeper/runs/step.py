@@ -7,9 +7,11 @@ When the agent raises `RateLimited`, the profile it took is put in cooldown, an
 no profile is free (or there are none) `ask` raises `StepPaused` and the run pauses.
 
 `said` turns an action into its ``assistant/complete`` events: one per assistant
-message, with its text and tool calls; the model call behind the action (model, usage,
-cost, the auth profile) rides on the last one, or on an event of its own carrying what
-the call produced when the action has no assistant message (a `Finish` output, say).
+message, naming it (``id``: its entry id in the session, written in the same commit; the
+text and the tool calls' arguments are there, not repeated) with its tool calls' ids and
+names; the model call behind the action (model, usage, cost, the auth profile) rides on
+the last one, or on an event of its own carrying what the call produced when the action
+has no assistant message (a `Finish` output, say).
 `account` records what an action reports (its model call, metadata, guardrail results)
 in the run state.
 """
@@ -170,14 +172,9 @@ def said(
 
 
 def _message_payload(message: Message, agent: str) -> dict[str, Any]:
-    text = message.text
-    payload: dict[str, Any] = {"id": message.id, "text": text[:TEXT_LIMIT], "agent": agent}
-    if len(text) > TEXT_LIMIT:
-        payload["truncated"] = True
+    payload: dict[str, Any] = {"id": message.id, "agent": agent}
     if message.tool_calls:
-        payload["tool_calls"] = [
-            {"id": c.id, "name": c.name, "arguments": c.arguments} for c in message.tool_calls
-        ]
+        payload["tool_calls"] = [{"id": c.id, "name": c.name} for c in message.tool_calls]
     return payload
 
 

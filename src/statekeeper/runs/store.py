@@ -39,6 +39,7 @@ from statekeeper.runs.history import CheckpointInfo, checkpoint_history, fork_ru
 from statekeeper.runs.index import RunIndex, RunList, carry, decode_index, read_indexes
 from statekeeper.runs.index import index_of as _index_of
 from statekeeper.runs.recovery import Loaded, load_latest
+from statekeeper.runs.refs import resolve_events
 from statekeeper.runs.sealing import CheckpointSeal
 from statekeeper.runs.state import RunState
 from statekeeper.sessions.manager import SessionManager
@@ -295,6 +296,13 @@ class RunStore:
             return fresh, await self.put_index(fresh, expected_version=version)
         except ConflictError:
             return await self.index(state.run_id)
+
+    async def events(self, run_id: str) -> builtins.list[Event]:
+        """The run's event log, with the text its events name filled in from the
+        session (`statekeeper.runs.refs`)."""
+        index, _ = await self.index(run_id)
+        events = await self.store.read_events(self.tenant, run_id)
+        return await resolve_events(self.store, self.tenant, index.session_id, events)
 
     # -- time travel ---------------------------------------------------------------------
 

@@ -91,34 +91,46 @@ class ToolBox:
         calls: Sequence[ToolCallBlock],
         *,
         announced: bool = False,
+        ahead: bool = False,
     ) -> list[Message]:
         """Run ``calls`` in order; one result message per call, in the same order.
 
         ``announced``: their ``call_start`` was published already (when they were held
-        for approval), so it is not published again."""
+        for approval), so it is not published again. ``ahead``: the events reach this
+        process's subscribers at once and are logged with the step's checkpoint (no
+        write of their own: `RunLifecycle.publish`)."""
         out: list[Message] = []
         for call in calls:
             state.tool_use[call.name] = state.tool_use.get(call.name, 0) + 1
             info = {"call_id": call.id, "tool": call.name, "span": state.trace.current_span}
             with tool_span(call) as span:
                 if not announced:
-                    await self.lifecycle.publish(state, "tool", "call_start", info)
-                out.append(await self._result(state, context, call, info, span))
+                    await self.lifecycle.publish(state, "tool", "call_start", info, ahead=ahead)
+                out.append(await self._result(state, context, call, info, span, ahead))
         return out
 
     async def _result(
-        self, state: RunState, context: Any, call: ToolCallBlock, info: dict[str, Any], span: Any
+        self,
+        state: RunState,
+        context: Any,
+        call: ToolCallBlock,
+        info: dict[str, Any],
+        span: Any,
+        ahead: bool,
     ) -> Message:
-        """Run one call and publish its outcome; its result message."""
+        """Run one call and publish its outcome; its result message (which the
+        ``tool/result`` event names: the output is in it, not repeated in the event)."""
         try:
             text = await self._call(state, context, call)
         except _Failed as error:
             failed(span, error.error_type, error.error)
             payload = {**info, "error": error.error, **error.details}
-            await self.lifecycle.publish(state, "tool", "error", payload)
+            await self.lifecycle.publish(state, "tool", "error", payload, ahead=ahead)
             return Message.tool_result(call.id, error.text, is_error=True)
-        await self.lifecycle.publish(state, "tool", "result", {**info, "output": text[:2000]})
-        return Message.tool_result(call.id, text)
+        message = Message.tool_result(call.id, text)
+        payload = {**info, "message": message.id}
+        await self.lifecycle.publish(state, "tool", "result", payload, ahead=ahead)
+        return message
 
     async def _call(self, state: RunState, context: Any, call: ToolCallBlock) -> str:
         """The output text of ``call``; `_Failed` when it produced none."""

@@ -71,8 +71,14 @@ class CheckpointWriter:
 
     @property
     def joins_events(self) -> bool:
-        """Whether a checkpoint write carries the run's queued events (mode ``step``)."""
-        return self.mode == "step" and self.lifecycle is not None
+        """Whether a checkpoint write carries the run's queued events (mode ``step``,
+        with an event bus logging to the runs' store)."""
+        lifecycle = self.lifecycle
+        return (
+            self.mode == "step"
+            and lifecycle is not None
+            and lifecycle.joins(self.runs.store, self.runs.tenant)
+        )
 
     async def save(self, state: RunState, messages: Sequence[Message] = ()) -> None:
         """Record a checkpoint of ``state`` after ``messages`` (written per the mode)."""

@@ -9,7 +9,8 @@ names are custom and take any kind)::
 
     lifecycle   start, end, abort, status     status needs payload["status"]: str
     tool        call_start, result, error     needs payload["tool"]: str
-    assistant   partial, complete             needs payload["text"]: str
+    assistant   partial, complete             needs payload["text"]: str (complete:
+                                              or payload["id"], a message's entry id)
     error       error                         needs payload["message"]: str
     compaction  start, complete
 """
@@ -107,6 +108,8 @@ class RunSnapshot:
     ended: bool = False
     updated_at: datetime | None = None
     last_assistant: str | None = None
+    """The text of the last ``assistant/complete`` event; None when it names its message
+    by ``id`` instead (the runner's do: the text is in the session's entry of that id)."""
     last_error: str | None = None
     last_by_stream: dict[str, BusEvent] = field(default_factory=dict)
 
@@ -124,7 +127,7 @@ class RunSnapshot:
                 self.status = "aborted"
             self.ended = self.ended or event.kind in _TERMINAL
         elif event.stream == "assistant" and event.kind == "complete":
-            self.last_assistant = payload["text"]
+            self.last_assistant = payload.get("text")
         elif event.stream == "error":
             self.last_error = payload["message"]
 
@@ -146,5 +149,7 @@ def check_event(stream: str, kind: str, payload: Mapping[str, Any]) -> None:
         key = None
     if not isinstance(payload, Mapping):
         raise InvalidPayloadError(f"an event payload must be a JSON object, not {type(payload)}")
+    if key == "text" and kind == "complete" and isinstance(payload.get("id"), str):
+        return  # the text is in the message of that id
     if key is not None and not isinstance(payload.get(key), str):
         raise InvalidPayloadError(f"{stream}/{kind} events need payload[{key!r}] as a string")

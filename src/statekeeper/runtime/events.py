@@ -12,6 +12,8 @@ stored and uses no seq. Publishes to a run that arrive while a write to it is un
 are written together, as one batch. `EventBus.publish_with` logs a run's events in
 another write of the store instead (the runner's checkpoint append: one transaction
 for a step's entries and its events) and fans them out once it lands.
+`EventBus.publish_ahead` fans an event out at once and logs it with the run's next
+write (`statekeeper.runtime.ahead`).
 
 **Other processes'** events reach a run subscriber here when it sees a gap in the seqs
 (this process published after them), on `Subscription.poll` / `EventBus.refresh`, with
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import replace
@@ -35,6 +38,7 @@ from statekeeper.core.messages import utcnow
 from statekeeper.errors import ConflictError, InvalidInputError, NotFoundError, StatekeeperError
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import encode_json, loads
+from statekeeper.runtime.ahead import AheadLog, drafts_of, write_ahead
 from statekeeper.runtime.event_types import (
     STREAM_KINDS,
     BusEvent,
@@ -104,6 +108,7 @@ class EventBus:
         self._by_run: dict[str, set[Subscription]] = {}
         self._all: set[Subscription] = set()
         self._snapshots: OrderedDict[str, RunSnapshot] = OrderedDict()
+        self._ahead = AheadLog(max_cached_runs)
 
     @property
     def store(self) -> EventLogStore | None:
@@ -148,7 +153,11 @@ class EventBus:
         assert self._store is not None
         self._pending[run_id] = []
         try:
-            [stored] = await self._store.append_events(self.tenant, run_id, [draft])
+            ahead = self._ahead.take(run_id)
+            if ahead:  # they go first: a batch of their drafts and this one
+                stored = await self._write_ahead(run_id, ahead, [draft])
+            else:
+                [stored] = await self._store.append_events(self.tenant, run_id, [draft])
             self._fan_out(event := _from_store(stored))
             return event
         except asyncio.CancelledError:
@@ -178,7 +187,7 @@ class EventBus:
             validate_id(run_id, "run id")
         for stream, kind, payload in events:
             check_event(stream, kind, payload)
-        if not events or not self.persist or run_id in self._pending:
+        if not self.persist or run_id in self._pending or not (events or self._ahead.has(run_id)):
             published = [await self.publish(run_id, *event) for event in events]
             await write(None)
             return published
@@ -188,17 +197,26 @@ class EventBus:
             for stream, kind, payload in events
         ]
         self._pending[run_id] = []  # publishes meanwhile queue behind the write
+        ahead = self._ahead.take(run_id)
         try:
             try:
-                logged = [_from_store(e) for e in await write(EventBatch(run_id, drafts))]
+                batch = EventBatch(run_id, [*drafts_of(ahead), *drafts])
+                stored = await write(batch)
             except _REFUSED:
                 # Nothing written: the events go on their own (an error of theirs first).
+                if ahead:
+                    await self._write_ahead(run_id, ahead, [])
                 loop = asyncio.get_running_loop()
                 alone: _Pending = [(d, loop.create_future()) for d in drafts]
                 await self._write_batch(run_id, alone)
                 for _, future in alone:
                     future.result()
                 raise
+            except BaseException:
+                self._settle(run_id, ahead, None)
+                raise
+            self._settle(run_id, ahead, stored[: len(ahead)])
+            logged = [_from_store(e) for e in stored[len(ahead) :]]
             for event in logged:
                 self._fan_out(event)
             return logged
@@ -207,6 +225,53 @@ class EventBus:
             raise
         finally:
             self._written(run_id)
+
+    async def publish_ahead(
+        self, run_id: str, stream: str, kind: str, payload: Mapping[str, Any] | None = None
+    ) -> BusEvent:
+        """Fan an event out now, with the seq it will have, and log it with the run's
+        next write through this bus (`publish`, `publish_with`, `flush_ahead`): for an
+        event watchers here need at once that needs no write of its own (a tool call
+        starting). Written at once, as `publish` does, when the bus does not know the
+        run's last seq yet or a write to the run is under way (`statekeeper.runtime.ahead`).
+        """
+        if type(run_id) is not str or run_id not in self._snapshots:
+            validate_id(run_id, "run id")
+        payload = {} if payload is None else payload
+        check_event(stream, kind, payload)
+        seq = self._ahead.next_seq(run_id)
+        if not self.persist or seq is None or run_id in self._pending:
+            return await self.publish(run_id, stream, kind, payload)
+        copy = loads(encode_json(payload, what=f"event {stream}/{kind} payload"))
+        event = BusEvent(run_id, seq, stream, kind, self._clock(), copy)
+        self._ahead.add(event)
+        self._fan_out(event, logged=False)
+        return event
+
+    async def flush_ahead(self, run_id: str | None = None) -> None:
+        """Log the events published ahead (of the run, or of every run) now."""
+        for run in [run_id] if run_id is not None else self._ahead.runs():
+            if self._ahead.has(run) and run not in self._pending:
+                self._pending[run] = []
+                try:
+                    await self._write_ahead(run, self._ahead.take(run), [])
+                finally:
+                    self._written(run)
+
+    async def _write_ahead(
+        self, run_id: str, ahead: list[BusEvent], drafts: list[EventDraft]
+    ) -> Event:
+        assert self._store is not None
+        settle = functools.partial(self._settle, run_id, ahead)
+        return await write_ahead(self._store, self.tenant, ahead, drafts, settle, _REFUSED)
+
+    def _settle(self, run_id: str, ahead: list[BusEvent], logged: Sequence[Event] | None) -> None:
+        """After a write that carried ``ahead``: if it did not log them as announced,
+        the run's subscribers go back to the first and read the log from there."""
+        if not self._ahead.settle(ahead, logged):
+            for sub in (*self._by_run.get(run_id, ()), *self._all):
+                sub._void(run_id, ahead[0].seq)
+            self._snapshots.pop(run_id, None)
 
     def _written(self, run_id: str) -> None:
         """A write to the run is done: publishes that arrived meanwhile go as one batch."""
@@ -268,7 +333,9 @@ class EventBus:
             else:
                 future.set_result(result)
 
-    def _fan_out(self, event: BusEvent) -> None:
+    def _fan_out(self, event: BusEvent, *, logged: bool = True) -> None:
+        if logged:
+            self._ahead.logged(event.run_id, event.seq)
         self._note(event)
         for sub in tuple(self._by_run.get(event.run_id, ())):
             sub._push(event)
@@ -415,14 +482,18 @@ class EventBus:
         """Delete a run's log and snapshot, and close its subscribers."""
         for sub in tuple(self._by_run.get(validate_id(run_id, "run id"), ())):
             sub.close()
+        self._ahead.forget(run_id)
         self._memlog.pop(run_id, None)
         self._snapshots.pop(run_id, None)
         if self._store is not None and self.persist:
             await self._store.delete_event_log(self.tenant, run_id)
 
     async def aclose(self) -> None:
-        """Finish pending publishes, then close every subscription."""
+        """Finish pending publishes (and log the events published ahead), then close
+        every subscription."""
         while self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        with contextlib.suppress(StatekeeperError):
+            await self.flush_ahead()
         for sub in [*self._all, *(s for subs in self._by_run.values() for s in subs)]:
             sub.close()

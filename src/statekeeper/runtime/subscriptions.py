@@ -124,6 +124,15 @@ class Subscription:
             finally:
                 self._waiter = None
 
+    def _void(self, run_id: str, seq: int) -> None:
+        """Events of ``run_id`` from ``seq`` on were fanned out ahead of a write that did
+        not log them so: drop those not delivered yet and read the log from there."""
+        self._live = deque(e for e in self._live if e.run_id != run_id or e.seq < seq)
+        if self.run_id is not None and self._pos is not None and self._pos >= seq:
+            self._pos = seq - 1
+            self._replaying = True
+            self._wake()
+
     def poll(self) -> None:
         """Read the log for events other processes logged (run subscribers only)."""
         self._replaying = self.run_id is not None
