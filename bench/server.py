@@ -161,16 +161,23 @@ async def _routes(url: str, rows: dict[str, Any]) -> None:
     """Our routes against the bare ones, in this process (see the module docstring)."""
     tenant = "bench"
     ours_app = create_app(ServerConfig(url))
+    keyless_app = create_app(ServerConfig(url, dev_anonymous=True))  # tenant "default"
     bare_store = await open_store(url)
     try:
         manager = SessionManager(bare_store, tenant, max_messages=None, auto_continue=False)
         for size in READ_SIZES:
             await _filled(manager, f"read-{size}", size)
+        keyless = SessionManager(bare_store, "default", max_messages=None, auto_continue=False)
+        await _filled(keyless, f"read-{READ_SIZES[0]}", READ_SIZES[0])
         await manager.create(session_id="append-ours")
         await manager.create(session_id="append-bare")
         _, key = await ApiKeys(bare_store).create(tenant, "operate")
         async with (
             ours_app.router.lifespan_context(ours_app),
+            keyless_app.router.lifespan_context(keyless_app),
+            httpx.AsyncClient(
+                transport=httpx.ASGITransport(keyless_app), base_url="http://keyless/api/v1"
+            ) as ours_keyless,
             httpx.AsyncClient(
                 transport=httpx.ASGITransport(ours_app),
                 base_url="http://ours/api/v1",
@@ -198,6 +205,9 @@ async def _routes(url: str, rows: dict[str, Any]) -> None:
             small, large = READ_SIZES
             rows["read growth"] = await interleave(
                 reader(ours, large), reader(ours, small), ROUTE_BATCHES, ROUTE_BATCH
+            )
+            rows["read keyless"] = await interleave(
+                reader(ours_keyless, small), reader(bare, small), ROUTE_BATCHES, ROUTE_BATCH
             )
 
             def appender(client: httpx.AsyncClient, session_id: str) -> Any:
@@ -342,6 +352,8 @@ def report(rows: dict[str, Any]) -> list[str]:
     verdicts.at_most(
         f"last {PAGE}: ours {large:,} / ours {small:,}", list(rows["read growth"]), 1.2
     )
+    # Served keyless (--dev-anonymous): what the key check, a store read, adds to a read.
+    verdicts.info(f"last {PAGE} of {small:,}: keyless / bare", list(rows["read keyless"]))
     ratios = rows["append routes"]
     _times("append", ratios)
     verdicts.at_most("append: ours / bare route", list(ratios), 1.2)

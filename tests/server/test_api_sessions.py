@@ -6,10 +6,12 @@ import json
 from collections.abc import Sequence
 
 import httpx
+import pytest
 
 from statekeeper.core.messages import Message, stored_message
 from statekeeper.longterm import LongTermStore
 from statekeeper.runtime.profiles import AuthProfiles
+from statekeeper.server import routes_sessions
 from statekeeper.sessions import SessionManager
 from statekeeper.stores import Store
 
@@ -113,6 +115,27 @@ async def test_the_tree_shows_branches_and_what_a_compaction_stands_for(
     summarized = {e["to"] for e in tree["edges"] if e["type"] == "summarizes"}
     assert summarized == set(compaction["covers"])
     assert 13 not in summarized
+
+
+async def test_a_compaction_in_a_page_covers_its_nearest_ancestors(
+    live: Live, db: tuple[str, Store], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    session = await SessionManager(db[1], "acme").create(session_id="ses-twice")
+    for round_ in range(2):
+        for n in range(5):
+            await session.append(Message.user(f"q{round_}.{n}"), Message.assistant("a"))
+        await session.compact(_summary, keep_last=2)
+    head = session.record.head_seq
+    url = f"/api/v1/sessions/ses-twice/entries?after_seq={head - 1}&limit=1"
+    async with live.client("read") as client:
+        whole = (await client.get(url)).json()["items"][0]
+        covers = whole["covers"]
+        # Read no more than reaches back to what the second compaction stands for.
+        monkeypatch.setattr(routes_sessions, "_TREE_LIMIT", head - min(covers) + 1)
+        near = (await client.get(url)).json()["items"][0]
+    assert whole["kind"] == "compaction"
+    assert min(covers) > 1
+    assert near["covers"] == covers
 
 
 async def test_records_profiles_lanes_and_subagents(live: Live, db: tuple[str, Store]) -> None:

@@ -128,8 +128,10 @@ async def entries(
     branch = await _branch_ids(session, page)
     by_seq = {e.seq: e for e in page}
     if any(e.kind == "compaction" for e in page):
-        # What a compaction stands for is among its ancestors: read those too.
-        earlier = await session.entries(until_seq=page[-1].seq, limit=_TREE_LIMIT)
+        # What a compaction stands for is among its ancestors: read the entries before it
+        # (the nearest ones, when there are more than a tree draws).
+        last = page[-1].seq
+        earlier = await session.entries(after_seq=max(0, last - _TREE_LIMIT), until_seq=last)
         by_seq = {e.seq: e for e in earlier}
     return {
         "items": [entry_json(e, by_seq, branch) for e in page],
