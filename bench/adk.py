@@ -213,11 +213,12 @@ def report(results: dict[int, dict[str, Ratios]]) -> list[str]:
     for history, by_op in results.items():
         for op in ("get", "recent", "after", "append"):
             for peer, name in peers.items():
-                label = f"adk: {op} at {history}, ours / {name}"
+                size = "10k" if history == 10_000 else str(history)
+                label = f"adk {op} {size}: ours / {name}"
                 verdicts.at_most(label, list(by_op[f"{op} {peer}"]), round(FASTER, 2))
     large = results[HISTORIES[-1]]
     for op in ("append", "recent", "after"):
-        verdicts.at_most(f"adk: ours {op} at 10k / at 10", list(large[f"{op} ours at 10"]), 1.5)
+        verdicts.at_most(f"adk {op}: ours at 10k / at 10", list(large[f"{op} ours at 10"]), 1.5)
     return verdicts.missed
 
 

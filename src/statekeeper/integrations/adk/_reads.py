@@ -3,11 +3,12 @@
 The log has no index on event time, so ``after_timestamp`` would read every event to
 filter them. Instead each append records whether the session's events are still in
 timestamp order (metadata ``adk.ordered``: every event appended through the service
-has a timestamp at least its predecessor's). While they are, the first event at or
-after a time is found by a binary search of one-entry reads, and only the events from
-there are read. Otherwise (a session that has had an event out of order, one written
-before this flag existed, an entry of another kind met on the way) the whole log is
-read and filtered, as ADK's services filter it.
+has a timestamp at least its predecessor's). While they are, the last 32 entries are
+read first (a time asked for usually falls among them, and they are all of a short
+log); for an earlier time, a binary search of one-entry reads finds the first event at
+or after it, and only the events from there are read. Otherwise (a session that has
+had an event out of order, one written before this flag existed, an entry of another
+kind met on the way) the whole log is read and filtered, as ADK's services filter it.
 
 What an append needs to keep the flag (is the log ordered, and the last event's
 timestamp) travels in the session object's storage marker, so an append through a
@@ -23,12 +24,14 @@ from google.adk.sessions.base_session_service import GetSessionConfig
 from statekeeper.integrations.adk._codec import EVENT_KIND, ORDER_KEY, UPDATED_KEY, decode_event
 from statekeeper.jsoncodec import gc_paused
 from statekeeper.stores import Store
-from statekeeper.stores.base import SessionRecord
+from statekeeper.stores.base import Entry, SessionRecord
 
 __all__ = ["Order", "marker", "order_after", "order_of", "parse_marker", "read_events"]
 
 _MARKER = "statekeeper:"
 _EMPTY = "-"
+_TAIL = 32
+"""Entries read at once from the end of a log before searching the rest."""
 
 Order = tuple[bool, float | None]
 """Whether the stored events are in timestamp order, and the last one's timestamp (None
@@ -91,12 +94,14 @@ async def read_events(
         return []
     # One entry per event, numbered from 1: the last n events are the last n seqs.
     start = max(0, record.last_seq - recent) if recent is not None else 0
-    if after is not None:
-        first = await _before(store, tenant, record, after) if order_of(record)[0] else None
-        start = 0 if first is None else max(start, first)
-    entries = await store.read_entries(tenant, record.id, after_seq=start)
+    if after is None:
+        entries = await store.read_entries(tenant, record.id, after_seq=start)
+    elif not order_of(record)[0]:
+        entries = await store.read_entries(tenant, record.id)
+    else:
+        entries = await _from_time(store, tenant, record, start, after)
     with gc_paused():  # thousands of acyclic models: see `gc_paused`
-        events = [decode_event(e) for e in entries]
+        events = [decode_event(e) for e in entries if after is None or not _earlier(e, after)]
     if after is not None:
         events = [e for e in events if e.timestamp >= after]
     if recent is not None:
@@ -104,22 +109,55 @@ async def read_events(
     return events
 
 
-async def _before(store: Store, tenant: str, record: SessionRecord, after: float) -> int | None:
-    """A seq such that every event up to it is earlier than ``after`` and none after it
-    is (events in timestamp order); None when an entry met is not an event."""
-    low, high = 0, record.last_seq  # events up to low: earlier; after high: not earlier
-    while low < high:
+def _stamp(entry: Entry) -> float | None:
+    stamp = entry.payload.get("timestamp") if entry.kind == EVENT_KIND else None
+    return None if isinstance(stamp, bool) or not isinstance(stamp, int | float) else stamp
+
+
+def _earlier(entry: Entry, after: float) -> bool:
+    """An event stored with a timestamp before ``after``: never selected, so not built
+    (whether or not it would read back)."""
+    stamp = _stamp(entry)
+    return stamp is not None and stamp < after
+
+
+async def _from_time(
+    store: Store, tenant: str, record: SessionRecord, start: int, after: float
+) -> list[Entry]:
+    """The entries after ``start`` from the first event at or after ``after`` on (maybe
+    a few earlier ones too), in a log whose events are in timestamp order."""
+    # The tail first, in one read: where a time asked for usually falls, and all of a
+    # short log.
+    tail_start = max(start, record.last_seq - _TAIL)
+    tail = await store.read_entries(tenant, record.id, after_seq=tail_start)
+    if tail_start == start:
+        return tail
+    first = _stamp(tail[0]) if tail else None
+    if first is not None and first < after:
+        return tail  # events before the tail are earlier still
+    low = await _before(store, tenant, record, after, start, tail_start) if first else None
+    if low is None:  # an entry that is not an event on the way: read it all
+        return await store.read_entries(tenant, record.id)
+    return await store.read_entries(tenant, record.id, after_seq=low, until_seq=tail_start) + tail
+
+
+async def _before(
+    store: Store, tenant: str, record: SessionRecord, after: float, low: int, high: int
+) -> int | None:
+    """A seq in ``[low, high]`` such that every event up to it is earlier than
+    ``after`` and none between it and ``high`` is (events in timestamp order, all those
+    up to ``low`` earlier); None when an entry met is not an event."""
+    while low < high:  # events up to low: earlier; from high + 1 on: not earlier
         middle = (low + high) // 2
         found = await store.read_entries(tenant, record.id, after_seq=middle, limit=1)
         if not found or found[0].seq > high:
             high = middle
             continue
-        entry = found[0]
-        stamp = entry.payload.get("timestamp") if entry.kind == EVENT_KIND else None
-        if isinstance(stamp, bool) or not isinstance(stamp, int | float):
+        stamp = _stamp(found[0])
+        if stamp is None:
             return None
         if stamp < after:
-            low = entry.seq
+            low = found[0].seq
         else:
             high = middle
     return low
