@@ -11,8 +11,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.messages import (
+    AIMessage,
+    BaseMessage,
+    ChatMessage,
+    FunctionMessage,
+    HumanMessage,
+    RemoveMessage,
+    SystemMessage,
+    ToolMessage,
+)
 from langgraph.checkpoint.base import empty_checkpoint
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from statekeeper import open_store
 from statekeeper.integrations.langgraph import _spine
@@ -22,6 +32,8 @@ from statekeeper.integrations.langgraph._layout import (
     THREAD_KEY,
     session_id,
 )
+from statekeeper.integrations.langgraph._reads import _WINDOW
+from statekeeper.integrations.langgraph._values import ValueCodec
 from statekeeper.integrations.langgraph.checkpoint import StatekeeperSaver
 from statekeeper.stores import Store
 from statekeeper.stores.types import Entry, EntryDraft, SessionPatch, SessionRecord
@@ -112,12 +124,14 @@ async def test_a_cold_read_reads_a_bounded_number_of_entries() -> None:
         await thread.grow(1500)
         long, read_long = await cold_read(store, thread.config)
         assert long == contents(thread.messages)
-    # The chain back to the segments (< TAIL steps of a delta, its write and checkpoint),
-    # fewer than FANOUT segments per level (at most three levels by 2,000 steps), and
-    # the checkpoint's own entries: not the thread's length (3 entries per step before).
-    bound = 3 * _spine.TAIL + 3 * (_spine.FANOUT - 1) + 8
+    # The log's last entries (the checkpoint, its writes, and the chain back to the
+    # segments: < TAIL steps of a delta, its write and its checkpoint), then fewer than
+    # FANOUT segments per level (at most three levels by 2,000 steps): not the thread's
+    # length (3 entries per step before segments).
+    bound = _WINDOW + 3 * (_spine.FANOUT - 1) + 4
     assert read_short <= bound
     assert read_long <= bound
+    assert read_long - read_short <= 3 * (_spine.FANOUT - 1)
     assert read_long < 3 * 500
 
 
@@ -196,3 +210,32 @@ async def test_no_segment_outgrows_a_quarter_of_the_stores_largest_entry() -> No
     segments = [e for e in entries if e.id.startswith("s:")]
     assert max(len(json.dumps(e.payload)) for e in segments) <= 5000
     assert max(len(e.payload["parts"][0]["msgs"]) for e in segments) == 27  # level 3
+
+
+@pytest.mark.parametrize(
+    "original",
+    [
+        AIMessage("a reply", id="a-1"),
+        AIMessage("named", name="bot"),
+        HumanMessage("a question", id="h-1"),
+        HumanMessage(""),
+        SystemMessage("be brief"),
+        ToolMessage("42", tool_call_id="call-1", id="t-1"),
+        ChatMessage(content="hello", role="user"),
+        FunctionMessage(content="result", name="fn"),
+        AIMessage("", tool_calls=[{"name": "f", "args": {"x": 1}, "id": "c1"}]),
+        RemoveMessage(id="gone"),
+    ],
+)
+def test_a_stored_message_reads_back_as_validation_would_build_it(original: Any) -> None:
+    codec = ValueCodec(JsonPlusSerializer())
+    (name, fields) = codec.encode([original])["msgs"][0]
+    (read,) = codec.decode({"msgs": [[name, fields]]})
+    validated = type(original)(**fields)
+    assert read == original
+    assert list(read.__dict__.items()) == list(validated.__dict__.items())
+    assert read.model_fields_set == validated.model_fields_set
+    assert read.__pydantic_extra__ == validated.__pydantic_extra__
+    assert read.__pydantic_private__ == validated.__pydantic_private__
+    assert repr(read) == repr(validated)
+    assert read.model_dump() == validated.model_dump()

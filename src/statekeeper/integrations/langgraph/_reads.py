@@ -22,13 +22,14 @@ from statekeeper.integrations.langgraph._layout import (
     thread_of,
     writes_by_checkpoint,
 )
-from statekeeper.integrations.langgraph._spine import Tip
+from statekeeper.integrations.langgraph._spine import TAIL, Tip
 from statekeeper.stores.types import Entry, EntryKind
 
 if TYPE_CHECKING:
     from statekeeper.integrations.langgraph._ops import CheckpointLog
 
 _log = logging.getLogger(__name__)
+_WINDOW = 3 * TAIL + 16  # the log's last entries a saver new to a thread reads first
 
 
 async def get_tuple(log: CheckpointLog, config: RunnableConfig) -> CheckpointTuple | None:
@@ -36,14 +37,26 @@ async def get_tuple(log: CheckpointLog, config: RunnableConfig) -> CheckpointTup
     thread_id, ns = thread_of(config)
     sid = session_id(thread_id, ns)
     cid = (config.get("configurable") or {}).get("checkpoint_id")
+    reader = Reader(log.codec)
+    read_from: int | None = None  # the seq after which the reader holds every entry
     try:
         if cid is None:
             record = await log.store.get_session(log.tenant, sid)
             cid = record.state.get("latest")
             if not isinstance(cid, str):
                 return None
-        entry = await log.store.get_entry(log.tenant, sid, checkpoint_entry_id(cid))
-        after = await log.store.read_entries(log.tenant, sid, after_seq=entry.seq)
+            if sid not in log.tips:
+                # A saver new to the thread: its latest checkpoint, the blobs and writes
+                # around it and the chain they extend are most likely in the log's last
+                # entries (a step adds three): one read instead of four.
+                read_from = max(0, record.last_seq - _WINDOW)
+                reader.add(await log.store.read_entries(log.tenant, sid, after_seq=read_from))
+        entry = reader.entries.get(checkpoint_entry_id(cid)) or await log.store.get_entry(
+            log.tenant, sid, checkpoint_entry_id(cid)
+        )
+        if read_from is None or entry.seq <= read_from:
+            read_from = entry.seq
+            reader.add(await log.store.read_entries(log.tenant, sid, after_seq=entry.seq))
     except NotFoundError:
         return None
     if entry.kind != CHECKPOINT:
@@ -51,9 +64,9 @@ async def get_tuple(log: CheckpointLog, config: RunnableConfig) -> CheckpointTup
             f"checkpoint {cid!r} of thread {thread_id!r} cannot be read: "
             f"{entry.payload.get('error', entry.kind)}"
         )
-    reader = Reader(log.codec)
-    reader.add([entry, *after])
-    await _load_values(log, reader, sid, entry)
+    reader.add([entry])
+    after = [e for s, e in sorted(reader.by_seq.items()) if s > entry.seq]
+    await _load_values(log, reader, sid, entry, read_from)
     found = reader.to_tuple(thread_id, ns, entry, writes_by_checkpoint(after).get(key(cid), []))
     if cid > log.newest.get(sid, ""):
         log.newest[sid] = cid
@@ -61,10 +74,12 @@ async def get_tuple(log: CheckpointLog, config: RunnableConfig) -> CheckpointTup
     return found
 
 
-async def _load_values(log: CheckpointLog, reader: Reader, sid: str, entry: Entry) -> None:
-    """Read the checkpoint's blobs, each delta chain in one range read, then the segments
-    the chains rest on. A list this saver wrote or read last (a tip) is not read again:
-    blobs never change."""
+async def _load_values(
+    log: CheckpointLog, reader: Reader, sid: str, entry: Entry, read_from: int
+) -> None:
+    """Read the checkpoint's blobs, each delta chain in one range read (unless the reader
+    holds every entry after ``read_from`` already), then the segments the chains rest on.
+    A list this saver wrote or read last (a tip) is not read again: blobs never change."""
     tips = log.tips.get(sid, {})
     wanted = []
     for channel, blob_id in entry.payload["values"].items():
@@ -79,9 +94,9 @@ async def _load_values(log: CheckpointLog, reader: Reader, sid: str, entry: Entr
         for b in reader_blobs(reader, entry)
         if reader.chain_start(b) is not None and b.id not in reader.values
     ]
-    if chained:
-        low = min(int(b.payload["root"]) for b in chained)
-        high = max(b.seq for b in chained)
+    low = min((int(b.payload["root"]) for b in chained), default=read_from + 1)
+    if low <= read_from:
+        high = min(max(b.seq for b in chained), read_from)
         reader.add(await log.store.read_entries(log.tenant, sid, after_seq=low - 1, until_seq=high))
     unbuilt = [b.id for b in reader_blobs(reader, entry) if b.id not in reader.values]
     reader.add(await _entries(log, sid, reader.segments_missing(unbuilt)))
