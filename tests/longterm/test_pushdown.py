@@ -207,3 +207,33 @@ async def test_a_record_that_is_not_json_is_reported_by_filtered_and_semantic_se
             found = await memories.search(("a",), filter={"v": 1}, query="ab")
             assert [i.key for i in found] == ["good"]
             assert "a.:bad" in caplog.text
+
+
+def counts(texts: list[str]) -> list[list[float]]:
+    return [[float(t.count(c)) for c in "abc"] for t in texts]
+
+
+async def test_semantic_search_sees_every_write_since_its_vectors_were_held(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path}/v.db?durability=process"
+    async with open_store(url) as store, open_store(url) as other_process:
+        memories = LongTermStore(store, tenant="t", embed=counts, fields=("text",))
+        writer = LongTermStore(other_process, tenant="t", embed=counts, fields=("text",))
+        for i in range(100):  # the first search reads every vector at once
+            await memories.put(("n", f"s{i % 3}"), f"k{i}", {"text": "c", "i": i})
+        await memories.put(("n", "s0"), "a-ish", {"text": "aab"})
+        assert [i.key for i in await memories.search(("n",), query="a", limit=1)] == ["a-ish"]
+
+        await writer.put(("n", "s1"), "k1", {"text": "aaaa"})  # a write it did not make
+        assert [i.key for i in await memories.search(("n",), query="a", limit=2)] == [
+            "k1",
+            "a-ish",
+        ]
+        await writer.delete(("n", "s1"), "k1")
+        await memories.put(("n", "s0"), "a-ish", {"text": "ccc"})
+        found = await memories.search(("n",), query="a", limit=3)
+        assert "k1" not in [i.key for i in found]
+        assert all(i.score == 0.0 for i in found)
+        assert len(await memories.search(("n",), query="a", limit=1000)) == 100
+        assert [i.key for i in await memories.search(("n",), query="c", filter={"i": 7})] == ["k7"]

@@ -1,16 +1,17 @@
 """What a long-term record holds for an item (its *envelope*) and the item read from it.
 
-An envelope is a JSON object: the value first, ``created_at``, and only what the record's
-slot does not imply: ``updated_at`` once it differs, the key when the slot holds its
-digest, the TTL when there is one, and the vectors (unit-length float32 as base64).
-Envelopes written before 2026-11-28 hold every field, and the namespace: both are read.
+An envelope is a JSON object: the value first, ``created_at`` (see `stamp`), and only
+what the record's slot does not imply: ``updated_at`` once it differs, the key when the
+slot holds its digest, the TTL when there is one, and the vectors (unit-length float32
+as base64). Envelopes written before 2026-11-28 hold every field, the namespace too, with
+``isoformat`` times: both forms are read.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import JsonValue
@@ -19,7 +20,7 @@ from statekeeper.errors import StoreCorruptError
 from statekeeper.longterm import rules
 from statekeeper.stores.base import VersionedRecord
 
-__all__ = ["Found", "MemoryItem", "best", "decode", "decoded", "envelope"]
+__all__ = ["Found", "MemoryItem", "decode", "decoded", "envelope", "stamp"]
 
 _log = logging.getLogger("statekeeper.longterm")
 
@@ -89,6 +90,14 @@ def decode(record: VersionedRecord) -> Found:
     return Found(record, env, key, created, updated)
 
 
+def stamp(moment: datetime) -> str:
+    """A time as an envelope holds it: ISO 8601 in UTC, basic format, to the microsecond
+    (``20261128T133505.949725Z``: 9 characters fewer than ``isoformat``'s; both read)."""
+    if moment.tzinfo is None:
+        return moment.isoformat()
+    return moment.astimezone(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+
+
 def envelope(
     where: str,
     key: str,
@@ -119,18 +128,3 @@ def decoded(record: VersionedRecord) -> Found | None:
     except StoreCorruptError as exc:
         _log.warning("skipping a long-term record: %s", exc)
         return None
-
-
-def best(probe: list[float], where: str, vectors: object) -> float | None:
-    """The best similarity of stored vectors (base64 texts) to the query; None if none."""
-    if vectors is None:
-        return None
-    try:
-        if not isinstance(vectors, list):
-            raise TypeError("not a list")
-        unpacked = [rules.unpack_vector(v) for v in vectors]
-    except (TypeError, ValueError):
-        _log.warning("long-term record %s has unreadable vectors", where)
-        return None
-    scores = [s for s in (rules.cosine(probe, v) for v in unpacked) if s is not None]
-    return max(scores) if scores else None

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Final
 
 from statekeeper.longterm import rules
+from statekeeper.longterm.vectors import Unpacked, VectorCache
 from statekeeper.stores.base import RecordStore, VersionedRecord
 from statekeeper.stores.record_query import (
     QueryableRecords,
@@ -89,6 +90,7 @@ class Reader:
         self.tenant = tenant
         self.namespace = namespace
         self.queries: QueryableRecords | None = queryable(store)
+        self.cache = None if self.queries is None else VectorCache(self.queries, tenant, namespace)
 
     async def records(
         self, scope: str, filter: Mapping[str, Any], *, first_page: int = PAGE
@@ -115,16 +117,14 @@ class Reader:
             after = page[-1].key
             size = min(size * 2, PAGE)
 
-    async def vectors(self, scope: str, filter: Mapping[str, Any]) -> list[tuple[str, Any]] | None:
-        """(slot, stored vectors) of every record under ``scope`` that may match
-        ``filter``, without reading the rest of the items; None if the store cannot."""
-        if self.queries is None:
+    async def vectors(
+        self, scope: str, filter: Mapping[str, Any]
+    ) -> list[tuple[str, Unpacked]] | None:
+        """(slot, vectors) of every record under ``scope`` that may match ``filter``,
+        without reading the items (see `VectorCache`); None if the store cannot."""
+        if self.cache is None:
             return None
-        picked = await self.queries.pick_record_values(
-            self.tenant, self.namespace, record_query(filter), ("vectors",), prefix=scope
-        )
-        report(picked.corrupt)
-        return picked.values
+        return await self.cache.vectors(scope, record_query(filter))
 
     async def namespaces(
         self, scope: str, keep: Callable[[tuple[str, ...]], tuple[str, ...] | None]

@@ -30,9 +30,17 @@ from statekeeper.errors import (
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import encode_json
 from statekeeper.longterm import rules
-from statekeeper.longterm.items import Found, MemoryItem, best, decode, decoded, envelope
+from statekeeper.longterm.items import (
+    Found,
+    MemoryItem,
+    decode,
+    decoded,
+    envelope,
+    stamp,
+)
 from statekeeper.longterm.reading import PAGE as _PAGE
 from statekeeper.longterm.reading import Reader
+from statekeeper.longterm.vectors import rank, score, unpack
 from statekeeper.retry import retry_on_conflict
 from statekeeper.stores.base import RecordStore, VersionedRecord
 
@@ -140,10 +148,10 @@ class LongTermStore:
             now = self._clock()
             try:
                 old = decode(await self.store.get_record(self.tenant, self.namespace, where))
-                created, version = old.created_at.isoformat(), old.record.version
+                created, version = stamp(old.created_at), old.record.version
             except NotFoundError:
-                created, version = now.isoformat(), 0
-            held = envelope(where, key, value, created, now.isoformat(), minutes, vectors)
+                created, version = stamp(now), 0
+            held = envelope(where, key, value, created, stamp(now), minutes, vectors)
             return await self.store.put_record(
                 self.tenant,
                 self.namespace,
@@ -269,8 +277,7 @@ class LongTermStore:
             scored = [(self._score(f, probe), f) for f in matching]
             scored.sort(key=lambda pair: (pair[0] is None, -(pair[0] or 0.0)))
             return scored[offset : offset + limit]
-        ranked = [(best(probe, slot, vectors), slot) for slot, vectors in picked]
-        ranked.sort(key=lambda pair: (pair[0] is None, -(pair[0] or 0.0)))  # stable: key order
+        ranked = rank(probe, picked)
         page: list[tuple[float | None, Found]] = []
         for _, where in ranked:
             if len(page) >= offset + limit:
@@ -337,7 +344,7 @@ class LongTermStore:
     @staticmethod
     def _score(found: Found, probe: list[float]) -> float | None:
         """The best similarity of the item's vectors to the query (None: no vector)."""
-        return best(probe, found.record.key, found.envelope.get("vectors"))
+        return score(probe, unpack(found.record.key, found.envelope.get("vectors")))
 
     async def _vectors(
         self, value: dict[str, JsonValue], index: bool | Sequence[str] | None

@@ -15,15 +15,17 @@ the caller sees and reports them instead of their being skipped unseen.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, TypeAlias
+from typing import Any, Literal, NamedTuple, Protocol, TypeAlias
 
 from statekeeper.stores.types import CorruptItem, RecordList
 
 __all__ = [
+    "Picked",
     "QueryableRecords",
     "RecordQuery",
     "RecordValues",
     "Scalar",
+    "Stamp",
     "TestOp",
     "ValueTest",
     "queryable",
@@ -55,12 +57,24 @@ class RecordQuery:
     tests: tuple[ValueTest, ...] = ()
 
 
+Stamp: TypeAlias = tuple[int, int]
+"""Changes whenever a record is written (opaque: compare, do not read)."""
+
+
+class Picked(NamedTuple):
+    """A record's key, its `Stamp`, and the JSON at the picked path (None if absent)."""
+
+    key: str
+    stamp: Stamp
+    value: Any
+
+
 @dataclass(slots=True)
 class RecordValues:
-    """What `QueryableRecords.pick_record_values` returns: (key, JSON at the path or
-    None) in key order, and the records it could not read (reported, not dropped)."""
+    """What `QueryableRecords.pick_record_values` returns: the picked values in key
+    order, and the records it could not read (reported, not dropped)."""
 
-    values: list[tuple[str, Any]] = field(default_factory=list)
+    values: list[Picked] = field(default_factory=list)
     corrupt: list[CorruptItem] = field(default_factory=list)
 
 
@@ -87,6 +101,13 @@ class QueryableRecords(Protocol):
         JSON at ``path`` of its value (None when absent), without the rest."""
         ...
 
+    async def list_record_stamps(
+        self, tenant: str, namespace: str, query: RecordQuery, *, prefix: str
+    ) -> list[tuple[str, Stamp]]:
+        """(key, `Stamp`) of every live record under ``prefix`` the query may match, in
+        key order, without their values: what a cache of them checks."""
+        ...
+
     async def list_key_heads(
         self, tenant: str, namespace: str, *, prefix: str, separator: str
     ) -> list[str]:
@@ -95,7 +116,7 @@ class QueryableRecords(Protocol):
         ...
 
 
-_METHODS = ("query_records", "pick_record_values", "list_key_heads")
+_METHODS = ("query_records", "pick_record_values", "list_record_stamps", "list_key_heads")
 
 
 def queryable(store: object) -> QueryableRecords | None:

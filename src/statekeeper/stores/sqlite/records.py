@@ -16,7 +16,7 @@ from statekeeper.errors import InvalidInputError, StoreCorruptError
 from statekeeper.jsoncodec import loads
 from statekeeper.stores.base import Event, EventDraft, RecordList, VersionedRecord
 from statekeeper.stores.engine import EventWrite
-from statekeeper.stores.record_query import RecordQuery, RecordValues
+from statekeeper.stores.record_query import Picked, RecordQuery, RecordValues, Stamp
 from statekeeper.stores.rules import (
     add_record,
     check_limit,
@@ -198,7 +198,7 @@ class SQLiteRecordsAndEvents(SQLiteConnection):
         condition, params = query_condition(query)
         condition = guarded(condition)
         sql = (
-            "SELECT key, CASE WHEN json_valid(value) THEN value -> ? ELSE NULL END,"
+            "SELECT key, version, updated_us, CASE WHEN json_valid(value) THEN value -> ? END,"
             " CASE WHEN json_valid(value) THEN NULL ELSE value END FROM records "
             f"WHERE tenant=? AND namespace=? AND key>=? AND key<? AND {self._LIVE}"
             f" AND {condition} ORDER BY key"
@@ -207,15 +207,41 @@ class SQLiteRecordsAndEvents(SQLiteConnection):
         def run(db: sqlite3.Connection) -> RecordValues:
             args = (where, tenant, namespace, prefix, prefix + _KEY_END, _us(utcnow()), *params)
             found = RecordValues()
-            for key, picked, damaged in db.execute(sql, args):
+            for key, version, updated_us, picked, damaged in db.execute(sql, args):
                 if damaged is not None:
                     try:
                         record_value(namespace, key, damaged)
                     except StoreCorruptError as exc:
                         found.corrupt.append(CorruptItem(id=key, error=str(exc), raw=damaged[:200]))
                         continue
-                found.values.append((key, None if picked is None else loads(picked)))
+                value = None if picked is None else loads(picked)
+                found.values.append(Picked(key, (version, updated_us), value))
             return found
+
+        return await self._read(run)
+
+    async def list_record_stamps(
+        self, tenant: str, namespace: str, query: RecordQuery, *, prefix: str
+    ) -> list[tuple[str, Stamp]]:
+        """See `statekeeper.stores.record_query`: without a test, no value is read."""
+        check_record_listing(tenant, namespace, prefix, 1)
+        condition, params = query_condition(query)
+
+        def select(where: str) -> str:
+            return (
+                "SELECT key, version, updated_us FROM records WHERE tenant=? AND namespace=?"
+                f" AND key>=? AND key<? AND {self._LIVE} AND {where} ORDER BY key"
+            )
+
+        def run(db: sqlite3.Connection) -> list[tuple[str, Stamp]]:
+            args = (tenant, namespace, prefix, prefix + _KEY_END, _us(utcnow()), *params)
+            try:
+                rows = db.execute(select(condition), args).fetchall()
+            except sqlite3.OperationalError as exc:
+                if condition == "1" or "malformed JSON" not in str(exc):
+                    raise
+                rows = db.execute(select(guarded(condition)), args).fetchall()
+            return [(key, (version, updated_us)) for key, version, updated_us in rows]
 
         return await self._read(run)
 
