@@ -94,10 +94,14 @@ async def read_events(
         return []
     # One entry per event, numbered from 1: the last n events are the last n seqs.
     start = max(0, record.last_seq - recent) if recent is not None else 0
+    # Every read ends at the record's last entry: the events of the version the
+    # session object is marked with (and a read of known length is cheaper: a store
+    # may run a short one without a hop to another thread).
+    last = record.last_seq
     if after is None:
-        entries = await store.read_entries(tenant, record.id, after_seq=start)
+        entries = await store.read_entries(tenant, record.id, after_seq=start, until_seq=last)
     elif not order_of(record)[0]:
-        entries = await store.read_entries(tenant, record.id)
+        entries = await store.read_entries(tenant, record.id, until_seq=last)
     else:
         entries = await _from_time(store, tenant, record, start, after)
     with gc_paused():  # thousands of acyclic models: see `gc_paused`
@@ -129,7 +133,8 @@ async def _from_time(
     # The tail first, in one read: where a time asked for usually falls, and all of a
     # short log.
     tail_start = max(start, record.last_seq - _TAIL)
-    tail = await store.read_entries(tenant, record.id, after_seq=tail_start)
+    last = record.last_seq
+    tail = await store.read_entries(tenant, record.id, after_seq=tail_start, until_seq=last)
     if tail_start == start:
         return tail
     first = _stamp(tail[0]) if tail else None
@@ -137,7 +142,7 @@ async def _from_time(
         return tail  # events before the tail are earlier still
     low = await _before(store, tenant, record, after, start, tail_start) if first else None
     if low is None:  # an entry that is not an event on the way: read it all
-        return await store.read_entries(tenant, record.id)
+        return await store.read_entries(tenant, record.id, until_seq=last)
     return await store.read_entries(tenant, record.id, after_seq=low, until_seq=tail_start) + tail
 
 
