@@ -15,11 +15,14 @@ async def test_an_envelope_holds_only_what_the_slot_does_not_imply(store: Store)
     plain = await store.get_record("alice", "ltm.default", rules.slot(("users", "a"), "theme"))
     digested = await store.get_record("alice", "ltm.default", rules.slot(("users", "a"), odd))
 
-    assert plain.value == {"value": {"v": 1}, "created_at": plain.value["created_at"]}
+    assert plain.value == {"value": {"v": 1}}  # its times are the record's
     assert set(digested.value) == {"value", "created_at", "key", "ttl"}
     await memories.put(("users", "a"), "theme", {"v": 3})
     updated = await store.get_record("alice", "ltm.default", plain.key)
     assert set(updated.value) == {"value", "created_at", "updated_at"}
+    got = await memories.get(("users", "a"), "theme")
+    assert got is not None
+    assert got.created_at == plain.updated_at < got.updated_at
 
 
 async def test_an_envelope_in_the_older_complete_form_reads_the_same(store: Store) -> None:

@@ -1,10 +1,11 @@
 """What a long-term record holds for an item (its *envelope*) and the item read from it.
 
-An envelope is a JSON object: the value first, ``created_at`` (see `stamp`), and only
-what the record's slot does not imply: ``updated_at`` once it differs, the key when the
-slot holds its digest, the TTL when there is one, and the vectors (unit-length float32
-as base64). Envelopes written before 2026-11-28 hold every field, the namespace too, with
-``isoformat`` times: both forms are read.
+An envelope is a JSON object: the value first, then only what the record does not imply.
+The times (see `stamp`) are the record's write time until the item is updated or has a
+TTL (a TTL refresh rewrites the record); then ``created_at``, and ``updated_at`` once it
+differs. The key is there when the slot holds its digest, the TTL when there is one, and
+the vectors (unit-length float32 as base64) when indexed. Envelopes written before
+2026-11-28 hold every field and the namespace, with ``isoformat`` times: both are read.
 """
 
 from __future__ import annotations
@@ -77,8 +78,8 @@ def decode(record: VersionedRecord) -> Found:
                 raise TypeError("no key for a digested slot")
         if not isinstance(env["value"], dict) or not isinstance(key, str):
             raise TypeError("no value or key")
-        created = datetime.fromisoformat(env["created_at"])
-        updated = datetime.fromisoformat(env.get("updated_at") or env["created_at"])
+        created = _time(env.get("created_at"), record.updated_at)
+        updated = _time(env.get("updated_at"), created)
         ttl = env.get("ttl")
         if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int | float)):
             raise TypeError("bad ttl")
@@ -98,19 +99,30 @@ def stamp(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
 
 
+def _time(text: object, implied: datetime) -> datetime:
+    if text is None:
+        return implied
+    if not isinstance(text, str):
+        raise TypeError("a time is not a string")
+    return datetime.fromisoformat(text)
+
+
 def envelope(
     where: str,
     key: str,
     value: dict[str, JsonValue],
-    created: str,
-    updated: str,
+    created: str | None,
+    updated: str | None,
     minutes: float | None,
     vectors: list[str],
 ) -> dict[str, JsonValue]:
-    """What a record holds for an item: the value first, then only what its slot does
-    not imply (a filtered search parses every envelope it looks at, so bytes count)."""
-    envelope: dict[str, JsonValue] = {"value": value, "created_at": created}
-    if updated != created:
+    """What a record holds for an item: the value first, then only what its slot and
+    its record do not imply (a filtered search parses every envelope it looks at, so
+    bytes count). ``created`` None: both times are the record's write time."""
+    envelope: dict[str, JsonValue] = {"value": value}
+    if created is not None:
+        envelope["created_at"] = created
+    if updated is not None and updated != created:
         envelope["updated_at"] = updated
     if where.partition(".:")[2] != key:  # a digested key
         envelope["key"] = key

@@ -146,12 +146,17 @@ class LongTermStore:
 
         async def write() -> VersionedRecord:
             now = self._clock()
+            created: str | None
+            updated: str | None
             try:
                 old = decode(await self.store.get_record(self.tenant, self.namespace, where))
-                created, version = stamp(old.created_at), old.record.version
+                created, updated, version = stamp(old.created_at), stamp(now), old.record.version
             except NotFoundError:
-                created, version = stamp(now), 0
-            held = envelope(where, key, value, created, stamp(now), minutes, vectors)
+                # New: its times are its record's, unless it has a TTL (a refresh rewrites
+                # the record, so its times are written down).
+                created = updated = None if minutes is None else stamp(now)
+                version = 0
+            held = envelope(where, key, value, created, updated, minutes, vectors)
             return await self.store.put_record(
                 self.tenant,
                 self.namespace,
@@ -330,13 +335,15 @@ class LongTermStore:
         minutes = found.envelope.get("ttl")
         if minutes is None:
             return
-        record = found.record
+        record, value = found.record, found.envelope
+        if "created_at" not in value:  # its times were the record's: keep them
+            value = {**value, "created_at": stamp(found.created_at)}
         with contextlib.suppress(ConflictError, NotFoundError):
             found.record = await self.store.put_record(
                 self.tenant,
                 self.namespace,
                 record.key,
-                record.value,
+                value,
                 expected_version=record.version,
                 expires_at=self._clock() + timedelta(minutes=minutes),
             )
