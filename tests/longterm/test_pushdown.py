@@ -237,3 +237,24 @@ async def test_semantic_search_sees_every_write_since_its_vectors_were_held(
         assert all(i.score == 0.0 for i in found)
         assert len(await memories.search(("n",), query="a", limit=1000)) == 100
         assert [i.key for i in await memories.search(("n",), query="c", filter={"i": 7})] == ["k7"]
+
+
+async def test_semantic_search_is_the_same_when_the_held_vectors_overflow(tmp_path: Path) -> None:
+    async with open_store(f"sqlite:///{tmp_path}/o.db?durability=process") as store:
+        memories = LongTermStore(store, tenant="t", embed=counts, fields=("text",))
+        for i in range(90):
+            await memories.put(("n",), f"k{i:02}", {"text": "abc"[i % 3] * (i % 7 + 1)})
+        expected = [(i.key, i.score) for i in await memories.search(query="ab", limit=90)]
+        assert memories._reader.cache is not None
+        memories._reader.cache.limit = 40  # numbers: about 13 items' vectors
+        for change in range(3):
+            assert [(i.key, i.score) for i in await memories.search(query="ab", limit=90)] == (
+                expected
+            )
+            await memories.put(("n",), f"k{change:02}", {"text": "abc"[change % 3]})
+            expected = [
+                (i.key, i.score)
+                for i in await LongTermStore(
+                    store, tenant="t", embed=counts, fields=("text",)
+                ).search(query="ab", limit=90)
+            ]

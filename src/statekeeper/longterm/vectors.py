@@ -83,9 +83,10 @@ class VectorCache:
         self.queries = queries
         self.tenant = tenant
         self.namespace = namespace
-        self.limit = 200_000
-        """The most records held; past it the cache starts again (memory stays bounded)."""
+        self.limit = 16_000_000
+        """The most numbers held (4 bytes each); past it the cache starts again."""
         self._held: dict[str, tuple[Stamp, Unpacked]] = {}
+        self._numbers = 0
 
     async def vectors(self, scope: str, query: RecordQuery) -> list[tuple[str, Unpacked]]:
         """(key, vectors) of every live record under ``scope`` ``query`` may match."""
@@ -99,25 +100,24 @@ class VectorCache:
                 self.tenant, self.namespace, query, ("vectors",), prefix=scope
             )
             return list(self._keep(report(picked)).items())
-        fresh: dict[str, Unpacked] = {}
+        lacking = set(missing)
+        found = {key: held[key][1] for key, _ in stamps if key not in lacking}
         for key in missing:  # prefix=key: that record, and maybe some that extend its key
             picked = await self.queries.pick_record_values(
                 self.tenant, self.namespace, RecordQuery(), ("vectors",), prefix=key
             )
-            fresh |= self._keep([p for p in report(picked) if p.key == key])
-        gone = set(missing).difference(fresh)  # deleted, expired or damaged since
-        return [
-            (key, fresh[key] if key in fresh else held.get(key, (None, None))[1])
-            for key, _ in stamps
-            if key not in gone
-        ]
+            found |= self._keep([p for p in report(picked) if p.key == key])
+        # a missing key not found since was deleted, expired or damaged (and reported)
+        return [(key, found[key]) for key, _ in stamps if key in found]
 
     def _keep(self, picked: list[Picked]) -> dict[str, Unpacked]:
         """Unpack and hold ``picked``; return their vectors by key, in order."""
-        if len(self._held) + len(picked) > self.limit:
-            self._held.clear()
         kept = {}
         for key, stamp, value in picked:
             kept[key] = vectors = unpack(key, value)
+            self._numbers += sum(map(len, vectors or ()))
+            if self._numbers > self.limit:  # replaced vectors count until then: a bound
+                self._held.clear()
+                self._numbers = sum(map(len, vectors or ()))
             self._held[key] = (stamp, vectors)
         return kept
