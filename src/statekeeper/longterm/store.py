@@ -3,8 +3,10 @@
 Items live as versioned records of one record namespace (``ltm.<name>``) of one tenant;
 the record key is the item's *slot* (`statekeeper.longterm.rules.slot`), so a search under
 a namespace prefix is one key-range scan, and listing namespaces skips from namespace to
-namespace instead of reading every item. Each record holds a JSON envelope: the value,
-created / updated times, the TTL and, when indexed, unit-length float32 vectors as base64.
+namespace instead of reading every item. Each record holds a JSON envelope
+(`statekeeper.longterm.items`). Reads of many records go through
+`statekeeper.longterm.reading` (filters and namespace listing run in the backend when it
+can) and `statekeeper.longterm.vectors` (vectors held in memory for semantic search).
 """
 
 from __future__ import annotations
@@ -232,7 +234,8 @@ class LongTermStore:
 
         Without ``query``, in namespace-then-key order. With ``query`` (needs ``embed``),
         by cosine similarity, most similar first (``score``), then items that have no
-        vector. Every item under the prefix is read: see the docs for the scale.
+        vector. On a store with record queries (SQLite) the filter runs there and only
+        the returned items are read; see `statekeeper.longterm.reading` and the docs.
         """
         ns = rules.check_namespace(prefix, empty=True)
         checked = rules.check_filter(filter or {})
