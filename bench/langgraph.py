@@ -49,7 +49,7 @@ BATCHES, BATCH = 3, 4
 BUILT = 10_000
 CYCLE = _spine.TAIL * _spine.FANOUT  # steps between two merges into a level 2 segment
 COLD = (1_000, 10_000)
-COLD_BATCHES, COLD_BATCH = 7, 3
+COLD_BATCHES, COLD_BATCH = 15, 3
 SERDE = JsonPlusSerializer()
 
 

@@ -213,10 +213,13 @@ class ValueCodec:
         if "json" in doc:
             return doc["json"]
         if "msgs" in doc:
+            items = doc["msgs"]
+            if len(items) < 64:
+                return [_message(item) for item in items]
             # Built-in message types only, no user code: their thousands of containers
             # would otherwise trigger repeated full collections over everything loaded.
             with gc_paused():
-                return [_message(item) for item in doc["msgs"]]
+                return [_message(item) for item in items]
         type_ = doc.get("type")
         if _is_pickle(type_):
             raise PickleRefusedError("a stored LangGraph value is pickle; refusing to load it")
