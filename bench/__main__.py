@@ -13,6 +13,7 @@ import sys
 SUITES = {
     "sessions": "sessions on SQLite vs raw sqlite3",
     "runs": "run checkpoints and resume on SQLite",
+    "runs_pg": "a runner step calling a tool on PostgreSQL vs a DBOS durable step",
     "lanes": "command lanes vs a bare asyncio.Queue worker",
     "events": "event bus vs asyncio.Queue fan-out and raw sqlite3",
     "postgres": "PostgreSQL store vs raw psycopg",

@@ -32,10 +32,10 @@ from array import array
 from pathlib import Path
 from typing import Any
 
-from bench.common import Verdicts, spread
+from bench.common import Verdicts, message_dict, spread
 from statekeeper.core.limits import IterationFlag, Limits
-from statekeeper.core.messages import Message
-from statekeeper.runs import Respond, Runner, StepInput
+from statekeeper.core.messages import Message, ToolCallBlock
+from statekeeper.runs import Respond, Runner, StepInput, Tool, ToolContext
 from statekeeper.runs.scripted import ScriptedAgent
 from statekeeper.sessions import SessionManager
 from statekeeper.stores import Store, open_store
@@ -212,18 +212,31 @@ def _checksum(data: bytes, sums: tuple[int, int], big_endian: bool) -> tuple[int
     return s0, s1
 
 
-async def commits(folder: Path) -> dict[str, Any]:
-    """Commits of each of ``COUNTED`` runner steps with durability ``power``."""
-    path = folder / "commits.db"
+async def tool_output(arguments: dict[str, Any], ctx: ToolContext) -> str:
+    """The tool of the tool-calling steps: a ~2 KB output (the mix's tool output)."""
+    return message_dict(2)["content"]
+
+
+def calling(n: int) -> Message:
+    """The assistant message of a tool-calling step: the text and one call."""
+    call = ToolCallBlock(id=f"call-{n}", name="look_up", arguments=json.dumps({"record": n}))
+    return Message.assistant(TEXT, tool_calls=[call])
+
+
+async def commits(folder: Path, *, tool: bool = False) -> dict[str, Any]:
+    """Commits of each of ``COUNTED`` runner steps with durability ``power`` (``tool``:
+    each step calls a tool)."""
+    path = folder / f"commits{'-tool' if tool else ''}.db"
     wal = WalCommits(path)
     readings: list[tuple[tuple[int, int], int]] = []
 
     def work(run: StepInput) -> Respond:
         readings.append(wal.read())
-        return Respond([Message.assistant(TEXT)])
+        return Respond([calling(run.state.turn) if tool else Message.assistant(TEXT)])
 
     async with open_store(f"sqlite:///{path}", durability="power") as store:
-        runner = Runner(store, "bench", [ScriptedAgent("worker", [work])])
+        tools = [Tool("look_up", tool_output)]
+        runner = Runner(store, "bench", [ScriptedAgent("worker", [work])], tools)
         limits = Limits(iterations=IterationFlag(maximum=COUNTED + 1))
         await runner.start("worker", "go", headless=False, limits=limits)  # pauses
     per_step, dropped = [], 0
@@ -242,6 +255,7 @@ async def run() -> dict[str, Any]:
             "rows": [(h, await measure(h, Path(folder))) for h in HISTORIES],
             "growth": await growth(Path(folder)),
             "commits": await commits(Path(folder)),
+            "tool_commits": await commits(Path(folder), tool=True),
         }
 
 
@@ -255,22 +269,25 @@ def report(results: dict[str, Any]) -> list[str]:
             f"{r['load_ms']:>8.2f} {r['resume_ms']:>9.2f}"
         )
     small, large = rows[0][1], rows[-1][1]
-    counted = results["commits"]
-    per_step = counted["per_step"]
-    print(
-        f"\ncommits per runner step (durability power), {len(per_step)} steps"
-        f" ({counted['dropped']} dropped: WAL restarted): mean {statistics.mean(per_step):.3f},"
-        f" min {min(per_step)}, max {max(per_step)}\n"
-    )
+    print()
+    for key, what in (("commits", "step"), ("tool_commits", "step calling a tool")):
+        counted = results[key]
+        steps = counted["per_step"]
+        print(
+            f"commits per runner {what} (durability power), {len(steps)} steps"
+            f" ({counted['dropped']} dropped: WAL restarted): mean {statistics.mean(steps):.3f},"
+            f" min {min(steps)}, max {max(steps)}"
+        )
+    print()
     growth: list[float] = results["growth"]
     print(f"step at 10k / step at 10, interleaved batches: {spread(growth)}")
     verdicts = Verdicts()
     verdicts.at_most("step at 10k / step at 10", statistics.median(growth), 1.5)
     verdicts.at_most("bytes/step at 10k / at 10", large["bytes"] / small["bytes"], 1.1)
     verdicts.at_most("resume 10k / load its messages", large["resume_ms"] / large["load_ms"], 3.0)
-    verdicts.at_most(
-        "commits (WAL fsyncs) per step, power", statistics.mean(per_step), COMMITS_TARGET
-    )
+    for key, name in (("commits", "per step"), ("tool_commits", "per tool step")):
+        mean = statistics.mean(results[key]["per_step"])
+        verdicts.at_most(f"commits (WAL fsyncs) {name}, power", mean, COMMITS_TARGET)
     return verdicts.missed
 
 

@@ -61,7 +61,6 @@ class ApprovalGate:
         # released (``awaiting_approval``: whether it waits for a human decision).
         for call in calls:
             info: dict[str, Any] = {"tool": call.name, "call_id": call.id}
-            info["span"] = state.trace.current_span
             info["awaiting_approval"] = call.id in waiting_ids
             await self.lifecycle.publish(state, "tool", "call_start", info)
 

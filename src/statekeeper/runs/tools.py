@@ -102,7 +102,8 @@ class ToolBox:
         out: list[Message] = []
         for call in calls:
             state.tool_use[call.name] = state.tool_use.get(call.name, 0) + 1
-            info = {"call_id": call.id, "tool": call.name, "span": state.trace.current_span}
+            # The step is the event's turn (and trace): no span name repeated in each.
+            info = {"call_id": call.id, "tool": call.name}
             with tool_span(call) as span:
                 if not announced:
                     await self.lifecycle.publish(state, "tool", "call_start", info, ahead=ahead)
