@@ -258,3 +258,21 @@ async def test_semantic_search_is_the_same_when_the_held_vectors_overflow(tmp_pa
                     store, tenant="t", embed=counts, fields=("text",)
                 ).search(query="ab", limit=90)
             ]
+
+
+async def test_a_namespace_holding_only_records_that_are_not_json_is_not_listed(
+    tmp_path: Path,
+) -> None:
+    async with open_store(f"sqlite:///{tmp_path}/n.db?durability=process") as store:
+        memories = LongTermStore(store, tenant="t")
+        await memories.put(("a",), "k", {"v": 1})
+        await memories.put(("b",), "k", {"v": 1})
+        await memories.put(("c",), "k1", {"v": 1})
+        await memories.put(("c",), "k2", {"v": 1})
+    with sqlite3.connect(tmp_path / "n.db") as db:
+        db.execute("UPDATE records SET value = '{cut' WHERE key IN ('b.:k', 'c.:k1')")
+    async with open_store(f"sqlite:///{tmp_path}/n.db?durability=process") as store:
+        memories = LongTermStore(store, tenant="t")
+        reader = Reader(store, "t", "ltm.default")
+        assert await memories.list_namespaces() == [("a",), ("c",)]  # as a listing shows it
+        assert await reader._walk_namespaces("", lambda ns: ns) == {("a",), ("c",)}
