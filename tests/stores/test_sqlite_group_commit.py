@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+
+import pytest
 from pathlib import Path
 
 from statekeeper.errors import ConflictError
@@ -77,3 +79,28 @@ async def test_a_lone_writer_stays_inline(tmp_path: Path) -> None:
         await store.create_session(SessionRecord(id="a", tenant="t"))
         await _writer(store, "a", 10)
         assert store._group.batches == 0
+
+
+async def test_a_writer_counts_as_writing_from_the_end_of_its_last_commit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A commit slower than the window (a slow fsync) must not hide its writer: the next
+    writer to ask still sees it writing, so their commits are grouped."""
+    from statekeeper.stores.sqlite import group
+    from statekeeper.stores.worker import Worker
+
+    clock = [100.0]
+    monkeypatch.setattr(group.time, "monotonic", lambda: clock[0])
+    commits = group.GroupCommit(Worker("test-group"), lambda batch: None, enabled=True)
+
+    async def writer(then: float) -> bool:
+        wanted = commits.wanted()
+        clock[0] = then  # the commit (inline, alone) takes until then
+        commits.wrote()
+        return wanted
+
+    async def next_writer() -> bool:
+        return commits.wanted()
+
+    first = await asyncio.ensure_future(writer(100.0 + 10 * group._WINDOW))
+    assert (first, await asyncio.ensure_future(next_writer())) == (False, True)

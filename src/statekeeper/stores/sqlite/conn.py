@@ -304,6 +304,7 @@ class SQLiteConnection(ClosingStore):
             return result
 
         result = await self._run(call, inline=True)
+        self._group.wrote()
         self._note_write(0)
         return result
 

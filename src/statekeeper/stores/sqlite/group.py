@@ -66,12 +66,23 @@ class GroupCommit:
         if self._running or self._queue:
             return True
         now = time.monotonic()
-        writer = (threading.get_ident(), id(asyncio.current_task()))
         with self._mutex:
-            self._writers[writer] = now
+            self._writers[_writer()] = now
             if len(self._writers) > 1:
                 self._writers = {k: t for k, t in self._writers.items() if now - t < _WINDOW}
             return len(self._writers) > 1
+
+    def wrote(self) -> None:
+        """Note that this writer's write (made alone, inline) has just ended.
+
+        The window counts from a writer's last write's end, not its start: a commit
+        whose fsync takes longer than the window (a slow disk, exactly where sharing
+        fsyncs pays most) must still count its writer as writing when the next one asks.
+        """
+        if self.enabled:
+            now = time.monotonic()
+            with self._mutex:
+                self._writers[_writer()] = now
 
     async def submit(self, fn: Callable[[Any], T]) -> T:
         """Queue a write for the next group transaction and wait for its outcome."""
@@ -121,6 +132,11 @@ class GroupCommit:
             following = self._take()
         if following:
             self._start(following)
+
+
+def _writer() -> tuple[int, int]:
+    """Who is writing: the thread, and the task within it."""
+    return threading.get_ident(), id(asyncio.current_task())
 
 
 def _wake(future: asyncio.Future[None]) -> None:
