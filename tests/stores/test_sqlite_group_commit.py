@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
-from pathlib import Path
 
 from statekeeper.errors import ConflictError
 from statekeeper.stores import open_store
