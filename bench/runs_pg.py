@@ -15,19 +15,21 @@ default schema), dropped at the end.
   function, is called, so a run's or workflow's start is not counted), the two sides
   taking turns in batches of ``BATCH`` steps (a paused run resumed for ``BATCH`` more;
   a workflow of ``BATCH`` steps), one ratio per pair of batches;
-- commits per step: the write transactions of ``COUNTED`` steps of each side alone,
-  counted in its own database as the new transaction ids (``xmin``) among the rows of
-  its tables: every transaction that inserted a row the steps leave behind (entries,
-  events; DBOS's step outputs) counts once, and with ``synchronous_commit=on`` each one
-  waited for its WAL flush. (A row updated again later keeps only its last writer:
-  the session's head and the run's index record, written with the steps' commits or
-  rarely, count for at most one each.) Cross-checks, printed: ``pg_stat_wal.wal_sync``
+- commits per step: the write transactions of each side alone, counted in its own
+  database as the new transaction ids (``xmin``) among the rows of its tables: every
+  transaction that inserted a row the steps leave behind (entries, events; DBOS's step
+  outputs) counts once, and with ``synchronous_commit=on`` each one waited for its WAL
+  flush. (A row updated again later keeps only its last writer: the session's head and
+  the run's index record count for at most one each.) Per step: what a drive of
+  ``SHORT + COUNTED`` steps adds over a drive of ``SHORT`` (a resumed run, a new
+  workflow), so what starting and ending a drive writes is not spread over its steps;
+  bytes on disk likewise. Cross-checks, printed: ``pg_stat_wal.wal_sync``
   (WAL flushes; the whole server's, so other clients' count too: the same wait without
   any steps is printed as its floor) read after the side's connections closed (a
   backend reports its WAL statistics by then at the latest), and ``xact_commit`` of the
   side's database (every transaction, read-only ones included);
 - bytes per step: growth of the side's tables on disk (``pg_total_relation_size``:
-  heap, TOAST and indexes) over the ``COUNTED`` steps, divided by the steps.
+  heap, TOAST and indexes), per step as for the commits.
 
 The server comes from ``STATEKEEPER_BENCH_POSTGRES_URL`` (else
 ``STATEKEEPER_TEST_POSTGRES_URL``, else ``postgresql://postgres@127.0.0.1:5432/test``);
@@ -54,6 +56,7 @@ from statekeeper.stores import Store, open_store
 
 BATCHES, BATCH = 12, 25  # interleaved: BATCHES pairs of BATCH steps (+ 1 warm-up pair)
 COUNTED = 200  # steps per side whose commits and bytes are counted
+SHORT = 20  # steps of the drive whose counts are taken off (its start and end)
 TARGETS = {"step": 1.0, "bytes": 2.0, "commits": 1.0}
 """Upper limits: our step / DBOS's step; our bytes per step / DBOS's; our WAL flushes
 per step."""
@@ -188,20 +191,26 @@ async def _counted(
     database: str,
     schema: str,
 ) -> dict[str, float]:
-    """Write transactions, WAL flushes, transactions and bytes on disk per step over
-    ``COUNTED`` steps."""
-    await asyncio.sleep(1.1)  # earlier statistics reported (at most once a second)
-    syncs, commits = await _wal_syncs(), await _commits(database)
-    size, xids = await _tables(database, schema)
-    await side(COUNTED)
-    after_size, after_xids = await _tables(database, schema)
+    """Write transactions and bytes on disk per step: what a drive of ``SHORT +
+    COUNTED`` steps adds over one of ``SHORT`` (a drive's own start and end cancel
+    out); WAL flushes and transactions per step of the longer drive."""
+    added, syncs, commits = [], 0, 0
+    for steps in (SHORT, SHORT + COUNTED):
+        size, xids = await _tables(database, schema)
+        if steps > SHORT:
+            await asyncio.sleep(1.1)  # earlier statistics reported (at most once a second)
+            syncs, commits = await _wal_syncs(), await _commits(database)
+        await side(steps)
+        after_size, after_xids = await _tables(database, schema)
+        added.append((len(after_xids - xids), after_size - size))
     await close()  # backends report their WAL statistics when they end, at the latest
     await asyncio.sleep(1.1)
+    (short_writes, short_bytes), (long_writes, long_bytes) = added
     return {
-        "writes": len(after_xids - xids) / COUNTED,
-        "wal_syncs": (await _wal_syncs() - syncs) / COUNTED,
-        "xacts": (await _commits(database) - commits) / COUNTED,
-        "bytes": (after_size - size) / COUNTED,
+        "writes": (long_writes - short_writes) / COUNTED,
+        "wal_syncs": (await _wal_syncs() - syncs) / (SHORT + COUNTED),
+        "xacts": (await _commits(database) - commits) / (SHORT + COUNTED),
+        "bytes": (long_bytes - short_bytes) / COUNTED,
     }
 
 

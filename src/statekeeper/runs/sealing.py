@@ -58,6 +58,9 @@ class CheckpointSeal:
             for key, value in state.checkpoint_data().items()
             if key not in _LEFT_OUT or value != _LEFT_OUT[key]
         }
+        # Limits not set, and a trace without a traceparent, read back as None too.
+        data["limits"] = {k: v for k, v in data["limits"].items() if v is not None}
+        data["trace"] = {k: v for k, v in data["trace"].items() if v is not None}
         if self.codec is None or not (self.codec.compress or self.codec.encrypted):
             return data
         text = json.dumps(data, ensure_ascii=False, allow_nan=False)

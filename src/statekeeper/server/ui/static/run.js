@@ -21,7 +21,11 @@ export function eventSummary(event) {
   if (d.tool) parts.push(String(d.tool));
   if (d.call_id) parts.push(`call ${d.call_id}`);
   if (d.text) parts.push(String(d.text).slice(0, 160));
-  if (d.message) parts.push(String(d.message).slice(0, 160));
+  // A runner's events name the step's messages instead of repeating their text.
+  const type = eventType(event);
+  if (type === "assistant/complete" && d.text === undefined && d.id) parts.push(`message ${shortId(d.id)}`);
+  if (type === "tool/result" && d.output === undefined && d.message) parts.push(`result in message ${shortId(d.message)}`);
+  else if (d.message) parts.push(String(d.message).slice(0, 160));
   if (d.always) parts.push("always");
   if (d.reason) parts.push(`reason: ${d.reason}`);
   if (d.decided_by) parts.push(`by ${d.decided_by}`);
