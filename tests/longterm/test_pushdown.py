@@ -204,6 +204,10 @@ async def test_a_record_that_is_not_json_is_reported_by_filtered_and_semantic_se
             assert [i.key for i in await memories.search(("a",), filter={"v": 1})] == ["good"]
             assert "a.:bad" in caplog.text
             caplog.clear()
+            found = await memories.search(("a",), filter={"v": 1}, limit=1)  # stops at good
+            assert [i.key for i in found] == ["good"]
+            assert "a.:bad" in caplog.text
+            caplog.clear()
             found = await memories.search(("a",), filter={"v": 1}, query="ab")
             assert [i.key for i in found] == ["good"]
             assert "a.:bad" in caplog.text

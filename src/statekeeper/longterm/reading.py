@@ -109,9 +109,9 @@ class Reader:
                 page = await self.store.list_records(
                     self.tenant, self.namespace, prefix=scope, after_key=after, limit=size
                 )
+            report(page.corrupt)  # first: a caller may stop at any record of the page
             for record in page:
                 yield record
-            report(page.corrupt)
             if len(page) < size:
                 return
             after = page[-1].key
