@@ -97,11 +97,20 @@ class Counting:
 
 
 async def cold_read(store: Store, config: Any) -> tuple[list[str], int]:
-    """The latest messages as a new saver reads them, and how many entries it read."""
+    """The thread's latest messages as a new saver reads them (as ``get_state`` does, by
+    the thread, and by the id of its latest checkpoint), and how many entries the first
+    of these two reads read."""
     counting = Counting(store)
-    found = await StatekeeperSaver(counting).aget_tuple(config)
+    latest = {
+        "configurable": {k: v for k, v in config["configurable"].items() if k != "checkpoint_id"}
+    }
+    found = await StatekeeperSaver(counting).aget_tuple(latest)
     assert found is not None
-    return [m.content for m in found.checkpoint["channel_values"]["messages"]], counting.read
+    by_id = await StatekeeperSaver(store).aget_tuple(found.config)
+    assert by_id is not None
+    messages = found.checkpoint["channel_values"]["messages"]
+    assert by_id.checkpoint["channel_values"]["messages"] == messages
+    return [m.content for m in messages], counting.read
 
 
 def contents(messages: list[BaseMessage]) -> list[str]:
