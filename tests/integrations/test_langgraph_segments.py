@@ -101,7 +101,7 @@ async def cold_read(store: Store, config: Any) -> tuple[list[str], int]:
     the thread, and by the id of its latest checkpoint), and how many entries the first
     of these two reads read."""
     counting = Counting(store)
-    latest = {
+    latest: Any = {
         "configurable": {k: v for k, v in config["configurable"].items() if k != "checkpoint_id"}
     }
     found = await StatekeeperSaver(counting).aget_tuple(latest)
