@@ -25,6 +25,7 @@ from statekeeper.stores import Store
 from statekeeper.stores.base import WrappingStore
 from statekeeper.stores.record_query import RecordQuery, ValueTest, queryable
 from statekeeper.stores.sqlite.record_sql import guarded, json_path, query_condition
+from statekeeper.testing.damage import can_damage, damage_record
 
 FIELDS = ["a", "b", "a.b", "é", "", 'q"', "x\\y", "t\n"]
 texts = st.text(alphabet=["a", "b", "é", "😀", "\x00", '"', "\\", "\n", "Z", " "], max_size=4)
@@ -280,3 +281,32 @@ async def test_a_namespace_holding_only_records_that_are_not_json_is_not_listed(
         reader = Reader(store, "t", "ltm.default")
         assert await memories.list_namespaces() == [("a",), ("c",)]  # as a listing shows it
         assert await reader._walk_namespaces("", lambda ns: ns) == {("a",), ("c",)}
+
+
+async def test_namespace_listing_by_the_store_equals_the_walk_on_every_backend(
+    store: Store,
+) -> None:
+    memories = LongTermStore(store, tenant="t")
+    spaces = [("a", f"n{i}") for i in range(6)] + [("a", "0x", "deep"), ("a",), ("b", "c")]
+    for namespace in spaces:
+        for k in range(3):
+            await memories.put(namespace, f"k{k}", {"k": k})
+    await memories.put(("d",), "only", {"k": 0})
+    if can_damage(store):
+        await damage_record(store, "t", "ltm.default", "a.n1.:k0")  # first of three
+        await damage_record(store, "t", "ltm.default", "d.:only")  # its only record
+    reader = Reader(store, "t", "ltm.default")
+    if type(store).__module__.split(".")[2] in ("sqlite", "postgres"):
+        assert reader.heads is not None  # listed by the store itself
+    for cut in (None, 1, 2):
+
+        def keep(ns: tuple[str, ...], cut: int | None = cut) -> tuple[str, ...]:
+            return ns if cut is None else ns[:cut]
+
+        for scope in ("", "a."):
+            assert await reader.namespaces(scope, keep) == await reader._walk_namespaces(
+                scope, keep
+            )
+    listed = set(await memories.list_namespaces(limit=100))
+    assert ("a", "n1") in listed
+    assert (("d",) in listed) is not can_damage(store)

@@ -18,11 +18,13 @@ from statekeeper.longterm import rules
 from statekeeper.longterm.vectors import Unpacked, VectorCache
 from statekeeper.stores.base import RecordStore, VersionedRecord
 from statekeeper.stores.record_query import (
+    KeyHeads,
     QueryableRecords,
     RecordQuery,
     Scalar,
     TestOp,
     ValueTest,
+    key_heads,
     queryable,
 )
 from statekeeper.stores.types import CorruptItem
@@ -90,6 +92,7 @@ class Reader:
         self.tenant = tenant
         self.namespace = namespace
         self.queries: QueryableRecords | None = queryable(store)
+        self.heads: KeyHeads | None = key_heads(store)
         self.cache = None if self.queries is None else VectorCache(self.queries, tenant, namespace)
 
     async def records(
@@ -130,8 +133,8 @@ class Reader:
         self, scope: str, keep: Callable[[tuple[str, ...]], tuple[str, ...] | None]
     ) -> set[tuple[str, ...]]:
         """The namespaces under ``scope`` that ``keep`` maps to (its value)."""
-        if self.queries is not None:
-            heads = await self.queries.list_key_heads(
+        if self.heads is not None:
+            heads = await self.heads.list_key_heads(
                 self.tenant, self.namespace, prefix=scope, separator=_SLOT_END
             )
             kept = (keep(tuple(head.split("."))) for head in heads)

@@ -20,6 +20,7 @@ from typing import Any, Literal, NamedTuple, Protocol, TypeAlias
 from statekeeper.stores.types import CorruptItem, RecordList
 
 __all__ = [
+    "KeyHeads",
     "Picked",
     "QueryableRecords",
     "RecordQuery",
@@ -28,6 +29,7 @@ __all__ = [
     "Stamp",
     "TestOp",
     "ValueTest",
+    "key_heads",
     "queryable",
 ]
 
@@ -108,19 +110,33 @@ class QueryableRecords(Protocol):
         key order, without their values: what a cache of them checks."""
         ...
 
+
+class KeyHeads(Protocol):
+    """Namespace-like listing a backend may offer on its own (see the module's docstring)."""
+
     async def list_key_heads(
         self, tenant: str, namespace: str, *, prefix: str, separator: str
     ) -> list[str]:
         """The distinct parts before ``separator`` of the keys of live records under
-        ``prefix`` (keys without it are left out), sorted."""
+        ``prefix`` (keys without it are left out), sorted. Records that are not JSON do
+        not count, as listings leave them out."""
         ...
 
 
-_METHODS = ("query_records", "pick_record_values", "list_record_stamps", "list_key_heads")
+_METHODS = ("query_records", "pick_record_values", "list_record_stamps")
+
+
+def _defines(store: object, name: str) -> bool:
+    return callable(getattr(type(store), name, None))
 
 
 def queryable(store: object) -> QueryableRecords | None:
     """``store`` as `QueryableRecords` if its own class defines the queries, else None."""
-    if all(callable(getattr(type(store), name, None)) for name in _METHODS):
+    if all(_defines(store, name) for name in _METHODS):
         return store  # type: ignore[return-value]
     return None
+
+
+def key_heads(store: object) -> KeyHeads | None:
+    """``store`` as `KeyHeads` if its own class defines ``list_key_heads``, else None."""
+    return store if _defines(store, "list_key_heads") else None  # type: ignore[return-value]
