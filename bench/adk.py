@@ -169,7 +169,7 @@ async def _measure(history: int, folder: Path) -> dict[str, Ratios]:
         print(f"  (filled three sessions of {history} events in {took:.0f} s)")
         out: dict[str, Ratios] = {}
         ours, short = sides["ours"], sides["ours at 10"]
-        whole = (5, 1) if history > 100 else (7, 20)  # (batches, batch size)
+        whole = (7, 1) if history > 100 else (7, 20)  # (batches, batch size)
         # Reads first, while every session holds exactly ``history`` events.
         for name in ("database", "sqlite"):
             theirs = sides[name]
@@ -179,11 +179,11 @@ async def _measure(history: int, folder: Path) -> dict[str, Ratios]:
             )
             out[f"after {name}"] = await interleave(ours.after, theirs.after, 7, 10)
         # The same 5 events from the long session and from the 10-event one.
-        out["recent ours at 10"] = await interleave(ours.recent_5, short.recent_5, 7, 10)
-        out["after ours at 10"] = await interleave(ours.after_5, short.after_5, 7, 10)
+        out["recent ours at 10"] = await interleave(ours.recent_5, short.recent_5, 9, 40)
+        out["after ours at 10"] = await interleave(ours.after_5, short.after_5, 9, 40)
         for name in ("database", "sqlite"):
             out[f"append {name}"] = await interleave(ours.append, sides[name].append, 6, 5)
-        out["append ours at 10"] = await interleave(ours.append, short.append, 6, 5)
+        out["append ours at 10"] = await interleave(ours.append, short.append, 8, 10)
         return out
     finally:
         await store.close()

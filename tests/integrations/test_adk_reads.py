@@ -13,8 +13,8 @@ from google.adk.sessions.base_session_service import GetSessionConfig
 
 from statekeeper.integrations.adk import StatekeeperSessionService
 from statekeeper.integrations.adk._codec import ORDER_KEY, session_key
-from statekeeper.integrations.adk._reads import _TAIL
 from statekeeper.stores import Store
+from statekeeper.stores.base import EntryDraft
 
 EVENTS = 200
 
@@ -71,9 +71,9 @@ async def test_after_timestamp_reads_a_few_entries_when_events_are_in_order(
     assert await ids(svc, GetSessionConfig(after_timestamp=BASE + first)) == [
         f"e{n}" for n in range(first, EVENTS)
     ]
-    # At most: the events returned, the 32 last ones read first, and a binary search
-    # of one-entry reads (log2(200) < 8 + 1) for a time before those.
-    assert sum(counts) <= (EVENTS - first) + _TAIL + 9
+    # Pages back from the end, doubling: at most twice the events returned, plus 8.
+    assert sum(counts) <= 2 * (EVENTS - first) + 8
+    assert len(counts) <= 6
 
 
 def expected(stamps: list[float], config: GetSessionConfig) -> list[str]:
@@ -124,3 +124,24 @@ async def test_order_is_kept_by_appends_through_any_session_object(store: Store)
     await svc.append_event(fresh, event(5).model_copy(update={"timestamp": BASE + 9}))
     assert (await store.get_session("acme", key)).metadata[ORDER_KEY] is False  # for good
     assert await ids(svc, GetSessionConfig(after_timestamp=BASE + 2)) == ["e2", "e3", "e5"]
+
+
+async def test_entries_that_are_not_events_are_read_as_before(store: Store) -> None:
+    # An entry written past the service (with the store's API) in the log: it reads as
+    # an error event stamped with its write time (now, long before BASE), wherever the
+    # pages start (the first page, the last 8 entries, starts at it).
+    svc = StatekeeperSessionService(store, tenant="acme")
+    session = await filled(svc, [BASE + n for n in range(33)])
+    key = session_key("app", "u", "s")
+    await store.append_entries("acme", key, [EntryDraft(id="note", kind="marker", payload={})])
+    fresh = await svc.get_session(app_name="app", user_id="u", session_id="s")
+    assert fresh is not None
+    for n in range(33, 40):
+        await svc.append_event(fresh, event(n).model_copy(update={"timestamp": BASE + n}))
+    assert session.events[-1].id == "e32"
+    for first in (38, 33, 31, 30, 20, 0):
+        got = await ids(svc, GetSessionConfig(after_timestamp=BASE + first))
+        assert got == [f"e{n}" for n in range(first, 40)], first
+    everything = await ids(svc, GetSessionConfig(after_timestamp=0))
+    assert everything[33] == "note"
+    assert len(everything) == 41

@@ -3,12 +3,12 @@
 The log has no index on event time, so ``after_timestamp`` would read every event to
 filter them. Instead each append records whether the session's events are still in
 timestamp order (metadata ``adk.ordered``: every event appended through the service
-has a timestamp at least its predecessor's). While they are, the last 32 entries are
-read first (a time asked for usually falls among them, and they are all of a short
-log); for an earlier time, a binary search of one-entry reads finds the first event at
-or after it, and only the events from there are read. Otherwise (a session that has
-had an event out of order, one written before this flag existed, an entry of another
-kind met on the way) the whole log is read and filtered, as ADK's services filter it.
+has a timestamp at least its predecessor's). While they are, the log is read back from
+its end in pages that double (8, 16, 32 ... entries) until a page starts before the
+time: k events selected cost at most 2k + 8 entries read, whatever the log's length,
+and only the k are built. Otherwise (a session that has had an event out of order, one
+written before this flag existed, an entry of another kind at the start of a page) the
+whole log is read and filtered, as ADK's services filter it.
 
 What an append needs to keep the flag (is the log ordered, and the last event's
 timestamp) travels in the session object's storage marker, so an append through a
@@ -30,8 +30,8 @@ __all__ = ["Order", "marker", "order_after", "order_of", "parse_marker", "read_e
 
 _MARKER = "statekeeper:"
 _EMPTY = "-"
-_TAIL = 32
-"""Entries read at once from the end of a log before searching the rest."""
+_FIRST_PAGE = 8
+"""Entries read first from the end of a log for ``after_timestamp``."""
 
 Order = tuple[bool, float | None]
 """Whether the stored events are in timestamp order, and the last one's timestamp (None
@@ -128,41 +128,22 @@ def _earlier(entry: Entry, after: float) -> bool:
 async def _from_time(
     store: Store, tenant: str, record: SessionRecord, start: int, after: float
 ) -> list[Entry]:
-    """The entries after ``start`` from the first event at or after ``after`` on (maybe
-    a few earlier ones too), in a log whose events are in timestamp order."""
-    # The tail first, in one read: where a time asked for usually falls, and all of a
-    # short log.
-    tail_start = max(start, record.last_seq - _TAIL)
+    """The entries after ``start`` from the first event at or after ``after`` on, and
+    fewer earlier ones than that, in a log whose events are in timestamp order."""
+    # Pages back from the end, each twice the one before, until one starts earlier
+    # than the time: k events cost at most 2k + 8 entries read, in O(log k) reads.
     last = record.last_seq
-    tail = await store.read_entries(tenant, record.id, after_seq=tail_start, until_seq=last)
-    if tail_start == start:
-        return tail
-    first = _stamp(tail[0]) if tail else None
-    if first is not None and first < after:
-        return tail  # events before the tail are earlier still
-    low = await _before(store, tenant, record, after, start, tail_start) if first else None
-    if low is None:  # an entry that is not an event on the way: read it all
-        return await store.read_entries(tenant, record.id, until_seq=last)
-    return await store.read_entries(tenant, record.id, after_seq=low, until_seq=tail_start) + tail
-
-
-async def _before(
-    store: Store, tenant: str, record: SessionRecord, after: float, low: int, high: int
-) -> int | None:
-    """A seq in ``[low, high]`` such that every event up to it is earlier than
-    ``after`` and none between it and ``high`` is (events in timestamp order, all those
-    up to ``low`` earlier); None when an entry met is not an event."""
-    while low < high:  # events up to low: earlier; from high + 1 on: not earlier
-        middle = (low + high) // 2
-        found = await store.read_entries(tenant, record.id, after_seq=middle, limit=1)
-        if not found or found[0].seq > high:
-            high = middle
-            continue
-        stamp = _stamp(found[0])
-        if stamp is None:
-            return None
-        if stamp < after:
-            low = found[0].seq
-        else:
-            high = middle
-    return low
+    high, size = last, _FIRST_PAGE
+    pages: list[list[Entry]] = []
+    while high > start:
+        low = max(start, high - size)
+        page = await store.read_entries(tenant, record.id, after_seq=low, until_seq=high)
+        pages.append(page)
+        if page:
+            first = _stamp(page[0])
+            if first is None:  # an entry that is not an event: read it all
+                return await store.read_entries(tenant, record.id, until_seq=last)
+            if first < after:
+                break
+        high, size = low, size * 2
+    return [entry for page in reversed(pages) for entry in page]
