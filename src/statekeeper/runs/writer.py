@@ -6,9 +6,10 @@ crash can lose: nothing that was acknowledged (``step``), the steps still queued
 (``background``), or everything since the run last stopped (``exit``).
 
 In mode ``step`` the append also logs the run's events queued since its last write (the
-status moves, what the agent said: `RunLifecycle.publish_with`), when the runner's
-event bus logs to the same store: one transaction, one fsync, per step. The other modes
-publish events on their own, as they happen.
+status moves, what the agent said: `RunLifecycle.publish_with`) and those its tool calls
+fanned out ahead (`EventBus.publish_ahead`), when the runner's event bus logs to the
+same store: one transaction, one fsync, per step, with or without tools. The other
+modes publish events on their own, as they happen.
 
 The run's index record is written with its own compare-and-set after the append, only
 when something others look at changed (the status, the lease running low, the run
