@@ -55,7 +55,7 @@ from statekeeper.runs.scripted import ScriptedAgent
 from statekeeper.stores import Store, open_store
 
 BATCHES, BATCH = 12, 25  # interleaved: BATCHES pairs of BATCH steps (+ 1 warm-up pair)
-COUNTED = 200  # steps per side whose commits and bytes are counted
+COUNTED = 400  # steps per side whose commits and bytes are counted
 SHORT = 20  # steps of the drive whose counts are taken off (its start and end)
 TARGETS = {"step": 1.0, "bytes": 2.0, "commits": 1.0}
 """Upper limits: our step / DBOS's step; our bytes per step / DBOS's; our WAL flushes
