@@ -188,11 +188,18 @@ async def test_subscribers_here_see_the_call_start_before_the_tool_runs(store: S
             logged_then.append([e.kind for e in logged])
         return "ok"
 
-    runner = Runner(store, TENANT, [calling_agent()], [Tool("look_up", watched)])
+    recording = Recording(store)
+    runner = Runner(recording, TENANT, [calling_agent()], [Tool("look_up", watched)])  # type: ignore[arg-type]
     bus = runner.events
     assert isinstance(bus, EventBus)
     with bus.subscribe("run-watched") as sub:
         await runner.start("worker", "go", run_id="run-watched")
+    # A live listener costs no write: each tool step is still one append, events and all.
+    steps = [kinds for how, kinds, _ in recording.writes if how == "entries"]
+    said = ["assistant/complete", "tool/call_start", "tool/result"]
+    assert steps[1:3] == [said, said]
+    alone = [kinds for how, kinds, _ in recording.writes if how == "events"]
+    assert not {"tool/call_start", "tool/result"} & {k for kinds in alone for k in kinds}
     assert seen == [
         ("lifecycle", "start"),
         ("lifecycle", "status"),
