@@ -18,6 +18,7 @@ from statekeeper.runs.store import RunStore
 from statekeeper.runtime.events import EventBus
 from statekeeper.stores import Store, open_store
 from statekeeper.stores.base import EntryDraft, EventBatch, EventDraft, WrappingStore
+from statekeeper.testing import open_backend
 
 TENANT = "alice"
 
@@ -208,3 +209,18 @@ async def test_subscribers_here_see_the_call_start_before_the_tool_runs(store: S
     ]
     # The log had neither yet: they are logged with the step's checkpoint.
     assert logged_then == [["start", "status"]]
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite", "files", "redis", "postgres"])
+async def test_on_every_backend_a_tool_step_is_one_append_and_logs_its_events(
+    backend: str, tmp_path: Path
+) -> None:
+    async with open_backend(backend, tmp_path) as opened:
+        recording = Recording(opened)
+        runner = Runner(recording, TENANT, [calling_agent()], [Tool("look_up", look_up)])  # type: ignore[arg-type]
+        result = await runner.start("worker", "go")
+        steps = [kinds for how, kinds, _ in recording.writes if how == "entries"]
+        said = ["assistant/complete", "tool/call_start", "tool/result"]
+        assert steps[1:3] == [said, said]
+        logged = [f"{e.stream}/{e.kind}" for e in await opened.read_events(TENANT, result.run_id)]
+        assert logged[2:8] == said + said
