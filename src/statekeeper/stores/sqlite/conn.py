@@ -274,9 +274,21 @@ class SQLiteConnection(ClosingStore):
         finally:
             self._checkpoint = None
 
-    async def _read(self, fn: Callable[[sqlite3.Connection], T], *, inline: bool = False) -> T:
+    async def _read(
+        self,
+        fn: Callable[[sqlite3.Connection], T],
+        *,
+        inline: bool = False,
+        snapshot: bool = True,
+    ) -> T:
+        """Run ``fn`` in a read transaction: one snapshot for all its statements. Without
+        ``snapshot``, each statement reads on its own (autocommit), which spares two
+        statements for reads whose every statement stands alone (one row's lookup)."""
+
         def call() -> T:
             db = self._db
+            if not snapshot:
+                return fn(db)
             db.execute("BEGIN")
             try:
                 return fn(db)

@@ -85,7 +85,7 @@ class SQLiteRecordsAndEvents(SQLiteConnection):
                 raise record_not_found(namespace, key)
             return self._record(namespace, row)
 
-        return await self._read(get, inline=True)
+        return await self._read(get, inline=True, snapshot=False)  # one statement
 
     async def put_record(
         self,

@@ -103,7 +103,10 @@ class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
         if cached is not None and cached[0] == row[0] and cached[1].version == row[1]:
             return row[0], cached[1]
         stored = db.execute(f"SELECT {HEAD_COLUMNS} FROM sessions WHERE sk=?", (row[0],))
-        record = self._decode_head(tenant, session_id, *stored.fetchone())
+        columns = stored.fetchone()
+        if columns is None:  # deleted since the first statement (reads without a snapshot)
+            raise session_not_found(session_id)
+        record = self._decode_head(tenant, session_id, *columns)
         self._heads[tenant, session_id] = (row[0], record)
         return row[0], record
 
@@ -167,7 +170,11 @@ class SQLiteStore(EngineWrites, SQLiteRecordsAndEvents):
 
     async def get_session(self, tenant: str, session_id: str) -> SessionRecord:
         check_tenant_and_id(tenant, session_id)
-        return await self._read(lambda db: self._head(db, tenant, session_id)[1], inline=True)
+        # Each statement of `_head` reads a whole row (the key, then the head by its key):
+        # no snapshot across them is needed.
+        return await self._read(
+            lambda db: self._head(db, tenant, session_id)[1], inline=True, snapshot=False
+        )
 
     async def list_sessions(self, tenant: str, query: SessionQuery) -> Page:
         validate_id(tenant, "tenant")
