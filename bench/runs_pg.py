@@ -29,7 +29,8 @@ default schema), dropped at the end.
   backend reports its WAL statistics by then at the latest), and ``xact_commit`` of the
   side's database (every transaction, read-only ones included);
 - bytes per step: growth of the side's tables on disk (``pg_total_relation_size``:
-  heap, TOAST and indexes), per step as for the commits.
+  heap, TOAST and indexes), per step as for the commits; printed beside it, the bytes
+  of text each side stored (`_TEXT`: before row overhead and the server's compression).
 
 The server comes from ``STATEKEEPER_BENCH_POSTGRES_URL`` (else
 ``STATEKEEPER_TEST_POSTGRES_URL``, else ``postgresql://postgres@127.0.0.1:5432/test``);
@@ -86,9 +87,19 @@ async def _commits(database: str) -> int:
     return int(found[0][0])
 
 
-async def _tables(database: str, schema: str) -> tuple[int, set[str]]:
-    """Bytes on disk of the schema's tables, and the transaction ids (``xmin``) of the
-    rows they hold: each transaction that wrote a row still there is one of them."""
+_TEXT = {
+    "statekeeper": "SELECT (SELECT coalesce(sum(octet_length(payload)), 0) FROM {s}.entries)"
+    " + (SELECT coalesce(sum(octet_length(payload)), 0) FROM {s}.events)",
+    "dbos": "SELECT coalesce(sum(octet_length(output)), 0) FROM {s}.operation_outputs",
+}
+"""The text each side stores for its steps (our entries' and events' JSON; DBOS's
+serialized step outputs), before the server's row overhead and compression."""
+
+
+async def _tables(database: str, schema: str) -> tuple[int, set[str], int]:
+    """Bytes on disk of the schema's tables, the transaction ids (``xmin``) of the rows
+    they hold (each transaction that wrote a row still there is one of them), and the
+    bytes of text the side stored (`_TEXT`)."""
     import psycopg
 
     query = (
@@ -101,7 +112,9 @@ async def _tables(database: str, schema: str) -> tuple[int, set[str]]:
         for table, _ in tables:
             sql = f'SELECT DISTINCT xmin::text FROM "{schema}"."{table}"'
             xids.update(xid for (xid,) in await (await conn.execute(sql.encode())).fetchall())
-    return sum(int(size) for _, size in tables), xids
+        text = _TEXT[schema].format(s=f'"{schema}"')
+        [(stored,)] = await (await conn.execute(text.encode())).fetchall()
+    return sum(int(size) for _, size in tables), xids, int(stored)
 
 
 def _stamped_step(run: StepInput) -> Respond:
@@ -196,17 +209,18 @@ async def _counted(
     out); WAL flushes and transactions per step of the longer drive."""
     added, syncs, commits = [], 0, 0
     for steps in (SHORT, SHORT + COUNTED):
-        size, xids = await _tables(database, schema)
+        size, xids, text = await _tables(database, schema)
         if steps > SHORT:
             await asyncio.sleep(1.1)  # earlier statistics reported (at most once a second)
             syncs, commits = await _wal_syncs(), await _commits(database)
         await side(steps)
-        after_size, after_xids = await _tables(database, schema)
-        added.append((len(after_xids - xids), after_size - size))
+        after_size, after_xids, after_text = await _tables(database, schema)
+        added.append((len(after_xids - xids), after_size - size, after_text - text))
     await close()  # backends report their WAL statistics when they end, at the latest
     await asyncio.sleep(1.1)
-    (short_writes, short_bytes), (long_writes, long_bytes) = added
+    (short_writes, short_bytes, short_text), (long_writes, long_bytes, long_text) = added
     return {
+        "text": (long_text - short_text) / COUNTED,
         "writes": (long_writes - short_writes) / COUNTED,
         "wal_syncs": (await _wal_syncs() - syncs) / (SHORT + COUNTED),
         "xacts": (await _commits(database) - commits) / (SHORT + COUNTED),
@@ -290,6 +304,7 @@ def report(results: dict[str, Any] | None) -> list[str]:
         ("wal_syncs", "WAL flushes (wal_sync)"),
         ("xacts", "transactions (xact_commit)"),
         ("bytes", "bytes on disk"),
+        ("text", "bytes of text stored"),
     ):
         print(f"{name:<28} {ours[key]:>10.2f} {peer[key]:>10.2f}")
     print(f"{'(server, no steps: wal_sync)':<28} {results['idle_syncs']:>10.2f}\n")
