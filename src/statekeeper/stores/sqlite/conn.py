@@ -84,10 +84,7 @@ class SQLiteConnection(ClosingStore):
         self._checkpointer: sqlite3.Connection | None = None  # used on the worker only
         # One for every thread and loop: a batch takes all their writes (one fsync).
         self._group = GroupCommit(
-            self._worker,
-            self._commit_batch,
-            self._commit_inline,
-            enabled=self.durability is Durability.POWER,
+            self._worker, self._commit_batch, enabled=self.durability is Durability.POWER
         )
 
     @classmethod
@@ -300,7 +297,7 @@ class SQLiteConnection(ClosingStore):
     async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         if self.read_only:
             raise StoreReadOnlyError(f"{self.path} was opened read-only")
-        if self._group.enabled:
+        if self._group.wanted():
             grouped = await self._group.submit(fn)
             self._note_write(0)
             return grouped
@@ -319,82 +316,46 @@ class SQLiteConnection(ClosingStore):
             return result
 
         result = await self._run(call, inline=True)
+        self._group.wrote()
         self._note_write(0)
         return result
 
-    def _batch_transaction(self, batch: list[Queued]) -> Callable[[], None]:
-        """The transaction that commits ``batch`` (one fsync), each write in a savepoint
-        of its own when there are several: a write that raises is rolled back alone and
-        gets its error; if the transaction itself fails, it raises."""
+    def _commit_batch(self, batch: list[Queued]) -> None:
+        """Run queued writes in one transaction (one fsync), each in a savepoint of its own.
+
+        Runs on the worker. A write that raises is rolled back alone and gets its error;
+        if the transaction itself fails, every write in it gets that error.
+        """
 
         def run() -> None:
             db = self._db
-            for item in batch:  # a retry starts afresh
-                item.result = item.error = None
             db.execute("BEGIN IMMEDIATE")
             try:
-                if len(batch) == 1:
-                    [item] = batch
+                for item in batch:
+                    db.execute("SAVEPOINT w")
                     try:
                         item.result = item.fn(db)
                     except Exception as exc:
-                        if isinstance(exc, sqlite3.Error):
-                            raise
-                        item.error = exc  # (a refused compare-and-set, say)
-                        db.execute("ROLLBACK")
-                        return
-                else:
-                    for item in batch:
-                        self._savepoint(db, item)
+                        if not db.in_transaction:
+                            raise  # SQLite gave up the whole transaction
+                        db.execute("ROLLBACK TO w")
+                        item.error = (
+                            _translate(exc, str(self.path))
+                            if isinstance(exc, sqlite3.Error)
+                            else exc
+                        )
+                    db.execute("RELEASE w")
                 db.execute("COMMIT")
             except BaseException:
                 if db.in_transaction:
                     db.execute("ROLLBACK")
                 raise
 
-        return run
-
-    def _savepoint(self, db: sqlite3.Connection, item: Queued) -> None:
-        db.execute("SAVEPOINT w")
         try:
-            item.result = item.fn(db)
-        except Exception as exc:
-            if not db.in_transaction:
-                raise  # SQLite gave up the whole transaction
-            db.execute("ROLLBACK TO w")
-            item.error = _translate(exc, str(self.path)) if isinstance(exc, sqlite3.Error) else exc
-        db.execute("RELEASE w")
-
-    def _commit_batch(self, batch: list[Queued]) -> None:
-        """Commit ``batch`` on the worker, waiting for the database's lock if need be."""
-        try:
-            self._retry(self._batch_transaction(batch))
+            self._retry(run)
         except Exception as exc:
             for item in batch:
                 item.result, item.error = None, exc
-        self._after_batch(batch)
-
-    def _commit_inline(self, batch: list[Queued]) -> bool:
-        """Commit ``batch`` right here if the connection and the database are free;
-        False (nothing written) if either is busy: the worker then waits for them."""
-        if not (self.inline_writes and self._lock.acquire(timeout=_INLINE_WAIT)):
-            return False
-        try:
-            self._batch_transaction(batch)()
-        except sqlite3.Error as exc:
-            if _is_busy(exc):
-                return False
-            for item in batch:
-                item.result, item.error = None, _translate(exc, str(self.path))
-        except Exception as exc:
-            for item in batch:
-                item.result, item.error = None, exc
-        finally:
-            self._lock.release()
-        self._after_batch(batch)
-        return True
-
-    def _after_batch(self, batch: list[Queued]) -> None:
         if any(item.error is not None for item in batch):
             self._write_failed()
 

@@ -1,19 +1,15 @@
 """Group commit for SQLite with durability ``power``: concurrent writers share one fsync.
 
-A commit that fsyncs takes a few hundred microseconds. Every write of a ``power`` store is
-queued here, and the writer's loop is asked to flush the queue once the tasks already
-ready to run have had their turn (``call_soon``): writes that tasks make at about the
-same time are queued by then, and one transaction commits all of them, each in a
-savepoint of its own (one write's error rolls back that write only), with one fsync.
-The flush runs right there on the loop, as a lone write always did (the hop to a thread
-costs more than a whole non-fsync commit); a lone writer pays one turn of its loop.
+A commit that fsyncs takes a few hundred microseconds. Run inline on the event loop (the
+cheapest way for a lone writer), it stalls every other coroutine for that long, so eight
+tasks writing to eight sessions are no faster than one. Once writes come from more than
+one task at a time, they go to the worker thread instead: the loop stays free, the
+writes that arrive while one transaction is committing are queued, and the next
+transaction commits all of them at once, each in a savepoint of its own (one write's
+error rolls back that write only). Throughput then grows with the number of writers.
 
-An inline commit never suspends, so without the turn, tasks writing at once on one loop
-would each run all their writes before the next task wrote one, and never share an
-fsync. Writes of other threads' loops join the same queue; while a transaction commits
-(inline on one loop, or on the worker thread when the connection is busy elsewhere), the
-writes that arrive meanwhile go to the worker as the next batch, and each writer is
-woken on its own loop.
+"More than one task at a time" means: writes from two or more tasks (of any threads and
+loops) within the last few milliseconds. A lone task never pays the hop to the worker.
 """
 
 from __future__ import annotations
@@ -21,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -30,6 +27,7 @@ from statekeeper.stores.worker import Worker
 __all__ = ["GroupCommit", "Queued"]
 
 T = TypeVar("T")
+_WINDOW = 0.005  # seconds: writers seen within it count as concurrent
 
 
 @dataclass(eq=False, slots=True)
@@ -43,44 +41,57 @@ class Queued:
 
 
 class GroupCommit:
-    """Queues writes and commits them in batches, one batch at a time.
+    """Decides when writes are grouped, queues them, and runs one batch at a time.
 
-    ``commit_inline(batch)`` commits a batch on the calling thread if it can do so
-    without waiting (False: nothing was done); ``commit(batch)`` commits it on the
-    worker, waiting for the database as long as it takes. Both fill each write's result
-    or error. Shared by every thread and event loop using the store.
+    Shared by every thread and event loop using the store: a batch takes the writes of
+    all of them (one fsync), and each writer is woken on its own loop.
     """
 
     def __init__(
-        self,
-        worker: Worker,
-        commit: Callable[[list[Queued]], None],
-        commit_inline: Callable[[list[Queued]], bool],
-        *,
-        enabled: bool,
+        self, worker: Worker, commit: Callable[[list[Queued]], None], *, enabled: bool
     ) -> None:
         self._worker = worker
         self._commit = commit
-        self._commit_inline = commit_inline
         self.enabled = enabled
         self._mutex = threading.Lock()
+        self._writers: dict[tuple[int, int], float] = {}  # (thread, task) -> last write time
         self._queue: list[Queued] = []
         self._running = False
-        self.batches = 0  # transactions committed (for tests and tuning)
-        self.grouped = 0  # writes committed in a transaction with others
+        self.batches = 0  # transactions committed as groups (for tests and tuning)
+
+    def wanted(self) -> bool:
+        """Whether this write should be grouped: others are writing, or a group is open."""
+        if not self.enabled:
+            return False
+        if self._running or self._queue:
+            return True
+        now = time.monotonic()
+        with self._mutex:
+            self._writers[_writer()] = now
+            if len(self._writers) > 1:
+                self._writers = {k: t for k, t in self._writers.items() if now - t < _WINDOW}
+            return len(self._writers) > 1
+
+    def wrote(self) -> None:
+        """Note that this writer's write (made alone, inline) has just ended.
+
+        The window counts from a writer's last write's end, not its start: a commit
+        whose fsync takes longer than the window (a slow disk, exactly where sharing
+        fsyncs pays most) must still count its writer as writing when the next one asks.
+        """
+        if self.enabled:
+            now = time.monotonic()
+            with self._mutex:
+                self._writers[_writer()] = now
 
     async def submit(self, fn: Callable[[Any], T]) -> T:
-        """Queue a write for the next transaction and wait for its outcome."""
-        loop = asyncio.get_running_loop()
-        item = Queued(fn, loop.create_future())
+        """Queue a write for the next group transaction and wait for its outcome."""
+        item = Queued(fn, asyncio.get_running_loop().create_future())
         with self._mutex:
             self._queue.append(item)
-            idle = not self._running
-        if idle:
-            # Each writer that finds no transaction running asks its own loop: a flush
-            # that finds the queue already taken does nothing, and one lost with a loop
-            # that closed leaves the queue to the next writer's.
-            loop.call_soon(self._flush)
+            batch = self._take()
+        if batch:
+            self._start(batch)
         try:
             await asyncio.shield(item.done)
         except asyncio.CancelledError:
@@ -105,42 +116,27 @@ class GroupCommit:
         self._running = True
         return batch
 
-    def _flush(self) -> None:
-        """Commit what is queued, here on the loop if the connection is free."""
-        with self._mutex:
-            batch = self._take()
-        if not batch:
-            return
-        if self._commit_inline(batch):
-            self._finish(batch)
-        else:
-            self._start(batch)
-
     def _start(self, batch: list[Queued]) -> None:
         future = self._worker.submit(lambda: self._commit(batch))
         # Runs on the worker thread once the batch is done (or here, if it already is).
         future.add_done_callback(lambda _: self._finish(batch))
 
     def _finish(self, batch: list[Queued]) -> None:
-        try:
-            here: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-        except RuntimeError:  # the worker thread
-            here = None
         for item in batch:
             loop = item.done.get_loop()
-            if loop is here:
-                _wake(item.done)
-            else:
-                with contextlib.suppress(RuntimeError):  # its loop closed: nobody waits
-                    loop.call_soon_threadsafe(_wake, item.done)
+            with contextlib.suppress(RuntimeError):  # its loop closed: nobody waits
+                loop.call_soon_threadsafe(_wake, item.done)
         with self._mutex:
             self._running = False
             self.batches += 1
-            if len(batch) > 1:
-                self.grouped += len(batch)
             following = self._take()
-        if following:  # written meanwhile by other threads: the worker takes them
+        if following:
             self._start(following)
+
+
+def _writer() -> tuple[int, int]:
+    """Who is writing: the thread, and the task within it."""
+    return threading.get_ident(), id(asyncio.current_task())
 
 
 def _wake(future: asyncio.Future[None]) -> None:
