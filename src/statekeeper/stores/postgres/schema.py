@@ -214,9 +214,12 @@ class Statements:
             " SELECT sk, %s::bigint, %s::text, %s::bigint, %s::text, %s::timestamptz,"
             " %s::text FROM head"
         )
+        # Text arrays go in binary (%b): in text form psycopg escapes every quote and
+        # backslash of every JSON payload with a Python regex callback, hundreds per
+        # tool output; in binary the strings go as they are.
         many = (
-            " SELECT head.sk, e.* FROM head, unnest(%s::bigint[], %s::text[],"
-            " %s::bigint[], %s::text[], %s::timestamptz[], %s::text[]) AS e"
+            " SELECT head.sk, e.* FROM head, unnest(%s::bigint[], %b::text[],"
+            " %s::bigint[], %b::text[], %s::timestamptz[], %b::text[]) AS e"
         )
         whole = (
             "WITH head AS (UPDATE {s}.sessions SET agent_id = %s, last_active = %s,"
@@ -311,7 +314,7 @@ class Statements:
         insert = (
             " INSERT INTO {s}.events (tenant, log_id, seq, stream, kind, ts, payload)"
             " SELECT %s, %s, log.last_seq - %s + e.n, e.stream, e.kind, e.ts, e.payload"
-            " FROM log, unnest(%s::text[], %s::text[], %s::timestamptz[], %s::text[])"
+            " FROM log, unnest(%b::text[], %b::text[], %s::timestamptz[], %b::text[])"
             " WITH ORDINALITY AS e(stream, kind, ts, payload, n) RETURNING seq"
         )
         self.append_events = _sql(log + insert, q)
