@@ -34,7 +34,7 @@ from statekeeper.core.messages import (
     ToolCallBlock,
     ToolResultBlock,
 )
-from statekeeper.errors import InvalidInputError
+from statekeeper.errors import InvalidInputError, InvalidPayloadError
 
 __all__ = [
     "DEFAULT_COUNTER",
@@ -159,7 +159,14 @@ class EstimateCounter:
         if text.isascii():
             data = text.encode("ascii")
             return max(math.ceil(len(data) / self.bytes_per_token), _ascii_pieces(data))
-        by_bytes = math.ceil(len(text.encode("utf-8")) / self.bytes_per_token)
+        try:
+            by_bytes = math.ceil(len(text.encode("utf-8")) / self.bytes_per_token)
+        except UnicodeEncodeError as exc:  # only non-ASCII text gets here: no cost to others
+            raise InvalidPayloadError(
+                f"text contains a lone surrogate ({exc.object[exc.start : exc.end]!r} at "
+                f"{exc.start}); it is not valid UTF-8: decode your input with "
+                "errors='replace', or drop the unpaired half"
+            ) from None
         if _HAS_DENSE.search(text) is None:
             # Without kana / CJK / hangul the lookahead of _PIECE never applies: the same
             # count from a pattern about twice as fast (this runs on every append).

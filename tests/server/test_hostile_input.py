@@ -1,0 +1,47 @@
+"""Hostile input gets a typed error and changes nothing, in the library and through the
+server (issue 22)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from statekeeper.core.messages import Message
+from statekeeper.core.tokens import DEFAULT_COUNTER
+from statekeeper.errors import InvalidPayloadError
+from statekeeper.sessions import SessionManager
+from statekeeper.stores import open_store
+
+from .conftest import Live
+
+
+def test_the_token_estimate_refuses_a_lone_surrogate_with_a_typed_error() -> None:
+    with pytest.raises(InvalidPayloadError, match="lone surrogate"):
+        DEFAULT_COUNTER.count_text("caf\u00e9 \ud800")
+
+
+@pytest.mark.parametrize("url", ["memory://", "sqlite:///{tmp}/s.db"])
+async def test_appending_a_lone_surrogate_raises_and_stores_nothing(
+    url: str, tmp_path: Path
+) -> None:
+    async with open_store(url.format(tmp=tmp_path)) as store:
+        session = await SessionManager(store, "t").create()
+        await session.append(Message.user("before"))
+        with pytest.raises(InvalidPayloadError, match="lone surrogate"):
+            await session.append(Message.user("a\ud800b"))
+        assert [m.content for m in await session.messages()] == ["before"]
+
+
+async def test_the_server_answers_422_for_a_lone_surrogate(live: Live) -> None:
+    async with live.client("operate") as client:
+        await client.post("/api/v1/sessions", json={"session_id": "ses-s"})
+        answer = await client.post(
+            "/api/v1/sessions/ses-s/messages",
+            content=b'{"messages": [{"role": "user", "content": "a\\ud800b"}]}',
+            headers={"content-type": "application/json"},
+        )
+        assert answer.status_code == 422, answer.text
+        assert "lone surrogate" in answer.text
+        entries = (await client.get("/api/v1/sessions/ses-s/entries")).json()
+        assert entries["items"] == [], entries
