@@ -79,6 +79,19 @@ async def test_cooldown_doubles_per_failure_in_a_row_up_to_the_maximum(
     assert a.cooldown_until == clock.now + timedelta(seconds=60)
 
 
+@pytest.mark.parametrize(
+    "retry_after",
+    [float("nan"), float("inf"), 1e300, 10**400, 366 * 24 * 3600 + 1, "60", True],
+)
+async def test_a_retry_after_out_of_range_is_refused_typed_and_changes_nothing(
+    profiles: AuthProfiles, retry_after: Any
+) -> None:
+    before = await profiles.list()
+    with pytest.raises(InvalidInputError, match="retry_after must be"):
+        await profiles.report_failure("k1", "429", retry_after=retry_after)
+    assert await profiles.list() == before
+
+
 async def test_retry_after_sets_the_cooldown(profiles: AuthProfiles, clock: Clock) -> None:
     await profiles.report_failure("k1", "429", retry_after=7)
     assert (await profiles.get("k1")).cooldown_until == START + timedelta(seconds=7)

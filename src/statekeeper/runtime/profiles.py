@@ -105,6 +105,29 @@ class AuthProfile(BaseModel):
         return f"AuthProfile {self.id!r} of agent {self.agent_id!r} ({self.label or 'no label'})"
 
 
+MAX_RETRY_AFTER = 366 * 24 * 3600.0
+"""The longest ``retry_after`` `AuthProfiles.report_failure` takes, in seconds (a year)."""
+
+
+def _retry_seconds(retry_after: object) -> float | None:
+    """``retry_after`` as seconds, or `InvalidInputError` naming the accepted range."""
+    if retry_after is None:
+        return None
+    if isinstance(retry_after, timedelta):
+        retry_after = retry_after.total_seconds()
+    if isinstance(retry_after, bool) or not isinstance(retry_after, int | float):
+        raise InvalidInputError(
+            f"retry_after must be seconds (a number) or a timedelta, not "
+            f"{type(retry_after).__name__}"
+        )
+    if not 0 <= retry_after <= MAX_RETRY_AFTER:  # also refuses NaN (and huge ints)
+        raise InvalidInputError(
+            f"retry_after must be between 0 and {MAX_RETRY_AFTER:.0f} seconds (a year), "
+            f"not {retry_after!r}"
+        )
+    return float(retry_after)
+
+
 def resolve_secret(ref: str, resolvers: dict[str, Callable[[str], str]] | None = None) -> str:
     """The secret a reference names: ``env:NAME`` reads the environment; other schemes
     use ``resolvers[scheme](name)``. Raises `NotFoundError` (without the value)."""
@@ -295,10 +318,7 @@ class AuthProfiles:
         other failures only count toward the streak. The failure is saved even when the
         rotation then raises `AllProfilesCoolingDownError`.
         """
-        if isinstance(retry_after, timedelta):
-            retry_after = retry_after.total_seconds()
-        if retry_after is not None and retry_after < 0:
-            raise InvalidInputError(f"retry_after must be >= 0 seconds, not {retry_after}")
+        retry_after = _retry_seconds(retry_after)
         cooling: list[AllProfilesCoolingDownError] = []
 
         async def fail(state: _State, now: datetime) -> AuthProfile | None:
