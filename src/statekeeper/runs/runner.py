@@ -22,7 +22,7 @@ from statekeeper.core.lifecycle import AgentStatus
 from statekeeper.core.limits import Limits
 from statekeeper.core.messages import Message, utcnow
 from statekeeper.core.metrics import DelegationInfo
-from statekeeper.errors import InvalidInputError, StatekeeperError
+from statekeeper.errors import InvalidIdError, InvalidInputError, StatekeeperError
 from statekeeper.ids import new_id, validate_id
 from statekeeper.runs.agent import Agent, Tool
 from statekeeper.runs.compaction import AutoCompaction, compact_published
@@ -55,6 +55,23 @@ from statekeeper.stores.base import Store
 from statekeeper.tracing import traced
 
 __all__ = ["EventSink", "RunResult", "Runner"]
+
+
+MAX_RUN_ID_LENGTH = 100
+"""The longest run id a new run takes: the ids derived from it (its checkpoints'
+``<run id>.c<revision>``) must stay within `statekeeper.ids.MAX_ID_LENGTH`."""
+
+
+def check_new_run_id(run_id: object) -> str:
+    """``run_id`` if it is a valid id short enough for the ids derived from it, else
+    `InvalidIdError` naming the limit (checked before anything is written)."""
+    checked = validate_id(run_id, "run id")
+    if len(checked) > MAX_RUN_ID_LENGTH:
+        raise InvalidIdError(
+            f"run id is {len(checked)} characters long; the limit for a new run is "
+            f"{MAX_RUN_ID_LENGTH} (its checkpoints' ids add to it)"
+        )
+    return checked
 
 
 class Runner:
@@ -165,7 +182,7 @@ class Runner:
         metrics start from the parent's snapshot.
         """
         find_agent(self.agents, agent)
-        run_id = validate_id(run_id, "run id") if run_id is not None else new_id("run")
+        run_id = check_new_run_id(run_id) if run_id is not None else new_id("run")
         with drive_span(agent=agent, run_id=run_id, trace=None) as trace:
             created = session_id is None
             if session_id is None:
