@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import pytest
 
 from statekeeper.core.messages import Message
@@ -45,3 +46,20 @@ async def test_the_server_answers_422_for_a_lone_surrogate(live: Live) -> None:
         assert "lone surrogate" in answer.text
         entries = (await client.get("/api/v1/sessions/ses-s/entries")).json()
         assert entries["items"] == [], entries
+
+
+async def test_only_a_get_of_an_event_stream_takes_the_key_in_its_url(live: Live) -> None:
+    from statekeeper.server.app import API_PREFIX
+    from statekeeper.server.auth import EVENT_STREAMS
+
+    assert {f"{API_PREFIX}/stream"} == EVENT_STREAMS
+    key = {"key": live.keys["admin"]}
+    async with httpx.AsyncClient(base_url=live.url, timeout=30) as client:
+        # A session named "stream": its path ends in /stream, but it is no event stream.
+        for method in ("GET", "DELETE"):
+            answer = await client.request(method, "/api/v1/sessions/stream", params=key)
+            assert answer.status_code == 401, (method, answer.text)
+        async with live.client("admin") as admin:  # nothing was deleted meanwhile
+            await admin.post("/api/v1/sessions", json={"session_id": "stream"})
+        deleted = await client.delete("/api/v1/sessions/stream", params=key)
+        assert deleted.status_code == 401, deleted.text

@@ -42,13 +42,19 @@ async def context_of(request: Request) -> ServerContext:
     return context
 
 
+EVENT_STREAMS = frozenset({"/api/v1/stream"})
+"""The paths whose ``GET`` may take the key as a ``key`` query parameter: the event
+streams, which a browser opens with EventSource (it cannot send headers). Anywhere else
+a key in a URL would land in logs and histories, so it is not read."""
+
+
 def _presented(request: Request) -> str | None:
-    """The bearer token of ``request`` (as `HTTPBearer` reads it), else, for an event
-    stream, its ``key`` query parameter (EventSource cannot send headers)."""
+    """The bearer token of ``request`` (as `HTTPBearer` reads it), else, for a ``GET``
+    of an event stream, its ``key`` query parameter."""
     scheme, token = get_authorization_scheme_param(request.headers.get("Authorization"))
     if token and scheme.lower() == "bearer":
         return token
-    if request.url.path.endswith("/stream"):
+    if request.method == "GET" and request.url.path in EVENT_STREAMS:
         return request.query_params.get("key")
     return None
 
