@@ -12,7 +12,7 @@ from statekeeper.core.messages import Message
 from statekeeper.core.tokens import DEFAULT_COUNTER
 from statekeeper.errors import InvalidPayloadError
 from statekeeper.sessions import SessionManager
-from statekeeper.stores import open_store
+from statekeeper.stores import Store, open_store
 
 from .conftest import Live
 
@@ -63,3 +63,35 @@ async def test_only_a_get_of_an_event_stream_takes_the_key_in_its_url(live: Live
             await admin.post("/api/v1/sessions", json={"session_id": "stream"})
         deleted = await client.delete("/api/v1/sessions/stream", params=key)
         assert deleted.status_code == 401, deleted.text
+
+
+def _cursor(data: object) -> str:
+    import base64
+    import json
+
+    raw = json.dumps(data).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+@pytest.mark.parametrize(
+    ("params", "headers"),
+    [
+        ({"run_id": "run-big", "after": str(10**20)}, {}),
+        ({"run_id": "run-big"}, {"Last-Event-ID": str(10**20)}),
+        ({"run_id": "run-big", "last_event_id": str(2**63)}, {}),
+        ({}, {"Last-Event-ID": _cursor({"s": "2026-11-28T10:00:00+00:00", "p": {"r": 1e400}})}),
+        ({}, {"Last-Event-ID": _cursor({"s": "2026-11-28T10:00:00+00:00", "p": {"r": -1}})}),
+        ({}, {"Last-Event-ID": _cursor({"s": "2026-11-28T10:00:00", "p": {}})}),
+        ({}, {"Last-Event-ID": _cursor({"s": "2026-11-28T10:00:00+00:00", "p": {"../x": 1}})}),
+    ],
+)
+async def test_a_stream_position_out_of_range_is_a_422_before_the_stream_starts(
+    live: Live, db: tuple[str, Store], params: dict[str, str], headers: dict[str, str]
+) -> None:
+    from statekeeper.runtime.events import EventBus
+
+    await EventBus(db[1], "acme").publish("run-big", "progress", "tick", {"n": 1})
+    async with live.client("read") as client:
+        answer = await client.get("/api/v1/stream", params=params, headers=headers)
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["error"]["type"] in {"InvalidInputError", "InvalidIdError"}

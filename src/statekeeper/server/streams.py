@@ -28,6 +28,7 @@ from typing import Any
 
 from statekeeper.core.messages import utcnow
 from statekeeper.errors import InvalidInputError, NotFoundError, StatekeeperError
+from statekeeper.ids import validate_id
 from statekeeper.runs.lifecycle import FINISHED
 from statekeeper.runs.store import RunStore
 from statekeeper.runtime.coordination import EventFeed
@@ -260,13 +261,23 @@ class TenantCursor:
         try:
             raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
             data = json.loads(raw)
-            sent = {str(k): int(v) for k, v in dict(data["p"]).items()}
-            return cls(datetime.fromisoformat(data["s"]), sent)
-        except (ValueError, TypeError, KeyError, binascii.Error) as exc:
+            sent = {validate_id(k, "run id"): _seq(v) for k, v in dict(data["p"]).items()}
+            since = datetime.fromisoformat(data["s"])
+            if since.tzinfo is None:  # the reader compares it with aware times
+                raise ValueError("a cursor's time carries its time zone")
+            return cls(since, sent)
+        except (ValueError, TypeError, KeyError, OverflowError, binascii.Error) as exc:
             raise InvalidInputError(
                 f"Last-Event-ID {token[:40]!r} is not a cursor of this stream; reconnect "
                 "without it to start from now"
             ) from exc
+
+
+def _seq(value: object) -> int:
+    """An event seq from a cursor: a whole number from 0 to 2**63 - 1 (ValueError else)."""
+    if type(value) is not int or not 0 <= value < 2**63:
+        raise ValueError(f"{value!r} is not an event seq")
+    return value
 
 
 async def _live_runs(store: Store, tenant: str, since: datetime) -> dict[str, str | None]:

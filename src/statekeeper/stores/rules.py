@@ -407,20 +407,29 @@ def _whole(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+_BOUND = 2**63
+"""Seqs and limits are below this: what every backend's integers hold (SQLite and
+PostgreSQL bigint, Redis scores as exact integers)."""
+
+
 def check_limit(limit: int | None) -> int | None:
-    """A read's ``limit``: None (no limit) or a count >= 0."""
-    if limit is not None and (not _whole(limit) or limit < 0):
-        raise InvalidInputError(f"limit must be None or a whole number >= 0, got {limit!r}")
+    """A read's ``limit``: None (no limit) or a count >= 0 (below 2**63)."""
+    if limit is not None and (not _whole(limit) or not 0 <= limit < _BOUND):
+        raise InvalidInputError(
+            f"limit must be None or a whole number from 0 to 2**63 - 1, got {limit!r}"
+        )
     return limit
 
 
 def check_read(after_seq: int, until_seq: int | None, limit: int | None) -> int | None:
-    """A read's range: ``after_seq`` (and ``until_seq`` unless None) are seq numbers;
-    returns the checked ``limit``."""
+    """A read's range: ``after_seq`` (and ``until_seq`` unless None) are seq numbers
+    below 2**63; returns the checked ``limit``."""
     for name, seq in (("after_seq", after_seq), ("until_seq", until_seq)):
-        if not _whole(seq) and not (name == "until_seq" and seq is None):
+        if seq is None and name == "until_seq":
+            continue
+        if not isinstance(seq, int) or isinstance(seq, bool) or seq >= _BOUND:
             raise InvalidInputError(
-                f"{name} must be a whole number (an entry or event seq), got {seq!r}"
+                f"{name} must be a whole number below 2**63 (an entry or event seq), got {seq!r}"
             )
     return check_limit(limit)
 

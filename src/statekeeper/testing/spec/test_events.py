@@ -104,6 +104,20 @@ async def test_read_with_a_negative_limit_is_refused(store: Store) -> None:
         await store.read_events(TENANT, LOG, limit=-1)
 
 
+@pytest.mark.parametrize(
+    "window", [{"after_seq": 2**63}, {"after_seq": 10**20}, {"limit": 2**63}, {"limit": 10**20}]
+)
+async def test_a_seq_or_limit_of_2_63_or_more_is_bad_input(
+    store: Store, window: dict[str, int]
+) -> None:
+    """No backend holds such a number: it is a typed input error, not a driver's
+    overflow or a store failure."""
+    await store.append_events(TENANT, LOG, [event(1)])
+    with pytest.raises(InvalidInputError, match="2\\*\\*63"):
+        await store.read_events(TENANT, LOG, **window)
+    assert [e.seq for e in await store.read_events(TENANT, LOG)] == [1]
+
+
 async def test_logs_are_independent(store: Store) -> None:
     await store.append_events(TENANT, "a", [event(1), event(2)])
     [b1] = await store.append_events(TENANT, "b", [event(10)])

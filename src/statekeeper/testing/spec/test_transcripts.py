@@ -333,6 +333,16 @@ async def test_read_entries_with_a_negative_limit_is_refused(store: Store) -> No
         await store.read_entries(TENANT, "s1", limit=-1)
 
 
+@pytest.mark.parametrize("window", [{"after_seq": 2**63}, {"until_seq": 10**20}, {"limit": 2**63}])
+async def test_read_entries_with_a_number_of_2_63_or_more_is_refused(
+    store: Store, window: dict[str, int]
+) -> None:
+    await with_entries(store, "s1", 3)
+    with pytest.raises(InvalidInputError, match="2\\*\\*63"):
+        await store.read_entries(TENANT, "s1", **window)
+    assert await seqs_of(store, "s1") == [1, 2, 3]
+
+
 async def test_get_entry_by_id(store: Store) -> None:
     await with_entries(store, "s1", 3)
     await with_entries(store, "s2", 1)
