@@ -10,7 +10,7 @@ import pytest
 
 from statekeeper.core.messages import Message
 from statekeeper.core.tokens import DEFAULT_COUNTER
-from statekeeper.errors import InvalidPayloadError
+from statekeeper.errors import InvalidInputError, InvalidPayloadError
 from statekeeper.sessions import SessionManager
 from statekeeper.stores import Store, open_store
 
@@ -95,3 +95,23 @@ async def test_a_stream_position_out_of_range_is_a_422_before_the_stream_starts(
         answer = await client.get("/api/v1/stream", params=params, headers=headers)
     assert answer.status_code == 422, answer.text
     assert answer.json()["error"]["type"] in {"InvalidInputError", "InvalidIdError"}
+
+
+async def test_a_filter_nested_too_deep_is_bad_input_in_the_library_and_the_server(
+    live: Live,
+) -> None:
+    from statekeeper.longterm import LongTermStore
+
+    deep: object = 1
+    for _ in range(3000):
+        deep = {"a": deep}
+    async with open_store("memory://") as store:
+        with pytest.raises(InvalidInputError, match="levels deep"):
+            await LongTermStore(store, tenant="t").search(("ns",), filter=deep)  # type: ignore[arg-type]
+    text = '{"a":' * 3000 + "1" + "}" * 3000
+    async with live.client("read") as client:
+        answer = await client.get("/api/v1/memories", params={"filter": text})
+        assert answer.status_code == 422, answer.text[:300]
+        shallow = '{"a":' * 150 + "1" + "}" * 150  # parses, but deeper than any value
+        answer = await client.get("/api/v1/memories", params={"filter": shallow})
+        assert answer.status_code == 422, answer.text[:300]

@@ -34,6 +34,7 @@ from pydantic import JsonValue
 
 from statekeeper.errors import InvalidIdError, InvalidInputError
 from statekeeper.ids import MAX_ID_LENGTH, validate_id
+from statekeeper.jsoncodec import MAX_JSON_DEPTH
 
 MAX_KEY_LENGTH: Final = 1024
 """The longest key, in characters."""
@@ -190,8 +191,17 @@ def _is_operator_dict(value: object) -> bool:
     return isinstance(value, dict) and any(str(k).startswith("$") for k in value)
 
 
-def check_filter(filter: object, *, where: str = "filter") -> dict[str, Any]:
-    """Validate a filter (a dict of field -> value or {operator: value}); return it."""
+def check_filter(filter: object, *, where: str = "filter", depth: int = 1) -> dict[str, Any]:
+    """Validate a filter (a dict of field -> value or {operator: value}); return it.
+
+    Nested fields go at most `MAX_JSON_DEPTH` levels deep, as stored values do: a deeper
+    filter could match nothing, and is an `InvalidInputError` (never a RecursionError).
+    """
+    if depth > MAX_JSON_DEPTH:
+        raise InvalidInputError(
+            f"filter nests fields more than {MAX_JSON_DEPTH} levels deep, deeper than any "
+            "stored value can be: flatten it"
+        )
     if not isinstance(filter, Mapping):
         raise InvalidInputError(
             f"{where} must be a dict of field -> value, got {type(filter).__name__}"
@@ -205,7 +215,7 @@ def check_filter(filter: object, *, where: str = "filter") -> dict[str, Any]:
         if _is_operator_dict(want):
             _check_operators(want, where=f"{where}[{field!r}]")
         elif isinstance(want, Mapping):
-            check_filter(want, where=f"{where}[{field!r}]")
+            check_filter(want, where=f"{where}[{field!r}]", depth=depth + 1)
     return dict(filter)
 
 

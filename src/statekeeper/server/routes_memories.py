@@ -4,13 +4,13 @@ search by filter, put and delete. Reads never refresh an item's TTL: looking is 
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from statekeeper.errors import InvalidPayloadError, NotFoundError
+from statekeeper.jsoncodec import loads
 from statekeeper.longterm import LongTermStore, MemoryItem
 from statekeeper.server.auth import Admin, Context, Operator, Reader
 
@@ -75,7 +75,7 @@ async def search(
     wanted: Any = None
     if filter is not None:
         try:
-            wanted = json.loads(filter)
+            wanted = loads(filter)  # a nesting too deep is a ValueError here, not a crash
         except ValueError as exc:
             raise InvalidPayloadError(f"filter is not JSON: {exc}") from None
         if not isinstance(wanted, dict):
