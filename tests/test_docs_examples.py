@@ -259,3 +259,14 @@ def test_the_harness_runs_what_it_should(tmp_path: Path, monkeypatch: pytest.Mon
     with pytest.raises(AssertionError) as failed:
         run([Block("page.md", 6, "import asyncio\nawait asyncio.sleep(0)\nassert 0", None, False)])
     assert failed.traceback[-1].lineno + 1 == 9  # the page's line of the failing assert
+
+
+def test_every_readme_block_runs_as_pasted_into_a_file() -> None:
+    """The README's blocks are what a new user copies into a script: no top-level
+    ``await`` (a SyntaxError outside a notebook or the asyncio REPL), no block that
+    leans on an earlier one."""
+    blocks, _ = parse(ROOT / "README.md")
+    for block in blocks:
+        if block.not_run is None:
+            assert not block.continues, block.where
+            compile(block.code, block.where, "exec")  # SyntaxError on a top-level await
