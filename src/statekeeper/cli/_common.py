@@ -40,6 +40,7 @@ __all__ = [
     "console",
     "fail",
     "fields_table",
+    "ids_whole",
     "load_json",
     "message_text",
     "parse_when",
@@ -211,6 +212,31 @@ def stamp(when: datetime | None) -> str:
     if when.tzinfo is not None:
         when = when.astimezone(UTC)
     return when.strftime("%Y-%m-%d %H:%M:%S")
+
+
+ID_COLUMNS = frozenset({"id", "run", "session", "call id", "entry", "loaded instead"})
+"""Column headers whose cells are ids: never cut (the other columns give way)."""
+
+
+def ids_whole(table: Table) -> Table:
+    """``table`` with its id columns (`ID_COLUMNS`) kept whole on one line: at 80
+    columns rich would cut every id to the same prefix (``ses_01a2215b…``)."""
+    for column in table.columns:
+        if str(column.header) in ID_COLUMNS:
+            widest = max(
+                (
+                    Text.from_markup(str(c)).cell_len
+                    if isinstance(c, str)
+                    else c.cell_len
+                    if isinstance(c, Text)
+                    else 0
+                    for c in column.cells
+                ),
+                default=0,
+            )
+            column.no_wrap = True
+            column.min_width = max(widest, len(str(column.header)))
+    return table
 
 
 def fields_table(rows: list[tuple[str, object]], *, title: str | None = None) -> Table:

@@ -18,6 +18,7 @@ from statekeeper.cli._common import (
     JsonFlag,
     console,
     fail,
+    ids_whole,
     run,
     stamp,
     wants_json,
@@ -177,7 +178,7 @@ def _overview_table(found: list[_Latest]) -> Table:
             str(item.last_seq),
             Text(latest.rstrip()),
         )
-    return table
+    return ids_whole(table)
 
 
 RunOption = Annotated[

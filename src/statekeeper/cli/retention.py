@@ -15,6 +15,7 @@ from rich.text import Text
 from statekeeper.cli._common import (
     JsonFlag,
     console,
+    ids_whole,
     parse_when,
     print_json,
     run,
@@ -89,7 +90,7 @@ def _print_sweep(report: Sweep) -> None:
         for kind, items in (("run", report.runs), ("session", report.sessions)):
             for item in items:
                 table.add_row(kind, Text(item.id), stamp(item.changed_at), Text(item.label))
-        out.print(table)
+        out.print(ids_whole(table))
     verb = "would delete" if report.dry_run else "deleted"
     out.print(
         Text(

@@ -9,7 +9,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from statekeeper.cli._common import FINISHED_RUNS, console, fields_table, stamp
+from statekeeper.cli._common import FINISHED_RUNS, console, fields_table, ids_whole, stamp
 from statekeeper.core.messages import utcnow
 from statekeeper.runs.operations import timeline
 from statekeeper.runs.recovery import CORRUPT_EVENT_TYPE
@@ -136,7 +136,7 @@ def _print_recoveries(events: list[Event]) -> None:
             Text(f"{row.get('loaded', '?')} (turn {row.get('turn', '?')})"),
             Text(str(row.get("message", ""))),
         )
-    console().print(table)
+    console().print(ids_whole(table))
 
 
 def _print_state(state: RunState) -> None:
@@ -170,7 +170,7 @@ def _approvals(state: RunState) -> Table | None:
             Text(item.prompt or ""),
             Text(_decision_of(state, item.call_id)),
         )
-    return table
+    return ids_whole(table)
 
 
 def _tool_calls(state: RunState) -> Table | None:
@@ -256,4 +256,4 @@ def runs_table(runs: list[RunIndex]) -> Table:
             stamp(index.updated_at),
             Text(", ".join(notes)),
         )
-    return table
+    return ids_whole(table)

@@ -13,6 +13,7 @@ from statekeeper.cli._common import (
     JsonFlag,
     console,
     fail,
+    ids_whole,
     print_json,
     run,
     settings,
@@ -194,7 +195,7 @@ def list_keys(
             stamp(key.created_at),
             stamp(key.revoked_at),
         )
-    console().print(table)
+    console().print(ids_whole(table))
 
 
 @keys_app.command("revoke")

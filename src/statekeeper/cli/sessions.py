@@ -18,6 +18,7 @@ from statekeeper.cli._common import (
     console,
     fail,
     fields_table,
+    ids_whole,
     load_json,
     message_text,
     print_corrupt,
@@ -104,7 +105,7 @@ def _sessions_table(records: list[SessionRecord]) -> Table:
             stamp(record.last_active),
             Text(_links(record)),
         )
-    return table
+    return ids_whole(table)
 
 
 @dataclass
@@ -215,7 +216,7 @@ def _entries_table(entries: list[Entry], active: set[str]) -> Table:
             "*" if entry.id in active else "",
             _entry_summary(entry),
         )
-    return table
+    return ids_whole(table)
 
 
 def _stats_table(stats: SessionStats) -> Table:
