@@ -45,6 +45,7 @@ from statekeeper.runs.state import (
 )
 from statekeeper.runs.stats import RunUsage, SessionStats, session_stats
 from statekeeper.runs.store import RunIndex, RunStore
+from statekeeper.runs.traffic import TrafficControlState, traffic_control_state
 from statekeeper.runs.writer import WriteMode
 
 __all__ = [
@@ -91,6 +92,8 @@ __all__ = [
     "Tool",
     "ToolContext",
     "TraceState",
+    "TrafficControlState",
     "WriteMode",
     "session_stats",
+    "traffic_control_state",
 ]
