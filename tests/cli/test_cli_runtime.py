@@ -482,3 +482,27 @@ def test_profiles_reset_clears_cooldowns(cli: Cli) -> None:
     assert unknown.stderr.startswith("error: no auth profile 'key-z'")
     nobody = cli("profiles", "reset", "--agent", "nobody", code=1)
     assert nobody.stderr.startswith("error: agent 'nobody' has no auth profiles")
+
+
+def test_tail_follow_of_a_run_not_started_yet_waits_for_it(
+    cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    later = [SEEDED[0], SEEDED[1], SEEDED[2], SEEDED[4]]
+
+    async def run_starts_meanwhile(seconds: float) -> None:
+        store = await open_store(cli.url)
+        try:
+            stream, kind, payload = later.pop(0)
+            await EventBus(store, TENANT).publish("run-late", stream, kind, payload)
+        finally:
+            await store.close()
+
+    monkeypatch.setattr(runtime_cli, "pause", run_starts_meanwhile)
+    result = cli("events", "tail", "--run", "run-late", "--follow")
+    assert "waiting for run run-late to start" in result.stderr
+    assert seqs(result.stdout) == [1, 2, 3, 4]
+    assert "lifecycle/end" in result.stdout.splitlines()[-1]
+    # Without --follow a run that does not exist is still an error naming the fix.
+    missing = cli("events", "tail", "--run", "run-none", code=1)
+    assert "no run 'run-none'" in missing.output
+    assert "--follow" in missing.output

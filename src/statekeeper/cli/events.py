@@ -99,18 +99,16 @@ async def _pages(store: Store, tenant: str, run_id: str, after: int) -> AsyncIte
         after = page[-1].seq
 
 
-async def _check_run(store: Store, tenant: str, run_id: str) -> None:
-    """Fail unless the run has an event log or is in the runs index."""
+async def _run_known(store: Store, tenant: str, run_id: str) -> bool:
+    """Whether the run has an event log or is in the runs index."""
     validate_id(run_id, "run id")
     if await store.read_events(tenant, run_id, limit=1):
-        return
+        return True
     try:
         await RunStore(store, tenant).index(run_id)
     except NotFoundError:
-        fail(
-            f"no run {run_id!r}: it has no event log and is not in the runs index "
-            "(see `statekeeper runs list`)"
-        )
+        return False
+    return True
 
 
 @dataclass
@@ -250,8 +248,17 @@ class _Tail:
         return self.streams is None or event.stream in self.streams
 
     async def __call__(self, store: Store, tenant: str) -> int:
-        """Print the events; returns how many were printed."""
-        await _check_run(store, tenant, self.run_id)
+        """Print the events; returns how many were printed. A follower of a run that has
+        not started yet waits for it (a run started right after its watcher)."""
+        if not await _run_known(store, tenant, self.run_id):
+            if not self.following:
+                fail(
+                    f"no run {self.run_id!r}: it has no event log and is not in the runs "
+                    "index (see `statekeeper runs list`, or add --follow to wait for it)"
+                )
+            console(stderr=True).print(
+                Text(f"waiting for run {self.run_id} to start (Ctrl-C to stop)")
+            )
         await self._backlog(store, tenant)
         if self.following:
             await self._follow(store, tenant)
