@@ -179,3 +179,26 @@ async def test_history_accounts_for_every_message_in_any_write_mode(
     session = await SessionManager(store, "alice").get(asked.state.session_id)
     assert [i for c in history for i in c.added] == [m.id for m in await session.messages()]
     assert history[-1].status == "completed"
+
+
+async def test_a_fork_with_no_room_under_its_limits_is_refused_and_leaves_nothing(
+    store: Store,
+) -> None:
+    from statekeeper.core.limits import IterationFlag, Limits
+    from statekeeper.errors import LimitReachedError
+    from statekeeper.sessions import SessionManager
+
+    talks = ScriptedAgent("t", [Respond([Message.assistant(f"{n}")]) for n in range(6)])
+    runner = Runner(store, "alice", [talks])
+    paused = await runner.start(
+        "t", "hi", headless=False, limits=Limits(iterations=IterationFlag(maximum=2))
+    )
+    assert paused.status == "paused"
+    runs_before = [r.run_id for r in await runner.runs.list()]
+    sessions_before = [s.id for s in (await SessionManager(store, "alice").list()).items]
+    newest = (await runner.runs.history(paused.run_id))[-1].step
+
+    with pytest.raises(LimitReachedError, match="no room under its limits"):
+        await runner.fork(paused.run_id, at=newest, input="go on")
+    assert [r.run_id for r in await runner.runs.list()] == runs_before
+    assert [s.id for s in (await SessionManager(store, "alice").list()).items] == sessions_before

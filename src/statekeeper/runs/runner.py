@@ -22,7 +22,13 @@ from statekeeper.core.lifecycle import AgentStatus
 from statekeeper.core.limits import Limits
 from statekeeper.core.messages import Message, utcnow
 from statekeeper.core.metrics import DelegationInfo
-from statekeeper.errors import InvalidIdError, InvalidInputError, StatekeeperError
+from statekeeper.errors import (
+    InvalidIdError,
+    InvalidInputError,
+    LimitReachedError,
+    NotFoundError,
+    StatekeeperError,
+)
 from statekeeper.ids import new_id, validate_id
 from statekeeper.runs.agent import Agent, Tool
 from statekeeper.runs.compaction import AutoCompaction, compact_published
@@ -30,7 +36,7 @@ from statekeeper.runs.coordination import Coordination
 from statekeeper.runs.gate import ApprovalGate
 from statekeeper.runs.guardrails import Guardrails
 from statekeeper.runs.lifecycle import FINISHED, RunLifecycle
-from statekeeper.runs.limiting import check_room
+from statekeeper.runs.limiting import check_room, reached
 from statekeeper.runs.limiting import raise_limits as raise_run_limits
 from statekeeper.runs.loop import ActiveRun, RunLoop, find_agent
 from statekeeper.runs.options import (
@@ -56,6 +62,9 @@ from statekeeper.tracing import traced
 
 __all__ = ["EventSink", "RunResult", "Runner"]
 
+
+_DECIDING = (AgentStatus.WAITING_FOR_APPROVAL, AgentStatus.WAITING_FOR_INPUT)
+"""Statuses whose pending step finishes before the limits are checked again."""
 
 MAX_RUN_ID_LENGTH = 100
 """The longest run id a new run takes: the ids derived from it (its checkpoints'
@@ -234,7 +243,7 @@ class Runner:
         """
         state, _, _ = await self.runs.load(run_id)
         state.validate_for_resume(has_deserializer=self.context_codec.deserializer is not None)
-        if state.status not in (AgentStatus.WAITING_FOR_APPROVAL, AgentStatus.WAITING_FOR_INPUT):
+        if state.status not in _DECIDING:
             check_room(state)  # those two finish their step first; the loop checks after
         new_input = as_messages(input)
         if state.status == AgentStatus.WAITING_FOR_INPUT and not new_input:
@@ -273,6 +282,19 @@ class Runner:
         state = await self.runs.fork(
             run_id, at=at, state_update=state_update, new_run_id=new_run_id, title=title
         )
+        found = None if state.status in _DECIDING else reached(state.limits)
+        if found is not None:
+            # Refused before it ran: the new run and its session go, leaving no orphan.
+            await self.runs.delete(state.run_id)
+            with contextlib.suppress(NotFoundError):
+                await self.sessions.delete(state.session_id)
+            _, flag = found
+            hint = (
+                f"the fork of run {run_id} has no room under its limits, so it was not "
+                f"created; fork with more room, e.g. state_update={{'limits': ...}}, or "
+                f"fork at an earlier step"
+            )
+            raise LimitReachedError(flag.name, flag.current, flag.maximum or 0.0, hint=hint)
         return await self.resume(state.run_id, input, context=context)
 
     async def _open(
