@@ -202,3 +202,23 @@ async def test_a_fork_with_no_room_under_its_limits_is_refused_and_leaves_nothin
         await runner.fork(paused.run_id, at=newest, input="go on")
     assert [r.run_id for r in await runner.runs.list()] == runs_before
     assert [s.id for s in (await SessionManager(store, "alice").list()).items] == sessions_before
+
+
+async def test_raising_the_limits_of_a_run_another_process_drives_is_refused(
+    store: Store,
+) -> None:
+    from statekeeper.core.limits import IterationFlag, Limits
+    from statekeeper.errors import ConflictError
+
+    talks = ScriptedAgent("t", [Respond([Message.assistant(f"{n}")]) for n in range(6)])
+    runner = Runner(store, "alice", [talks])
+    paused = await runner.start(
+        "t", "hi", headless=False, limits=Limits(iterations=IterationFlag(maximum=2))
+    )
+    await runner.runs.claim(paused.run_id, "otherhost:1:x", ttl=60)  # driven elsewhere
+    with pytest.raises(ConflictError, match="being run by otherhost:1:x"):
+        await runner.raise_limits(paused.run_id, iterations=10)
+    assert (await runner.load(paused.run_id)).limits.iterations.maximum == 2
+    await runner.runs.claim(paused.run_id, runner.owner, take_over=True)  # it is ours again
+    raised = await runner.raise_limits(paused.run_id, iterations=10)
+    assert raised.limits.iterations.maximum == 10

@@ -51,7 +51,7 @@ from statekeeper.runs.rollup import child_limits, current_parent
 from statekeeper.runs.spans import RunTrace, child_parent, drive_span
 from statekeeper.runs.state import RunState
 from statekeeper.runs.stats import SessionStats, session_stats
-from statekeeper.runs.store import RunStore
+from statekeeper.runs.store import RunStore, check_not_held
 from statekeeper.runs.tools import ToolBox
 from statekeeper.runs.writer import CheckpointWriter
 from statekeeper.runtime.events import EventBus
@@ -381,8 +381,12 @@ class Runner:
         """Give a stopped run room: the given new maxima (never lower than before, above
         what was used), or, with none given, each reached limit's ``increase_amount``.
 
-        Headless or interactive; `InvalidInputError` (nothing written) when it cannot.
+        Headless or interactive; `InvalidInputError` (nothing written) when it cannot,
+        `ConflictError` while another live process is driving the run.
         """
+        # A run another process is driving would overwrite the new limits with its next
+        # checkpoint: refused, as `resume` refuses it.
+        check_not_held((await self.runs.index(run_id))[0], self.owner)
         state, index_version, session_version = await self.runs.load(run_id)
         raise_run_limits(
             state, iterations=iterations, budget=budget, tokens=tokens, seconds=seconds

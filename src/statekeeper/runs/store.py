@@ -74,6 +74,16 @@ class Saved(BaseModel):
     """The events logged with the checkpoint (``save(events=...)``), in seq order."""
 
 
+def check_not_held(index: RunIndex, owner: str | None) -> None:
+    """`ConflictError` if a live process other than ``owner`` holds the run's lease."""
+    now = utcnow()
+    held = index.owner not in (None, owner) and index.lease_until and index.lease_until > now
+    if held and owner_alive(index.owner):
+        raise ConflictError(
+            f"run {index.run_id!r} is being run by {index.owner} until {index.lease_until:%H:%M:%S}"
+        )
+
+
 def checkpoint_id(run_id: str, revision: int) -> str:
     """The entry id of a run's checkpoint: unique, so a retried write is idempotent."""
     return f"{run_id}.c{revision}"
@@ -351,13 +361,9 @@ class RunStore:
         process on this host that no longer exists, or ``take_over`` is set.
         """
         index, version = await self.index(run_id)
-        now = utcnow()
-        held = index.owner not in (None, owner) and index.lease_until and index.lease_until > now
-        if held and not take_over and owner_alive(index.owner):
-            raise ConflictError(
-                f"run {run_id!r} is being run by {index.owner} until {index.lease_until:%H:%M:%S}"
-            )
-        index.owner, index.lease_until = owner, now + timedelta(seconds=ttl)
+        if not take_over:
+            check_not_held(index, owner)
+        index.owner, index.lease_until = owner, utcnow() + timedelta(seconds=ttl)
         return await self.put_index(index, expected_version=version)
 
     # -- moving runs between stores -------------------------------------------------------
