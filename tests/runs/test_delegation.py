@@ -209,3 +209,14 @@ async def test_session_stats_count_a_delegated_spend_once(memory: Store) -> None
         parent.run_id: pytest.approx(0.1),
         child.run_id: pytest.approx(0.8),
     }
+
+
+async def test_delegated_runs_are_listed_without_a_registry_passed(store: Store) -> None:
+    from statekeeper.runtime.subagents import SubagentRegistry
+
+    runner = Runner(store, "alice", [spender("parent", 0.1), one_shot("child", 0.1)])
+    parent = await runner.start("parent", "go", headless=False, limits=limits(1.0, 5))
+    child = await runner.delegate(parent.state, "child", "sub-task")
+    listed = await SubagentRegistry(store, "alice", owner_id="operator").list()
+    assert [(e.run_id, e.status) for e in listed] == [(child.run_id, "completed")]
+    assert listed[0].task == "sub-task"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Unpack
 
 from pydantic import JsonValue
@@ -56,6 +57,7 @@ from statekeeper.runs.tools import ToolBox
 from statekeeper.runs.writer import CheckpointWriter
 from statekeeper.runtime.events import EventBus
 from statekeeper.runtime.profiles import AuthProfiles
+from statekeeper.runtime.subagents import SubagentRegistry
 from statekeeper.sessions import CompactionResult, SessionManager, Summarizer
 from statekeeper.stores.base import Store
 from statekeeper.tracing import traced
@@ -125,6 +127,10 @@ class Runner:
         self.store, self.tenant = store, tenant
         self.checkpoints = apply_flat("checkpoints", checkpoints or CheckpointOptions(), flat)
         self.coordination = apply_flat("coordination", coordination or Coordination(), flat)
+        if self.coordination.subagents is None:
+            # Delegated runs are listed (`statekeeper subagents list`) without asking.
+            registry = SubagentRegistry(store, tenant, owner_id=self.coordination.owner)
+            self.coordination = replace(self.coordination, subagents=registry)
         self.guardrails = apply_flat("guardrails", guardrails or Guardrails(), flat)
         self.context_codec = apply_flat("context_codec", context_codec or ContextCodec(), flat)
         self.policy = apply_flat("policy", policy or RunPolicy(), flat)
