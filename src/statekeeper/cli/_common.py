@@ -218,22 +218,18 @@ ID_COLUMNS = frozenset({"id", "run", "session", "call id", "entry", "loaded inst
 """Column headers whose cells are ids: never cut (the other columns give way)."""
 
 
+def _cell_width(cell: object) -> int:
+    """The columns a table cell's text takes (a str cell is markup, as rich reads it)."""
+    text = Text.from_markup(cell) if isinstance(cell, str) else cell
+    return text.cell_len if isinstance(text, Text) else 0
+
+
 def ids_whole(table: Table) -> Table:
     """``table`` with its id columns (`ID_COLUMNS`) kept whole on one line: at 80
     columns rich would cut every id to the same prefix (``ses_01a2215b…``)."""
     for column in table.columns:
         if str(column.header) in ID_COLUMNS:
-            widest = max(
-                (
-                    Text.from_markup(str(c)).cell_len
-                    if isinstance(c, str)
-                    else c.cell_len
-                    if isinstance(c, Text)
-                    else 0
-                    for c in column.cells
-                ),
-                default=0,
-            )
+            widest = max(map(_cell_width, column.cells), default=0)
             column.no_wrap = True
             column.min_width = max(widest, len(str(column.header)))
     return table

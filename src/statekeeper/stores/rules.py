@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from operator import is_, itemgetter
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple, TypeGuard
 
 from statekeeper.core.typed import trusted
 from statekeeper.errors import (
@@ -403,7 +403,7 @@ def check_record_version(
         )
 
 
-def _whole(value: object) -> bool:
+def _whole(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -427,7 +427,7 @@ def check_read(after_seq: int, until_seq: int | None, limit: int | None) -> int 
     for name, seq in (("after_seq", after_seq), ("until_seq", until_seq)):
         if seq is None and name == "until_seq":
             continue
-        if not isinstance(seq, int) or isinstance(seq, bool) or seq >= _BOUND:
+        if not _whole(seq) or seq >= _BOUND:
             raise InvalidInputError(
                 f"{name} must be a whole number below 2**63 (an entry or event seq), got {seq!r}"
             )

@@ -4,7 +4,7 @@ and the small conversions both halves use."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from functools import partial
 from typing import Any, TypeVar
@@ -51,6 +51,24 @@ def _limit(limit: int | None) -> int:
     """A SQL LIMIT (-1: none)."""
     checked = check_limit(limit)
     return -1 if checked is None else checked
+
+
+def _filtered(
+    db: sqlite3.Connection, select: Callable[[str], str], condition: str, args: Sequence[Any]
+) -> tuple[list[Any], str]:
+    """The rows of ``select(condition)``, and the condition that gave them.
+
+    A record that is not JSON makes SQLite's JSON functions fail the statement: the
+    condition is then run `guarded`, keeping such records for the caller to report as
+    damaged (the check costs every row, so only when needed).
+    """
+    try:
+        return db.execute(select(condition), args).fetchall(), condition
+    except sqlite3.OperationalError as exc:
+        if condition == "1" or "malformed JSON" not in str(exc):
+            raise
+    condition = guarded(condition)
+    return db.execute(select(condition), args).fetchall(), condition
 
 
 class SQLiteRecordsAndEvents(SQLiteConnection):
@@ -162,20 +180,12 @@ class SQLiteRecordsAndEvents(SQLiteConnection):
                 f" AND {where} ORDER BY key LIMIT ?"
             )
 
-        sql = select(condition)
-
         def run(db: sqlite3.Connection) -> RecordList:
-            nonlocal sql
+            nonlocal condition
             found, after, now = RecordList(), after_key or "", _us(utcnow())
             while True:  # more batches only when damaged rows took places in this one
                 args = (tenant, namespace, prefix, prefix + _KEY_END, after, now, *params, limit)
-                try:
-                    rows = db.execute(sql, args).fetchall()
-                except sqlite3.OperationalError as exc:
-                    if condition == "1" or "malformed JSON" not in str(exc):
-                        raise
-                    sql = select(guarded(condition))  # a record is not JSON: keep it, listed
-                    continue  # as damaged (the check costs every row, so only when needed)
+                rows, condition = _filtered(db, select, condition, args)
                 for row in rows:
                     decode = partial(self._record, namespace, row)
                     if not add_record(found, limit, row[0], decode, row[4]):
@@ -235,12 +245,7 @@ class SQLiteRecordsAndEvents(SQLiteConnection):
 
         def run(db: sqlite3.Connection) -> list[tuple[str, Stamp]]:
             args = (tenant, namespace, prefix, prefix + _KEY_END, _us(utcnow()), *params)
-            try:
-                rows = db.execute(select(condition), args).fetchall()
-            except sqlite3.OperationalError as exc:
-                if condition == "1" or "malformed JSON" not in str(exc):
-                    raise
-                rows = db.execute(select(guarded(condition)), args).fetchall()
+            rows, _ = _filtered(db, select, condition, args)
             return [(key, (version, updated_us)) for key, version, updated_us in rows]
 
         return await self._read(run)
