@@ -57,7 +57,7 @@ class StepPaused(Exception):
         """The run's ``error`` while it is paused for this (cleared when it runs again)."""
         available = self.available_at.isoformat() if self.available_at else None
         return ErrorDetails(
-            type="RateLimited",
+            type=RateLimited.__name__,  # what `traffic_control_state` looks for
             message=self.reason[:2000],
             turn=turn,
             data={"available_at": available, "profile": self.profile},

@@ -11,11 +11,12 @@ from __future__ import annotations
 from enum import StrEnum
 
 from statekeeper.core.lifecycle import AgentStatus
+from statekeeper.runs.agent import RateLimited
 from statekeeper.runs.state import RunState
 
 __all__ = ["TrafficControlState", "traffic_control_state"]
 
-RATE_LIMITED = "RateLimited"
+RATE_LIMITED = RateLimited.__name__
 """The ``error.type`` of a run paused because its model calls were rate limited."""
 
 
