@@ -54,10 +54,8 @@ async def run() -> None:
     finally:
         await store.close()
     await run_demo_run(console)
-    # The CLI's default store is .statekeeper/state.db; the demo keeps its own database.
-    url = shlex.quote(f"sqlite:///{DEMO_DB}")
-    command = f"statekeeper --store {url} --tenant demo-user sessions list"
-    console.print(f"Inspect it: {command}", soft_wrap=True, markup=False, highlight=False)
+    waiting = await leave_runs_to_explore(console)
+    print_next_steps(console, waiting)
 
 
 async def start_session(manager: SessionManager, console: Any) -> Session:
@@ -224,6 +222,61 @@ async def resume_in_child(run_id: str) -> None:
         print(f"pid {os.getpid()} resumed {run_id}: {result.status}")
     finally:
         await store.close()
+
+
+async def leave_runs_to_explore(console: Any) -> str:
+    """Runs an operator finds waiting: a decision, a limit, a parent with children.
+
+    Returns the id of the run that waits for a decision."""
+    from statekeeper.core.limits import IterationFlag, Limits
+    from statekeeper.demo_app import make_runner
+
+    store = await open_store(f"sqlite:///{DEMO_DB}")
+    try:
+        runner = make_runner(store, "demo-user")
+        waiting = await runner.start(
+            "support", "My order 1042 is lost too. Can I have my money back?", headless=False
+        )
+        paused = await runner.start(
+            "support",
+            "Where is my order 1042?",
+            headless=False,
+            limits=Limits(iterations=IterationFlag(maximum=1)),
+        )
+        parent = await runner.start("triage", "Escalated: orders 1042, 1043.", headless=False)
+    finally:
+        await store.close()
+    console.print("\nLeft for you to look at:")
+    console.print(f"  {waiting.run_id}  waits for a decision on issue_refund")
+    console.print(f"  {paused.run_id}  paused at its iteration limit (1 step)")
+    console.print(f"  {parent.run_id}  {parent.status}, with 2 delegated child runs")
+    return waiting.run_id
+
+
+def print_next_steps(console: Any, waiting: str) -> None:
+    """The commands that open the demo's data in the CLI and the control UI, as run."""
+    # The CLI's default store is .statekeeper/state.db; the demo keeps its own database.
+    found = Path(sys.executable).with_name("statekeeper")
+    program = "statekeeper"
+    if found.exists():
+        program = os.path.relpath(found) if found.is_relative_to(Path.cwd()) else str(found)
+    base = f"{shlex.quote(program)} --store {shlex.quote(f'sqlite:///{DEMO_DB}')}"
+    commands = [
+        f"{base} --tenant demo-user sessions list",
+        f"{base} --tenant demo-user runs list",
+        f"{base} --tenant demo-user runs show {waiting}",
+        f"{base} keys create --tenant demo-user --scope operate --label demo",
+        f"{base} serve --app statekeeper.demo_app:make_runner",
+    ]
+    console.print("\nExplore it (the last two open the control UI on this data):")
+    for command in commands:
+        console.print(f"  $ {command}", soft_wrap=True, markup=False, highlight=False)
+    console.print(
+        "  then open http://127.0.0.1:8321/ui/ and paste the key that `keys create` printed.",
+        soft_wrap=True,
+        markup=False,
+        highlight=False,
+    )
 
 
 def main() -> None:

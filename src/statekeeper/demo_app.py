@@ -1,5 +1,6 @@
 """The demo's agent app: a scripted support agent with a lookup tool and a refund tool
-that needs a human's approval. ``make_runner`` is also what the CLI's ``--app`` takes:
+that needs a human's approval, and a triage agent that delegates carrier checks to child
+runs. ``make_runner`` is also what the CLI's and the server's ``--app`` take:
 
     statekeeper runs resume RUN_ID --app statekeeper.demo_app:make_runner
 """
@@ -11,7 +12,16 @@ from typing import Any
 
 from statekeeper.core.messages import Message, ToolCallBlock
 from statekeeper.core.metrics import TokenUsage
-from statekeeper.runs import Finish, ModelCall, Respond, Runner, StepInput, Tool, ToolContext
+from statekeeper.runs import (
+    Action,
+    Finish,
+    ModelCall,
+    Respond,
+    Runner,
+    StepInput,
+    Tool,
+    ToolContext,
+)
 from statekeeper.runs.scripted import ScriptedAgent
 from statekeeper.stores import Store
 
@@ -46,8 +56,46 @@ def _closing(run: StepInput) -> Finish:
     return Finish({"refunded": refunded}, Message.assistant(reply), call=_usage(900, 30))
 
 
+class Triage:
+    """Hands each order of its input to a ``carrier`` child run, then sums up."""
+
+    name = "triage"
+
+    def __init__(self) -> None:
+        self.runner: Runner | None = None  # set by make_runner: children run on it
+
+    async def step(self, run: StepInput) -> Action:
+        if self.runner is None or run.state.turn > 1:
+            found = [m.text for m in run.messages if m.role == "assistant"][1:]
+            return Finish({"checked": len(found)}, Message.assistant(" ".join(found)))
+        orders = [w.strip(",.") for w in run.messages[-1].text.split() if w.strip(",.").isdigit()]
+        reports = []
+        for order in orders:
+            child = await self.runner.delegate(run.state, "carrier", f"Check order {order}")
+            reports.append(f"Order {order}: {child.output}.")
+        return Respond(
+            [Message.assistant(f"Asked the carrier desk about {len(orders)} orders.")]
+            + [Message.assistant(text) for text in reports],
+            call=_usage(400, 25),
+        )
+
+
+def _carrier_report(run: StepInput) -> Finish:
+    status = json.loads(next(m.text for m in reversed(run.messages) if m.role == "tool"))
+    reply = f"Order {status['order']} is {status['status']}."
+    return Finish(status["status"], Message.assistant(reply), call=_usage(300, 20))
+
+
+def _carrier(run: StepInput) -> Respond:
+    order = int(run.messages[-1].text.split()[-1])
+    call = _call(f"c-track-{order}", "lookup_order", order=order)
+    return Respond(
+        [Message.assistant(f"Tracking order {order}.", tool_calls=[call])], call=_usage(200, 15)
+    )
+
+
 def make_runner(store: Store, tenant: str) -> Runner:
-    """The demo's runner: agent ``support`` and its two tools."""
+    """The demo's runner: agents ``support``, ``triage`` and ``carrier``, and two tools."""
     agent = ScriptedAgent(
         "support",
         [
@@ -82,4 +130,8 @@ def make_runner(store: Store, tenant: str) -> Runner:
             approval_prompt="Refund 42.50 for order 1042?",
         ),
     ]
-    return Runner(store, tenant, [agent], tools)
+    triage = Triage()
+    carrier = ScriptedAgent("carrier", [_carrier, _carrier_report])
+    runner = Runner(store, tenant, [agent, triage, carrier], tools)
+    triage.runner = runner
+    return runner

@@ -8,6 +8,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -47,11 +48,32 @@ def test_the_demo_runs_twice_and_finds_its_first_run(tmp_path: Path) -> None:
     assert "(demo run 2)" in second  # the approval run's session carries no run number
     assert "(demo run 3)" not in second
 
-    # The demo says how to look at its data with the CLI, and the command works as printed.
-    line = next(li for li in second.splitlines() if li.startswith("Inspect it: "))
-    command = shlex.split(line.removeprefix("Inspect it: "))
-    assert command[:1] == ["statekeeper"]
-    listed = CliRunner().invoke(app, ["--json", *command[1:]])
-    assert listed.exit_code == 0, listed.output
-    titles = [item["title"] for item in json.loads(listed.stdout)["items"]]
+    # The demo says how to look at its data, and the commands work as printed: they find
+    # the conversations, a run waiting for a decision, one paused at a limit, and a parent
+    # with delegated children; the key they create is for the demo's tenant.
+    commands = [
+        shlex.split(li.strip().removeprefix("$ "))
+        for li in second.splitlines()
+        if li.strip().startswith("$ ")
+    ]
+    assert [c[-2:] for c in commands][-1] == ["--app", "statekeeper.demo_app:make_runner"]
+    for command in commands:
+        assert Path(command[0]).name == "statekeeper"
+
+    def cli(command: list[str]) -> dict[str, Any]:
+        done = CliRunner().invoke(app, ["--json", *command[1:]])
+        assert done.exit_code == 0, done.output
+        found: dict[str, Any] = json.loads(done.stdout)
+        return found
+
+    sessions, runs, shown, key = (cli(c) for c in commands[:4])
+    titles = [item["title"] for item in sessions["items"]]
     assert "Order 1042 (demo run 2)" in titles
+    statuses = {(r["agent"], r["status"]) for r in runs["items"]}
+    assert {("support", "waiting_for_approval"), ("support", "paused")} <= statuses
+    parents = {r["parent_run_id"] for r in runs["items"] if r["agent"] == "carrier"}
+    triage = {r["run_id"] for r in runs["items"] if r["agent"] == "triage"}
+    assert parents
+    assert parents <= triage
+    assert shown["index"]["status"] == "waiting_for_approval"
+    assert key["tenant"] == "demo-user"
