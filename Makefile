@@ -34,9 +34,12 @@ types: $(STAMP)
 unit: $(STAMP) browser
 	$(VENV)/bin/pytest -q -n auto
 
-# The suite with ten times the hypothesis examples (not part of `make test`).
+# The suite with ten times the hypothesis examples (not part of `make test`), then the
+# OpenAPI fuzz at 10,000 requests or more (its own run, to print the count; docs/testing.md).
+FUZZ := tests/server/test_openapi_fuzz.py
 thorough: $(STAMP) browser
-	$(VENV)/bin/pytest -q -n auto --hypothesis-profile thorough
+	$(VENV)/bin/pytest -q -n auto --hypothesis-profile thorough --ignore=$(FUZZ)
+	$(VENV)/bin/pytest -q -s -p no:xdist --hypothesis-profile thorough $(FUZZ)
 
 test: lint types unit
 

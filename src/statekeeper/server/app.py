@@ -26,6 +26,7 @@ from statekeeper.server.errors import (
     store_locations,
 )
 from statekeeper.server.limits import DEFAULT_MAX_BODY_BYTES, BodyLimit
+from statekeeper.server.links import add_links
 from statekeeper.server.streams import EventHub, feed_of
 from statekeeper.stores import open_store
 
@@ -159,7 +160,20 @@ def create_app(config: ServerConfig) -> FastAPI:
             allow_headers=["Authorization", "Content-Type", "Last-Event-ID"],
         )
     _mount_ui(app)
+    _describe(app)
     return app
+
+
+def _describe(app: FastAPI) -> None:
+    """FastAPI's OpenAPI description, with the links between operations (`add_links`)."""
+    generate = app.openapi
+
+    def described() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            add_links(generate())
+        return app.openapi_schema or generate()
+
+    app.openapi = described  # type: ignore[method-assign]
 
 
 def _mount_ui(app: FastAPI) -> None:

@@ -285,7 +285,11 @@ async def _start_resume(
     return await detail(runner, run_id)
 
 
-@router.post("/{run_id}/resume", status_code=202)
+@router.post(
+    "/{run_id}/resume",
+    status_code=202,
+    responses={200: {"description": "resumed with wait: the run stopped again"}},
+)
 async def resume(
     run_id: str, caller: Operator, context: Context, response: Response, body: Resume | None = None
 ) -> Any:
@@ -327,7 +331,11 @@ async def raise_limits(run_id: str, body: Limits, caller: Operator, context: Con
     return await detail(runner, run_id)
 
 
-@router.post("/{run_id}/fork", status_code=201)
+@router.post(
+    "/{run_id}/fork",
+    status_code=201,
+    responses={202: {"description": "forked with run: the fork goes on in the background"}},
+)
 async def fork(
     run_id: str, body: Fork, caller: Operator, context: Context, response: Response
 ) -> Any:

@@ -1,0 +1,96 @@
+"""OpenAPI links: which answer's ids the other operations take (a created session's id
+for its reads, appends and delete, a run's id for the run endpoints, ...), so a client
+generator or a stateful fuzzer (schemathesis) can chain the calls."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+__all__ = ["LINKS", "add_links"]
+
+_SESSION: Final = "/api/v1/sessions/{session_id}"
+_RUN: Final = "/api/v1/runs/{run_id}"
+_SESSION_USES: Final = [
+    ("get", _SESSION),
+    ("get", f"{_SESSION}/entries"),
+    ("get", f"{_SESSION}/tree"),
+    ("post", f"{_SESSION}/messages"),
+    ("post", f"{_SESSION}/fork"),
+    ("get", f"{_SESSION}/export"),
+    ("delete", _SESSION),
+]
+_RUN_USES: Final = [
+    ("get", _RUN),
+    ("get", f"{_RUN}/checkpoints"),
+    ("get", f"{_RUN}/events"),
+    ("post", f"{_RUN}/approve"),
+    ("post", f"{_RUN}/reject"),
+    ("post", f"{_RUN}/resume"),
+    ("post", f"{_RUN}/cancel"),
+    ("post", f"{_RUN}/limits"),
+    ("post", f"{_RUN}/fork"),
+    ("post", "/api/v1/subagents/{run_id}/kill"),
+    ("post", "/api/v1/subagents/{run_id}/steer"),
+]
+_RECORD: Final = "/api/v1/records/{namespace}/{key}"
+_MEMORY: Final = "/api/v1/memories/item"
+
+_MADE: Final = {"session_id": "$response.body#/session_id"}
+_FIRST: Final = {"session_id": "$response.body#/items/0/session_id"}
+
+Uses = list[tuple[str, str]]
+LINKS: Final[list[tuple[str, str, str, Uses, dict[str, str]]]] = [
+    # (method, path, status of the answer, the operations it feeds, parameter: expression)
+    ("post", "/api/v1/sessions", "201", _SESSION_USES, _MADE),
+    ("get", "/api/v1/sessions", "200", _SESSION_USES, _FIRST),
+    ("post", f"{_SESSION}/fork", "201", _SESSION_USES, _MADE),
+    ("post", "/api/v1/sessions/import", "201", _SESSION_USES, _MADE),
+    ("get", _RUN, "200", [("get", _SESSION)], _MADE),
+    ("get", "/api/v1/runs", "200", _RUN_USES, {"run_id": "$response.body#/items/0/run_id"}),
+    ("post", f"{_RUN}/fork", "201", _RUN_USES, {"run_id": "$response.body#/run_id"}),
+    ("post", f"{_RUN}/fork", "202", _RUN_USES, {"run_id": "$response.body#/run_id"}),
+    ("post", f"{_RUN}/resume", "202", _RUN_USES, {"run_id": "$response.body#/run_id"}),
+    (
+        "put",
+        _RECORD,
+        "200",
+        [("get", _RECORD), ("delete", _RECORD)],
+        {"namespace": "$request.path.namespace", "key": "$request.path.key"},
+    ),
+    (
+        "put",
+        _MEMORY,
+        "200",
+        [("get", _MEMORY), ("delete", _MEMORY)],
+        {"namespace": "$response.body#/namespace", "key": "$response.body#/key"},
+    ),
+]
+"""The links of the description: an answer's ids, by the operations that take them."""
+
+
+def _name(method: str, path: str) -> str:
+    tail = path.removeprefix("/api/v1/").replace("{", "").replace("}", "")
+    words = [w for w in tail.replace("-", "/").split("/") if w]
+    return method.capitalize() + "".join(w[:1].upper() + w[1:] for w in words)
+
+
+def add_links(description: dict[str, Any]) -> dict[str, Any]:
+    """``description`` (FastAPI's OpenAPI document) with `LINKS` on its answers, in place."""
+    paths = description.get("paths", {})
+    for method, path, status, uses, parameters in LINKS:
+        answers = paths.get(path, {}).get(method, {}).get("responses", {})
+        if status not in answers:
+            continue
+        links = answers[status].setdefault("links", {})
+        for use_method, use_path in uses:
+            target = paths.get(use_path, {}).get(use_method)
+            if target is None:
+                continue
+            names = {p["name"] for p in target.get("parameters", []) if p.get("in") != "header"}
+            wanted = {k: v for k, v in parameters.items() if k in names}
+            if wanted:
+                links[_name(use_method, use_path)] = {
+                    "operationId": target["operationId"],
+                    "parameters": wanted,
+                }
+    return description
