@@ -25,9 +25,9 @@ async def test_keyword_and_url_forms_open_the_same_data(
         await store.create_session(SessionRecord(id="s1", tenant="t", title="hello"))
     monkeypatch.setenv("SK_RING", ring.to_json())
     async with open_store(f"{url}?keyring=env:SK_RING&durability=process") as store:
+        assert isinstance(store, SealedStore)
         assert (await store.get_session("t", "s1")).title == "hello"
-    async with open_store(url) as plain:
-        assert (await plain.get_session("t", "s1")).title != "hello"  # sealed at rest
+        assert (await store.wrapped.get_session("t", "s1")).title != "hello"  # sealed at rest
 
 
 @pytest.mark.parametrize("name", ["key", "keys", "codec", "secret", "password"])

@@ -14,7 +14,9 @@ SQLite options go in the query string: ``durability=power|process``,
 Every backend takes the encryption options of `statekeeper.stores.sealed`: ``keyring=``
 (a `Keyring`, or in a URL only where it lives: ``env:VARIABLE`` or ``file:PATH``, never a
 key), ``clear_metadata=`` (metadata keys listings may filter on; a URL takes them comma
-separated) and ``allow_plain=`` (see ``docs/encryption.md``).
+separated) and ``allow_plain=`` (see ``docs/encryption.md``). A store once opened with a
+keyring is marked sealed, and opening it without one raises `WrongKeyError`
+(`statekeeper.stores.sealed.marker`).
 Backends load lazily, so an optional backend's driver is imported only when used.
 Every name here is described in ``docs/stores.md``.
 """
@@ -141,6 +143,15 @@ async def _open(url: str, options: dict[str, Any]) -> Store:
         limit = StoreOptions(parts.scheme, query).max_payload_bytes()
         query["max_payload_bytes"] = str(limit * 4 // 3 + _SEALING_OVERHEAD)
     store = await opener(location, StoreOptions(parts.scheme, query))
+    if sealing is None and parts.scheme in _UNSEALED_SCHEMES:
+        return store
+    from statekeeper.stores.sealed.marker import check_opening
+
+    try:
+        await check_opening(store, parts.scheme, url, None if sealing is None else sealing[0])
+    except BaseException:
+        await store.close()
+        raise
     if sealing is None:
         return store
     from statekeeper.stores.sealed import SealedStore
@@ -152,6 +163,8 @@ async def _open(url: str, options: dict[str, Any]) -> Store:
 
 
 _BUILT_IN = frozenset(BACKENDS.values())
+_UNSEALED_SCHEMES = frozenset({"memory"})
+"""Schemes whose stores live in one process: never sealed by another, so not checked."""
 _SEALING_OVERHEAD = 4096
 """Bytes a sealed row may take beyond 4/3 of its JSON (base64): envelope headers."""
 
