@@ -19,6 +19,7 @@ from statekeeper.runtime import (
     LaneStats,
     WaitInfo,
 )
+from statekeeper.runtime.lanes import LANES_CLOSED_REASON, closed_by_lanes
 
 
 class FakeClock:
@@ -222,6 +223,59 @@ async def test_close_with_cancel_fails_queued_and_cancels_running_tasks() -> Non
             await future
     assert lanes.stats().cancelled == 2
     assert lanes.names() == []
+
+
+async def test_a_task_cancelled_by_close_knows_why_and_may_record_it_first() -> None:
+    lanes = CommandLanes()
+    started, recorded = asyncio.Event(), []
+
+    async def nested() -> None:  # a call of another lane, awaited by the first one
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError as exc:
+            recorded.append(("nested", closed_by_lanes(exc), exc.args))
+            raise
+
+    async def outer() -> None:
+        try:
+            await lanes.run("nested", nested)
+        except asyncio.CancelledError as exc:
+            await asyncio.sleep(0)  # a write, say: close waits for it
+            recorded.append(("outer", closed_by_lanes(exc), exc.args))
+            raise
+
+    future = lanes.submit("main", outer)
+    await started.wait()
+    await lanes.close(cancel=True)
+    with pytest.raises(LanesClosedError):
+        await future
+    assert sorted(recorded) == [
+        ("nested", True, (LANES_CLOSED_REASON,)),
+        ("outer", True, (LANES_CLOSED_REASON,)),
+    ]
+    assert LANES_CLOSED_REASON == "lane closed"
+    assert not closed_by_lanes(asyncio.CancelledError())
+    assert not closed_by_lanes(LanesClosedError())
+
+
+async def test_a_task_its_caller_cancels_is_not_closed_by_lanes() -> None:
+    lanes = CommandLanes()
+    started, seen = asyncio.Event(), []
+
+    async def call() -> None:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError as exc:
+            seen.append(closed_by_lanes(exc))
+            raise
+
+    future = lanes.submit("main", call)
+    await started.wait()
+    future.cancel()
+    await lanes.close()
+    assert seen == [False]
 
 
 async def test_async_with_closes_the_lanes() -> None:

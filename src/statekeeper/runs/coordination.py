@@ -102,7 +102,9 @@ class Coordination:
                 outcome = output if isinstance(output, str) else json.dumps(output)
                 await self.subagents.complete(state.run_id, outcome)
             else:
+                why = state.metadata.get("cancel_reason")  # a cancelled run says why
                 reason = state.error.message if state.error else str(state.status)
+                reason += f": {why}" if why and state.error is None else ""
                 await self.subagents.fail(state.run_id, reason)
         except (NotFoundError, SubagentFinishedError):
             pass  # not registered here, or already settled (killed, say)

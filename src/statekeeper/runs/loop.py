@@ -57,6 +57,7 @@ from statekeeper.runs.step import StepPaused, account, ask, said
 from statekeeper.runs.store import RunStore
 from statekeeper.runs.tools import ToolBox
 from statekeeper.runs.writer import CheckpointWriter
+from statekeeper.runtime.lanes import LANES_CLOSED_REASON, closed_by_lanes
 from statekeeper.runtime.profiles import AuthProfile, AuthProfiles
 from statekeeper.sessions import SessionManager
 from statekeeper.sessions.view import message_of
@@ -191,6 +192,9 @@ class RunLoop:
                 await self._steps(active, cancel)
             return RunResult(state, active.added)
         except BaseException as exc:
+            if closed_by_lanes(exc) and state.status not in FINISHED:
+                with contextlib.suppress(StatekeeperError):  # the cancellation goes on
+                    await self._cancelled(active, LANES_CLOSED_REASON)
             expected = isinstance(exc, LimitReachedError | asyncio.CancelledError)
             if not expected and state.status not in FINISHED:
                 await self._fail(active, exc)
@@ -455,10 +459,11 @@ class RunLoop:
         await active.writer.save(state)
         await self.lifecycle.flush()
 
-    async def _cancelled(self, active: ActiveRun) -> None:
-        self.lifecycle.cancel(active.state, "cancel requested")
+    async def _cancelled(self, active: ActiveRun, reason: str | None = None) -> None:
+        self.lifecycle.cancel(active.state, reason or "cancel requested")
         await active.writer.save(active.state)
-        await self.lifecycle.publish(active.state, "lifecycle", "abort", {"reason": "cancelled"})
+        payload = {"reason": reason or "cancelled"}
+        await self.lifecycle.publish(active.state, "lifecycle", "abort", payload)
 
     async def _fail(self, active: ActiveRun, exc: BaseException) -> None:
         """End the run in ERROR with ``exc`` as its error details (best effort)."""

@@ -3,6 +3,7 @@ and lane names. Pure (no I/O); the lanes themselves are in `statekeeper.runtime.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -10,18 +11,23 @@ from statekeeper.errors import InvalidInputError, StatekeeperError
 
 __all__ = [
     "DEFAULT_WARN_AFTER",
+    "LANES_CLOSED_REASON",
     "MAX_LANE_NAME_LENGTH",
     "LaneClearedError",
     "LaneStats",
     "LanesClosedError",
     "WaitCallback",
     "WaitInfo",
+    "closed_by_lanes",
     "validate_lane",
 ]
 
 MAX_LANE_NAME_LENGTH = 200
 DEFAULT_WARN_AFTER = 2.0
 """Seconds a task may wait to start before it counts as having waited too long."""
+LANES_CLOSED_REASON = "lane closed"
+"""The message of the cancellation `CommandLanes.close(cancel=True)` sends a running task,
+and the reason a run cancelled that way is stored with."""
 
 
 class LaneClearedError(StatekeeperError):
@@ -74,6 +80,12 @@ class LaneStats:
     cancelled: int = 0
     waited: int = 0
     max_wait: float = 0.0
+
+
+def closed_by_lanes(exc: BaseException) -> bool:
+    """Whether ``exc`` is the cancellation `CommandLanes.close(cancel=True)` sent the
+    running task: a task that catches it can record why it stopped (then re-raise it)."""
+    return isinstance(exc, asyncio.CancelledError) and exc.args[:1] == (LANES_CLOSED_REASON,)
 
 
 def validate_lane(name: object) -> str:

@@ -30,17 +30,20 @@ from typing import Any, TypeVar
 from statekeeper.errors import InvalidInputError, StatekeeperError
 from statekeeper.runtime.lane_types import (
     DEFAULT_WARN_AFTER,
+    LANES_CLOSED_REASON,
     MAX_LANE_NAME_LENGTH,
     LaneClearedError,
     LanesClosedError,
     LaneStats,
     WaitCallback,
     WaitInfo,
+    closed_by_lanes,
     validate_lane,
 )
 
 __all__ = [
     "DEFAULT_WARN_AFTER",
+    "LANES_CLOSED_REASON",
     "MAX_LANE_NAME_LENGTH",
     "CommandLanes",
     "LaneClearedError",
@@ -48,6 +51,7 @@ __all__ = [
     "LanesClosedError",
     "WaitCallback",
     "WaitInfo",
+    "closed_by_lanes",
     "validate_lane",
 ]
 
@@ -132,19 +136,20 @@ class _LaneTask(asyncio.Future[T]):
             self.state = _DONE  # its worker skips it
             self.lane.queued -= 1
             self.lane.cancelled += 1
-        elif self.state == _RUNNING:
-            self.stop()
+        elif self.state == _RUNNING:  # the call gets the message (a closing lane's, say)
+            self.stop(msg if isinstance(msg, str) else None)
         return True
 
-    def stop(self) -> None:
-        """Cancel the running call; its worker is suspended inside it right now."""
+    def stop(self, msg: str | None = None) -> None:
+        """Cancel the running call (with ``msg`` as the cancellation's message); its
+        worker is suspended inside it right now."""
         worker = self.worker
         # A call cancelling its own future runs on: cancelling its worker from inside
         # would hit whatever the worker awaits next.
         if not self.cancel_requested and worker not in (None, asyncio.current_task()):
             assert worker is not None
             self.cancel_requested = True
-            worker.cancel()
+            worker.cancel(msg)
 
 
 def _closed_error() -> LanesClosedError:
@@ -280,7 +285,9 @@ class CommandLanes:
 
         With ``cancel=False`` queued and running tasks finish first. With ``cancel=True``
         queued tasks fail with `LanesClosedError` and running ones are cancelled (their
-        callers get `LanesClosedError`).
+        callers get `LanesClosedError`). The call sees a `asyncio.CancelledError` whose
+        message is `LANES_CLOSED_REASON` (`closed_by_lanes` tells): it may record that
+        it stopped because its lane closed before re-raising it, and this waits for that.
         """
         self._closed = True
         if cancel:
@@ -290,7 +297,7 @@ class CommandLanes:
                     if task is not None:
                         if not task.done():
                             task.set_exception(_closed_error())
-                        task.stop()
+                        task.stop(LANES_CLOSED_REASON)
         while workers := [w for state in self._lanes.values() for w in state.workers]:
             await asyncio.wait(workers)
 
