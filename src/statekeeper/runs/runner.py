@@ -34,6 +34,7 @@ from statekeeper.ids import new_id, validate_id
 from statekeeper.runs.agent import Agent, Tool
 from statekeeper.runs.compaction import AutoCompaction, compact_published
 from statekeeper.runs.coordination import Coordination
+from statekeeper.runs.delegation import start_child
 from statekeeper.runs.gate import ApprovalGate
 from statekeeper.runs.guardrails import Guardrails
 from statekeeper.runs.lifecycle import FINISHED, RunLifecycle
@@ -48,8 +49,8 @@ from statekeeper.runs.options import (
     apply_flat,
 )
 from statekeeper.runs.results import EventSink, RunResult, as_messages
-from statekeeper.runs.rollup import child_limits, current_parent
-from statekeeper.runs.spans import RunTrace, child_parent, drive_span
+from statekeeper.runs.rollup import settle_children
+from statekeeper.runs.spans import RunTrace, drive_span
 from statekeeper.runs.state import RunState
 from statekeeper.runs.stats import SessionStats, session_stats
 from statekeeper.runs.store import RunStore, check_not_held
@@ -219,7 +220,7 @@ class Runner:
                 )
                 if delegation is not None:  # the total so far: local = total - snapshot
                     state.metrics = delegation.parent_metrics_snapshot.snapshot()
-                await self.runs.create(state)
+                await self.runs.create(state, owner=self.owner, ttl=self.coordination.lease_ttl)
             except BaseException:
                 if created:  # a run that could not be registered leaves no session behind
                     with contextlib.suppress(StatekeeperError):
@@ -247,6 +248,7 @@ class Runner:
         anyway (when you know that process is gone, e.g. on another machine). A run at a
         limit raises `LimitReachedError` and stays as it is: `raise_limits` first.
         """
+        await settle_children(self.runs, run_id)  # usage a crashed child did not report
         state, _, _ = await self.runs.load(run_id)
         state.validate_for_resume(has_deserializer=self.context_codec.deserializer is not None)
         if state.status not in _DECIDING:
@@ -403,7 +405,8 @@ class Runner:
         return saved.state
 
     async def load(self, run_id: str) -> RunState:
-        """The run's latest checkpoint."""
+        """The run's latest checkpoint (with the usage of children that ended unreported)."""
+        await settle_children(self.runs, run_id)
         return (await self.runs.load(run_id))[0]
 
     async def session_stats(self, session_id: str) -> SessionStats:
@@ -443,38 +446,18 @@ class Runner:
         """Run ``agent`` as a child of ``parent`` (delegate level + 1, metrics snapshot).
 
         The child's budget and token limits (``limits``, default the policy's) are capped
-        by what the parent has left, and its usage rolls up into the parent (see
-        `statekeeper.runs.rollup`). With a subagent registry the child is registered
-        first and settled when it ends.
+        by the parent's room minus what its live siblings reserved, and reserved until
+        it ends (`LimitReachedError`, nothing started, when no room is left); its usage
+        rolls up into the parent (see `statekeeper.runs.rollup`). The child is
+        registered in the subagent registry, which follows it (running, paused, ended).
         """
-        parent = await current_parent(self.runs, parent)
-        delegation = DelegationInfo.child_of(
-            parent.delegation or 0,
-            parent.metrics,
-            int(parent.limits.iterations.current),
-            parent_run_id=parent.run_id,
+        return await start_child(
+            self,
+            parent,
+            agent,
+            input,
+            own_session=own_session,
+            headless=headless,
+            limits=limits,
+            task=task,
         )
-        run_id = new_id("run")
-        session_id = parent.session_id
-        if own_session:
-            title = f"delegated by {parent.run_id}"
-            session_id = (await self.sessions.create(title=title, agent_id=agent)).id
-        messages = as_messages(input)
-        await self.coordination.register_child(
-            run_id,
-            child_session_id=session_id,
-            requester_session_id=parent.session_id,
-            task=task or (messages[0].text if messages else agent),
-        )
-        with child_parent(parent):  # the child's span goes under the parent's step
-            return await self.start(
-                agent,
-                messages,
-                session_id=session_id,
-                run_id=run_id,
-                headless=parent.headless if headless is None else headless,
-                limits=child_limits(parent, self.policy.limits_for(limits)),
-                group_id=parent.group_id or parent.run_id,
-                delegation=delegation,
-                context=self.context_codec.load(parent.context),
-            )
