@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import sys
 from typing import Any
 
@@ -69,6 +71,19 @@ def talk(run: StepInput) -> Respond:
     return Respond([Message.assistant(f"said {run.state.turn}")])
 
 
+class DyingStore(WrappingStore):
+    """SIGKILLs its own process in the append of a run's first checkpoint: the run's
+    index is written (and held by this process), nothing else of the run is."""
+
+    def __init__(self, store: Store) -> None:
+        self.wrapped = store
+
+    async def append_entries(self, tenant: str, session_id: str, drafts: Any, **kw: Any) -> Any:
+        if any(d.kind == "checkpoint" for d in drafts):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return await self.wrapped.append_entries(tenant, session_id, drafts, **kw)
+
+
 class HangingStore(WrappingStore):
     """Hangs in the append that writes the message ``said <hang_at>`` (the test kills the
     process there: in the middle of that step's write)."""
@@ -91,6 +106,10 @@ async def main(url: str, command: str, run_id: str, *rest: str) -> None:
             runner = Runner(talking, "t", [ScriptedAgent("talker", [talk])])  # type: ignore[arg-type]
             limits = Limits(iterations=IterationFlag(maximum=10**6))
             await runner.start("talker", "go", run_id=run_id, limits=limits)
+        elif command == "start-dying":  # killed as it writes the run's first checkpoint
+            dying = DyingStore(store)
+            runner = Runner(dying, "t", [ScriptedAgent("dier", [Finish("never")])])  # type: ignore[arg-type]
+            await runner.start("dier", "go", run_id=run_id)
         elif command == "start-hanging":
             runner = make_runner(store, "t", hang_at=4)
             await runner.start("worker", "go", run_id=run_id)

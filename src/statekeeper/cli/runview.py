@@ -241,6 +241,8 @@ def runs_table(runs: list[RunIndex]) -> Table:
         table.add_column(column, justify="right" if column == "turn" else "left")
     for index in runs:
         notes = []
+        if index.failed_to_start:
+            notes.append("failed to start")
         if index.cancel_requested and index.status != "cancelled":
             notes.append("cancel requested")
         if index.owner and index.lease_until and index.lease_until > now:

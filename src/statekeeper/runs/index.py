@@ -6,17 +6,35 @@ rolls forward past it to the newest checkpoint (see ``docs/runs.md``).
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Iterable, Sequence
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
+from statekeeper.core.lifecycle import AgentStatus
 from statekeeper.core.messages import utcnow
 from statekeeper.core.metrics import Metrics
-from statekeeper.errors import StoreCorruptError
+from statekeeper.errors import ConflictError, StoreCorruptError
 from statekeeper.runs.state import RunState
 from statekeeper.stores.base import CorruptItem, VersionedRecord
 
-__all__ = ["RunIndex", "RunList", "carry", "decode_index", "index_of", "read_indexes"]
+__all__ = [
+    "FAILED_TO_START",
+    "RunIndex",
+    "RunList",
+    "carry",
+    "check_not_held",
+    "decode_index",
+    "held",
+    "index_of",
+    "owner_alive",
+    "read_indexes",
+    "started_view",
+]
+
+FAILED_TO_START = "FailedToStart"
+"""``error.type`` of a run whose process stopped before its first checkpoint."""
 
 
 class RunIndex(BaseModel):
@@ -40,6 +58,53 @@ class RunIndex(BaseModel):
     lease_until: AwareDatetime | None = None
     created_at: AwareDatetime = Field(default_factory=utcnow)
     updated_at: AwareDatetime = Field(default_factory=utcnow)
+    failed_to_start: bool = False
+    """Derived, never stored: the run was registered but never checkpointed, and no live
+    process holds it any more (see `started_view`); ``status`` then says ``error``
+    (``cancelled`` once a cancel was requested)."""
+
+
+def owner_alive(owner: str | None) -> bool:
+    """False only when ``owner`` ("host:pid:...") is a process of this host that is gone."""
+    if owner is None:
+        return False
+    host, _, rest = owner.partition(":")
+    pid_text = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return True  # cannot tell from here: trust the lease
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def held(index: RunIndex, owner: str | None = None) -> bool:
+    """Whether a live process other than ``owner`` holds the run's lease."""
+    now = utcnow()
+    leased = index.owner not in (None, owner) and index.lease_until and index.lease_until > now
+    return bool(leased) and owner_alive(index.owner)
+
+
+def check_not_held(index: RunIndex, owner: str | None) -> None:
+    """`ConflictError` if a live process other than ``owner`` holds the run's lease."""
+    if held(index, owner):
+        raise ConflictError(
+            f"run {index.run_id!r} is being run by {index.owner} until {index.lease_until:%H:%M:%S}"
+        )
+
+
+def started_view(index: RunIndex) -> RunIndex:
+    """``index`` as readers should see it: a run registered but never checkpointed
+    (revision 0) that no live process holds any more failed to start (its process died
+    before the first checkpoint) and is shown ``error``, or ``cancelled`` once a cancel
+    was requested, with ``failed_to_start`` set. A run still being started is as is."""
+    if index.revision != 0 or index.failed_to_start or held(index):
+        return index
+    status = AgentStatus.CANCELLED if index.cancel_requested else AgentStatus.ERROR
+    return index.model_copy(update={"status": str(status), "failed_to_start": True})
 
 
 def index_of(state: RunState, *, checkpoint_seq: int) -> RunIndex:

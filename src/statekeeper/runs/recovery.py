@@ -24,8 +24,8 @@ from statekeeper.errors import (
     NotFoundError,
     StoreCorruptError,
 )
-from statekeeper.runs.index import RunIndex
-from statekeeper.runs.state import RunState
+from statekeeper.runs.index import FAILED_TO_START, RunIndex, started_view
+from statekeeper.runs.state import ErrorDetails, RunState, TraceState
 from statekeeper.stores.base import Entry, EntryKind, EventDraft, Store
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "Loaded",
     "Scan",
     "SkippedCheckpoint",
+    "failed_start",
     "is_checkpoint_of",
     "load_latest",
     "problem_of",
@@ -137,7 +138,10 @@ class Loaded:
     checkpoint_id: str
     checkpoint_seq: int
     skipped: list[SkippedCheckpoint]
-    """Corrupt checkpoints newer than this one, newest first (empty when all is well)."""
+    """Corrupt checkpoints newer than this one, newest first (empty when all is well).
+
+    A run that failed to start (``index.failed_to_start``) has no checkpoint:
+    ``checkpoint_id`` is empty and ``state`` is `failed_start`'s view."""
 
 
 async def load_latest(runs: CheckpointReader, run_id: str) -> Loaded:
@@ -163,7 +167,11 @@ async def load_latest(runs: CheckpointReader, run_id: str) -> Loaded:
         if scan.skipped:
             raise CheckpointCorruptError(run_id, scan.skipped)
         if index.revision == 0:  # registered, never checkpointed
-            raise NotFoundError(f"run {run_id!r} has no checkpoint yet")
+            view = started_view(index)
+            if not view.failed_to_start:  # a live process is still starting it
+                raise NotFoundError(f"run {run_id!r} has no checkpoint yet")
+            state = failed_start(view, tenant)
+            return Loaded(state, view, version, session.version, "", index.checkpoint_seq, [])
         raise StoreCorruptError(
             f"run {run_id!r}: checkpoint {index.checkpoint_seq} is missing from session "
             f"{session_id!r}"
@@ -179,6 +187,33 @@ async def load_latest(runs: CheckpointReader, run_id: str) -> Loaded:
     if scan.skipped:
         await report_skipped(runs.store, tenant, state, entry.id, scan.skipped)
     return Loaded(state, index, version, session.version, entry.id, entry.seq, scan.skipped)
+
+
+def failed_start(index: RunIndex, tenant: str) -> RunState:
+    """The state shown for a run that failed to start (`started_view`): what its index
+    knows, status ``error`` (``cancelled`` once cancelled), revision 0, and an error
+    of type ``FailedToStart`` saying what happened. Nothing of it is stored: if the
+    process that started it writes a checkpoint after all, that is what loads."""
+    owner = f"process {index.owner}" if index.owner else "the process that started it"
+    message = (
+        f"run {index.run_id} failed to start: {owner} stopped before the run's first "
+        f"checkpoint, so nothing of the run was saved. Start a new run, and delete this "
+        f"one (RunStore.delete, or `statekeeper runs delete {index.run_id}`)"
+    )
+    return RunState(
+        run_id=index.run_id,
+        group_id=index.group_id,
+        tenant=tenant,
+        session_id=index.session_id,
+        agent=index.agent,
+        status=index.status,
+        headless=index.headless,
+        error=ErrorDetails(type=FAILED_TO_START, message=message, at=index.updated_at),
+        trace=TraceState(trace_id=f"trace_{index.run_id}"),
+        cancel_requested=index.cancel_requested,
+        created_at=index.created_at,
+        updated_at=index.updated_at,
+    )
 
 
 async def report_skipped(

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import os
-import socket
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -36,8 +34,17 @@ from statekeeper.errors import (
 )
 from statekeeper.ids import validate_id
 from statekeeper.runs.history import CheckpointInfo, checkpoint_history, fork_run
-from statekeeper.runs.index import RunIndex, RunList, carry, decode_index, read_indexes
+from statekeeper.runs.index import (
+    RunIndex,
+    RunList,
+    carry,
+    decode_index,
+    read_indexes,
+    started_view,
+)
+from statekeeper.runs.index import check_not_held as check_not_held
 from statekeeper.runs.index import index_of as _index_of
+from statekeeper.runs.index import owner_alive as owner_alive
 from statekeeper.runs.recovery import Loaded, load_latest
 from statekeeper.runs.refs import resolve_events
 from statekeeper.runs.sealing import CheckpointSeal
@@ -72,16 +79,6 @@ class Saved(BaseModel):
     checkpoint_seq: int
     events: list[Event] = []
     """The events logged with the checkpoint (``save(events=...)``), in seq order."""
-
-
-def check_not_held(index: RunIndex, owner: str | None) -> None:
-    """`ConflictError` if a live process other than ``owner`` holds the run's lease."""
-    now = utcnow()
-    held = index.owner not in (None, owner) and index.lease_until and index.lease_until > now
-    if held and owner_alive(index.owner):
-        raise ConflictError(
-            f"run {index.run_id!r} is being run by {index.owner} until {index.lease_until:%H:%M:%S}"
-        )
 
 
 def checkpoint_id(run_id: str, revision: int) -> str:
@@ -124,16 +121,22 @@ class RunStore:
             self.tenant,
             RUNS_NAMESPACE,
             index.run_id,
-            index.model_dump(mode="json"),
+            index.model_dump(mode="json", exclude={"failed_to_start"}),
             expected_version=expected_version,
         )
         return record.version
 
-    async def create(self, state: RunState) -> int:
-        """Register a new run (before its first checkpoint). `AlreadyExistsError` if taken."""
+    async def create(self, state: RunState, *, owner: str | None = None, ttl: float = 300.0) -> int:
+        """Register a new run (before its first checkpoint). `AlreadyExistsError` if taken.
+
+        ``owner`` holds it from the start (for ``ttl`` seconds): until its first
+        checkpoint a run no live process holds counts as failed to start (`started_view`).
+        """
         session = await self.store.get_session(self.tenant, state.session_id)
         state.transcript_seq = session.head_seq  # where the run starts (see `history`)
         index = _index_of(state, checkpoint_seq=session.last_seq)
+        if owner is not None:
+            index.owner, index.lease_until = owner, utcnow() + timedelta(seconds=ttl)
         try:
             return await self.put_index(index, expected_version=0)
         except ConflictError:
@@ -148,7 +151,9 @@ class RunStore:
         limit: int = 100,
     ) -> RunList:
         """Runs in id order (ids sort by creation time), optionally filtered; index
-        records that cannot be read are reported in ``corrupt``, not left out."""
+        records that cannot be read are reported in ``corrupt``, not left out. A run
+        whose process died before its first checkpoint is listed as failed to start
+        (`started_view`)."""
         out = RunList()
         cursor = after
         while len(out) < limit:
@@ -159,7 +164,7 @@ class RunStore:
             out.corrupt += found.corrupt
             out += [
                 index
-                for index in found
+                for index in [await self._started(index) for index in found]
                 if (status is None or index.status == status)
                 and (session_id is None or index.session_id == session_id)
             ]
@@ -168,6 +173,17 @@ class RunStore:
             cursor = page[-1].key
         del out[limit:]
         return out
+
+    async def _started(self, index: RunIndex) -> RunIndex:
+        """``index``, or for a run that seems to have failed to start what loading says:
+        its first checkpoint may be there after all, written just before its process
+        died (the index is written after the checkpoint)."""
+        view = started_view(index)
+        if not view.failed_to_start:
+            return index
+        with contextlib.suppress(StatekeeperError):
+            return (await self.load_latest(index.run_id)).index
+        return view
 
     # -- checkpoints ---------------------------------------------------------------------
 
@@ -476,20 +492,3 @@ def _event_drafts(raw: builtins.list[dict[str, Any]]) -> builtins.list[EventDraf
         raise InvalidPayloadError(
             f"the snapshot's events are not valid ({exc.errors()[0]['msg']}); export the run again"
         ) from exc
-
-
-def owner_alive(owner: str | None) -> bool:
-    """False only when ``owner`` ("host:pid:...") is a process of this host that is gone."""
-    if owner is None:
-        return False
-    host, _, rest = owner.partition(":")
-    pid_text = rest.partition(":")[0]
-    if host != socket.gethostname() or not pid_text.isdigit():
-        return True  # cannot tell from here: trust the lease
-    try:
-        os.kill(int(pid_text), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
