@@ -19,7 +19,7 @@ from __future__ import annotations
 import builtins
 import os
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, Final
 
@@ -32,6 +32,7 @@ from statekeeper.errors import (
     NotFoundError,
     SchemaVersionError,
     StatekeeperError,
+    StoreCorruptError,
 )
 from statekeeper.ids import new_id, validate_id
 from statekeeper.retry import retry_on_conflict
@@ -66,10 +67,27 @@ class AllProfilesCoolingDownError(StatekeeperError):
         self.available_at = available_at
 
 
+def _problems(exc: ValidationError) -> str:
+    """What pydantic found wrong, by field, without the input (it may be a secret)."""
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in exc.errors())
+
+
 class AuthProfile(BaseModel):
-    """One API key profile of an agent, with its use and failure history."""
+    """One API key profile of an agent, with its use and failure history.
+
+    Building one with bad fields raises `InvalidInputError` naming them (never the input).
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            # Our own message, not pydantic's: that one would echo the (secret?) input.
+            raise InvalidInputError(
+                f"invalid auth profile: {_problems(exc)}; correct the fields named"
+            ) from None
 
     id: str
     agent_id: str
@@ -128,12 +146,50 @@ def _retry_seconds(retry_after: object) -> float | None:
     return float(retry_after)
 
 
-def resolve_secret(ref: str, resolvers: dict[str, Callable[[str], str]] | None = None) -> str:
+def _seconds(value: object, what: str) -> float:
+    """``value`` if it is seconds in (0, a year], else `InvalidInputError` naming ``what``."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidInputError(f"{what} must be seconds (a number), not {type(value).__name__}")
+    if not 0 < value <= MAX_RETRY_AFTER:  # also refuses NaN and infinity
+        raise InvalidInputError(
+            f"{what} must be more than 0 and at most {MAX_RETRY_AFTER:.0f} seconds (a year), "
+            f"not {value!r}"
+        )
+    return float(value)
+
+
+def resolve_secret(ref: str, resolvers: Mapping[str, Callable[[str], str]] | None = None) -> str:
     """The secret a reference names: ``env:NAME`` reads the environment; other schemes
-    use ``resolvers[scheme](name)``. Raises `NotFoundError` (without the value)."""
+    use ``resolvers[scheme](name)``. Raises `NotFoundError` (without the value) when it
+    cannot be resolved, the resolver's own statekeeper errors as they are, and
+    `InvalidInputError` for a reference that is not text, resolvers that are not a
+    mapping, or a resolver that returns no text."""
+    if not isinstance(ref, str):
+        raise InvalidInputError(
+            f"a secret reference is a str such as 'env:OPENAI_KEY', not {type(ref).__name__}"
+        )
+    if resolvers is not None and not isinstance(resolvers, Mapping):
+        raise InvalidInputError(
+            "resolvers must map a scheme to a function of the name, e.g. "
+            f"{{'vault': read_vault}}, not {type(resolvers).__name__}"
+        )
     scheme, _, name = ref.partition(":")
     if resolvers and scheme in resolvers:
-        return resolvers[scheme](name)
+        try:
+            secret = resolvers[scheme](name)
+        except StatekeeperError:
+            raise
+        except Exception as exc:  # its message is not shown: it might hold the secret
+            raise NotFoundError(
+                f"the resolver for scheme {scheme!r} failed ({type(exc).__name__}) on "
+                f"{scheme}:{name}; check the reference and the resolver"
+            ) from exc
+        if not isinstance(secret, str):
+            raise InvalidInputError(
+                f"the resolver for scheme {scheme!r} returned {type(secret).__name__}, not "
+                "the secret as a str; make it return a str"
+            )
+        return secret
     if scheme == "env" and name in os.environ:
         return os.environ[name]
     raise NotFoundError(
@@ -171,8 +227,15 @@ class AuthProfiles:
         max_cooldown: float = 3600,
         attempts: int = 20,
     ) -> None:
-        if not 0 < base_cooldown <= max_cooldown:
-            raise InvalidInputError("need 0 < base_cooldown <= max_cooldown")
+        base_cooldown = _seconds(base_cooldown, "base_cooldown")
+        max_cooldown = _seconds(max_cooldown, "max_cooldown")
+        if not base_cooldown <= max_cooldown:
+            raise InvalidInputError(
+                f"base_cooldown ({base_cooldown:g} s) is more than max_cooldown "
+                f"({max_cooldown:g} s); need base_cooldown <= max_cooldown"
+            )
+        if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+            raise InvalidInputError(f"attempts must be an integer of at least 1, not {attempts!r}")
         self._store, self._clock = store, clock
         self.tenant = validate_id(tenant, "tenant")
         self.agent_id = validate_id(agent_id, "agent id")
@@ -181,18 +244,42 @@ class AuthProfiles:
 
     # -- storage --------------------------------------------------------------------------
 
+    def _now(self) -> datetime:
+        now = self._clock()
+        if not isinstance(now, datetime) or now.utcoffset() is None:
+            raise InvalidInputError(
+                f"the clock of AuthProfiles returned {now!r}, not a timezone-aware datetime; "
+                "pass a clock such as statekeeper.core.messages.utcnow"
+            )
+        return now
+
+    def _corrupt(self, problem: str) -> StoreCorruptError:
+        where = f"{self.tenant!r}, {NAMESPACE!r}, {self.agent_id!r}"
+        return StoreCorruptError(
+            f"the auth profiles of agent {self.agent_id!r} (record {NAMESPACE}/"
+            f"{self.agent_id} of tenant {self.tenant!r}) cannot be read: {problem}; restore "
+            f"the record from a backup, or delete it (store.delete_record({where})) and add "
+            "the profiles again"
+        )
+
     async def _load(self) -> tuple[_State, int]:
         try:
             record = await self._store.get_record(self.tenant, NAMESPACE, self.agent_id)
         except NotFoundError:
             return _State(), 0
         value: Any = record.value
-        if not isinstance(value, dict) or value.get("format", 0) > _FORMAT:
+        if not isinstance(value, dict):
+            raise self._corrupt(f"it holds a {type(value).__name__}, not an object")
+        stored = value.get("format", _FORMAT)
+        if type(stored) is int and stored > _FORMAT:
             raise SchemaVersionError(
                 f"auth profiles of agent {self.agent_id!r} were stored in format "
-                f"{value.get('format') if isinstance(value, dict) else '?'}; upgrade statekeeper"
+                f"{stored}; upgrade statekeeper"
             )
-        return _State.model_validate(value), record.version
+        try:
+            return _State.model_validate(value), record.version
+        except ValidationError as exc:
+            raise self._corrupt(_problems(exc)) from None
 
     async def _change(
         self, change: Callable[[_State, datetime], Awaitable[AuthProfile | None]]
@@ -201,7 +288,7 @@ class AuthProfiles:
 
         async def attempt() -> AuthProfile | None:
             state, version = await self._load()
-            result = await change(state, self._clock())
+            result = await change(state, self._now())
             await self._store.put_record(
                 self.tenant,
                 NAMESPACE,
@@ -224,20 +311,16 @@ class AuthProfiles:
     async def add(
         self, secret_ref: str, *, label: str = "", profile_id: str | None = None
     ) -> AuthProfile:
-        """Add a profile. `AlreadyExistsError` if the id is taken."""
-        pid = validate_id(profile_id or new_id("key"), "profile id")
-        try:
-            profile = AuthProfile(
-                id=pid,
-                agent_id=self.agent_id,
-                label=label,
-                secret_ref=secret_ref,
-                created_at=self._clock(),
-            )
-        except ValidationError as exc:
-            # Our own message, not pydantic's: that one would echo the (secret?) input.
-            problems = "; ".join(str(e["msg"]) for e in exc.errors())
-            raise InvalidInputError(f"invalid auth profile: {problems}") from None
+        """Add a profile. `AlreadyExistsError` if the id is taken; `InvalidInputError`
+        (naming the field, never echoing the secret) for bad fields."""
+        pid = validate_id(new_id("key") if profile_id is None else profile_id, "profile id")
+        profile = AuthProfile(
+            id=pid,
+            agent_id=self.agent_id,
+            label=label,
+            secret_ref=secret_ref,
+            created_at=self._now(),
+        )
 
         async def add(state: _State, now: datetime) -> AuthProfile:
             if any(p.id == pid for p in state.profiles):
@@ -316,9 +399,18 @@ class AuthProfiles:
 
         A rate-limited failure (or any with ``retry_after``) puts the profile in cooldown;
         other failures only count toward the streak. The failure is saved even when the
-        rotation then raises `AllProfilesCoolingDownError`.
+        rotation then raises `AllProfilesCoolingDownError`. Bad arguments raise
+        `InvalidInputError` and store nothing.
         """
         retry_after = _retry_seconds(retry_after)
+        if not isinstance(reason, str):
+            raise InvalidInputError(
+                f"reason must be a str such as '429 Too Many Requests', not {type(reason).__name__}"
+            )
+        if not isinstance(rate_limited, bool):
+            raise InvalidInputError(
+                f"rate_limited must be True or False, not {type(rate_limited).__name__}"
+            )
         cooling: list[AllProfilesCoolingDownError] = []
 
         async def fail(state: _State, now: datetime) -> AuthProfile | None:
@@ -330,7 +422,13 @@ class AuthProfiles:
                 rest = retry_after
                 if rest is None:
                     rest = min(self.base_cooldown * 2 ** min(failures - 1, 62), self.max_cooldown)
-                update["cooldown_until"] = now + timedelta(seconds=rest)
+                try:
+                    update["cooldown_until"] = now + timedelta(seconds=rest)
+                except OverflowError:
+                    raise InvalidInputError(
+                        f"a cooldown of {rest:g} s from {now.isoformat()} ends after the last "
+                        "date a datetime can hold; check the clock"
+                    ) from None
             state.profiles[i] = old.model_copy(update=update)
             cooling.clear()
             try:
@@ -376,7 +474,7 @@ class AuthProfiles:
 
     async def next_free_at(self) -> datetime | None:
         """When a profile is next usable: now if one is ready, None if there are none."""
-        profiles, now = await self.list(), self._clock()
+        profiles, now = await self.list(), self._now()
         if not profiles:
             return None
         return min(
@@ -387,5 +485,9 @@ class AuthProfiles:
 def mask_secret(ref: str) -> str:
     """A secret reference with only its scheme left: ``env:OPENAI_KEY`` -> ``env:…``
     (what listings show: never the reference itself)."""
+    if not isinstance(ref, str):
+        raise InvalidInputError(
+            f"mask_secret takes a secret reference (a str), not {type(ref).__name__}"
+        )
     scheme, sep, _ = ref.partition(":")
     return f"{scheme}:…" if sep else "…"
