@@ -21,6 +21,7 @@ from statekeeper.errors import InvalidInputError, InvalidPayloadError
 from statekeeper.jsoncodec import encode_json
 from statekeeper.sessions.handle import SessionOwner
 from statekeeper.sessions.view import TranscriptView, active_branch, build_view, message_of
+from statekeeper.sessions.writes import HeadWrites
 from statekeeper.stores.base import Entry, EntryDraft, EntryKind, SessionPatch, SessionRecord
 
 __all__ = [
@@ -45,24 +46,13 @@ CLEAR_MARKER = "clear"
 Popped = Message | dict[str, Any]
 
 
-class SessionBasics:
+class SessionBasics(HeadWrites):
     """pop, clear, append_items and items of `Session` (which supplies what is declared)."""
-
-    _record: SessionRecord
-    manager: SessionOwner
 
     if TYPE_CHECKING:
 
-        @property
-        def id(self) -> str: ...
-        @property
-        def version(self) -> int: ...
-        def _adopt(self, record: SessionRecord) -> None: ...
         async def append(self, *messages: Message, strict: bool = True) -> Any: ...
         async def branch(self) -> list[Entry]: ...
-        async def _append_raw(
-            self, drafts: list[EntryDraft], patch: SessionPatch, *, expected_version: int | None
-        ) -> list[Entry]: ...
 
     async def pop(self) -> Message | dict[str, Any]:
         """Remove the active branch's last message (or verbatim item) and return it.
@@ -70,16 +60,14 @@ class SessionBasics:
         The head moves back to its parent: the entry stays stored (see `entries`).
         Compare-and-set on the version this handle saw, like `append`.
         """
+        await self._follow()
         patch, popped = await pop_plan(self.manager, self._record)
-        self._adopt(
-            await self.manager.store.update_session(
-                self.manager.tenant, self.id, patch, expected_version=self.version
-            )
-        )
+        await self._update_head(patch)
         return popped
 
     async def clear(self) -> None:
         """Empty the active view; every earlier entry stays stored and readable."""
+        await self._follow()
         marker, patch = clear_plan(self._record)
         await self._append_raw([marker], patch, expected_version=self.version)
 
@@ -98,6 +86,7 @@ class SessionBasics:
         drafts = verbatim_drafts(items)
         if not drafts:
             raise InvalidInputError("append_items needs at least one item")
+        await self._follow()
         return await self._append_raw(drafts, SessionPatch(), expected_version=self.version)
 
     async def items(self) -> list[dict[str, Any]]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from statekeeper.core.messages import Message, MessageCategory, Role
 from statekeeper.core.tokens import counted
 from statekeeper.errors import ConflictError, InvalidPayloadError
+from statekeeper.sessions.continuation import live_record, moved_error
 from statekeeper.sessions.handle import SessionHandle
 from statekeeper.sessions.view import (
     SUMMARY_KEY,
@@ -81,6 +82,7 @@ async def compact_session(
     if keep_last < 0:
         raise InvalidPayloadError("keep_last must be >= 0")
     await session.refresh()
+    await session._follow()  # a continued session is compacted in its live one
     view = await session.view()
     chosen = _choose(view, keep_last)
     before = view.tokens
@@ -131,7 +133,12 @@ async def compact_session(
         except ConflictError:
             # Someone appended while the summariser ran: keep their entries and retry on
             # top of them with the same summary.
-            await session.refresh()
+            record = await session.refresh()
+            if record.continued_to is not None:
+                live = await live_record(session.manager, record)
+                raise moved_error(
+                    record, live, f"compact again, and the handle compacts {live.id!r}"
+                ) from None
             view = await session.view()
             continue
         return CompactionResult(entries[0], summary, len(originals), before, after)

@@ -4,6 +4,12 @@ The new session starts with the old one's SYSTEM and CONTEXT messages (compactio
 summaries included) and a marker naming the old session; ``continued_from`` links it
 back. `Session.continue_session` reserves the link first, so a retry after a crash
 finishes the same continuation.
+
+A chain A -> B -> C has one *live* session, the one not continued (C). Every write
+through a handle goes there: the handle first follows the links (`live_record`,
+finishing a link a crash left reserved), and the write compare-and-sets on the head it
+found, so a continuation committed in between makes it fail instead of landing in a
+continued session (`moved_error` says where the conversation went).
 """
 
 from __future__ import annotations
@@ -12,7 +18,13 @@ from collections.abc import Sequence
 
 from statekeeper.core.messages import Message, MessageCategory, Role
 from statekeeper.core.tokens import counted
-from statekeeper.errors import AlreadyExistsError, ConflictError, InvalidInputError
+from statekeeper.errors import (
+    AlreadyExistsError,
+    ConflictError,
+    InvalidInputError,
+    NotFoundError,
+    StoreCorruptError,
+)
 from statekeeper.ids import new_id
 from statekeeper.sessions.handle import SessionOwner
 from statekeeper.sessions.view import build_view, message_draft
@@ -25,6 +37,8 @@ __all__ = [
     "check_room",
     "create_continuation",
     "crosses_boundary",
+    "live_record",
+    "moved_error",
     "reserve_continuation",
 ]
 
@@ -155,3 +169,32 @@ async def reserve_continuation(owner: SessionOwner, old: SessionRecord) -> Sessi
         if current.continued_to is None:
             raise
         return current
+
+
+async def live_record(owner: SessionOwner, record: SessionRecord) -> SessionRecord:
+    """The live session of ``record``'s chain: ``record`` itself unless it was continued,
+    else the end of its ``continued_to`` links (a link reserved but not created yet, as a
+    crash leaves it, is finished first). `StoreCorruptError` if the links form a loop."""
+    seen = {record.id}
+    while record.continued_to is not None:
+        target = record.continued_to
+        if target in seen:
+            raise StoreCorruptError(
+                f"the continuation links of session {record.id!r} lead back to {target!r}: "
+                "the stored heads are damaged; repair or delete them"
+            )
+        try:
+            record = await owner.store.get_session(owner.tenant, target)
+        except NotFoundError:
+            record = await create_continuation(owner, record, target)
+        seen.add(record.id)
+    return record
+
+
+def moved_error(record: SessionRecord, live: SessionRecord, fix: str) -> ConflictError:
+    """The error for a write planned on session ``record``, which was continued: its
+    conversation goes on in ``live``; ``fix`` says what to do."""
+    return ConflictError(
+        f"session {record.id!r} was continued (its conversation goes on in session "
+        f"{live.id!r}); nothing was written: {fix}"
+    )

@@ -71,8 +71,14 @@ class SessionHandle(Protocol):
         """The active view (compactions applied)."""
         ...
 
+    async def _follow(self) -> None:
+        """Move to the live session of the chain, if the head last seen was continued
+        (sessions-internal: every write does it first)."""
+        ...
+
     async def _append_raw(
-        self, drafts: list[EntryDraft], patch: SessionPatch, *, expected_version: int | None
+        self, drafts: list[EntryDraft], patch: SessionPatch, *, expected_version: int
     ) -> list[Entry]:
-        """Append entry drafts and a head patch in one transaction (sessions-internal)."""
+        """Append entry drafts and a head patch in one transaction, with compare-and-set
+        on ``expected_version``, never to a continued session (sessions-internal)."""
         ...

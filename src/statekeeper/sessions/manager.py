@@ -3,8 +3,13 @@
 A `Session` is a handle on one conversation. Appends are O(1): one transcript entry per
 message and a small head update, never a rewrite. By default a handle appends only on
 top of the version it last saw, so two writers on one conversation get a typed
-`ConflictError` instead of an interleaved transcript; ``strict=False`` lets the store
-serialise appends instead (each is chained onto whatever the head is then).
+`ConflictError` instead of an interleaved transcript; ``strict=False`` re-reads the head
+and tries again instead (each append is chained onto whatever the head is then).
+
+Every write goes to the conversation's live session: a handle on a session that was
+continued follows the links first (see `statekeeper.sessions.continuation`), and the
+compare-and-set keeps a write planned before another writer continued the session
+out of it.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from statekeeper.core.tokens import DEFAULT_COUNTER, TokenCounter, message_token
 from statekeeper.core.typed import typed_input
 from statekeeper.errors import (
     AlreadyExistsError,
+    ConflictError,
     InvalidInputError,
     NotFoundError,
 )
@@ -32,8 +38,9 @@ from statekeeper.sessions.compaction import CompactionResult, Summarizer, compac
 from statekeeper.sessions.continuation import (
     check_limit,
     check_room,
-    create_continuation,
     crosses_boundary,
+    live_record,
+    moved_error,
     reserve_continuation,
 )
 from statekeeper.sessions.portable import export_session, import_session, removed_on_failure
@@ -50,7 +57,6 @@ from statekeeper.sessions.view import (
 from statekeeper.stores.base import (
     DeliveryContext,
     Entry,
-    EntryDraft,
     ForkPoint,
     Page,
     SessionPatch,
@@ -62,6 +68,7 @@ from statekeeper.stores.base import (
 __all__ = ["AppendOutcome", "Session", "SessionManager"]
 
 _RESERVED_TENANT_PREFIX = "statekeeper."
+_NON_STRICT_ATTEMPTS = 64
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,8 @@ class AppendOutcome:
     entries: list[Entry]
     session_id: str
     continued_from: str | None = None
+    """The session the handle was on, when the append went to another one (it crossed
+    the boundary, or the session had been continued and the handle followed)."""
 
 
 class SessionManager:
@@ -295,37 +304,45 @@ class Session(SessionBasics):
     async def append(self, *messages: Message, strict: bool = True) -> AppendOutcome:
         """Append messages atomically (all or none), O(1) in the transcript's length.
 
-        Token counts are filled in with the manager's counter. Crossing the session
-        boundary first moves this handle to a continuation session.
+        Token counts are filled in with the manager's counter. A handle on a continued
+        session first moves to the live one; crossing the session boundary first moves
+        it to a new continuation. ``strict=False``: on `ConflictError`, re-read and retry.
         """
         if not messages:
             raise InvalidInputError("append needs at least one message")
         check_messages(messages)
         manager = self.manager
         tokens = [message_tokens(m, manager.counter) for m in messages]
-        continued_from = None
-        if manager.auto_continue and crosses_boundary(
-            self._record, len(messages), sum(tokens), manager.max_messages, manager.max_tokens
-        ):
-            await check_room(manager, self._record, manager.max_messages, manager.max_tokens)
-            continued_from = self.id
-            await self.continue_session()
-        entries = await self._append_raw(
-            [message_draft(m, n) for m, n in zip(messages, tokens, strict=True)],
-            appended_counters(len(messages), sum(tokens)),
-            expected_version=self.version if strict else None,
+        drafts = [message_draft(m, n) for m, n in zip(messages, tokens, strict=True)]
+        origin = self.id
+        for _ in range(_NON_STRICT_ATTEMPTS):
+            await self._follow()
+            if manager.auto_continue and crosses_boundary(
+                self._record, len(messages), sum(tokens), manager.max_messages, manager.max_tokens
+            ):
+                await check_room(manager, self._record, manager.max_messages, manager.max_tokens)
+                await self.continue_session()
+            patch = appended_counters(len(messages), sum(tokens))
+            try:
+                entries = await self._append_raw(drafts, patch, expected_version=self.version)
+            except ConflictError:
+                if strict:
+                    raise
+                await self.refresh()
+                continue
+            return AppendOutcome(entries, self.id, origin if self.id != origin else None)
+        raise ConflictError(
+            f"session {self.id!r} kept changing under other writers for "
+            f"{_NON_STRICT_ATTEMPTS} attempts; nothing was written: retry"
         )
-        return AppendOutcome(entries, self.id, continued_from)
 
     async def update(self, **fields: Any) -> SessionRecord:
         """Set head fields (title, metadata, model_override, thinking_level, delivery ...)."""
         if "delivery" in fields and isinstance(fields["delivery"], DeliveryContext):
             fields["delivery"] = fields["delivery"].model_dump(mode="json")
-        record = await self._store.update_session(
-            self._tenant, self.id, SessionPatch(set=fields), expected_version=self.version
-        )
-        self._adopt(record)
-        return record
+        patch = SessionPatch(set=fields)
+        await self._follow()
+        return await self._update_head(patch)
 
     async def delete(self) -> None:
         """Delete this session and its transcript."""
@@ -378,15 +395,23 @@ class Session(SessionBasics):
         return at
 
     async def checkout(self, at: int | str) -> SessionRecord:
-        """Make the branch ending at entry ``at`` (seq or id) active; new appends fork there."""
+        """Make the branch ending at entry ``at`` (seq or id) active; new appends fork there.
+
+        ``at`` names an entry of this session: on a continued session it raises
+        `ConflictError` naming the live one (check out there, or `fork` this one).
+        """
+        if self._record.continued_to is not None:
+            live = await live_record(self.manager, self._record)
+            raise moved_error(
+                self._record,
+                live,
+                f"check out an entry of {live.id!r} (sessions.latest({self.id!r})), or "
+                f"fork {self.id!r} at that entry to branch from its history",
+            )
         seq = await self._resolve(at)
         view = build_view(await self.manager.load_branch(self._record, seq))
         patch = SessionPatch(set={"head_seq": seq, "fresh_tokens": view.tokens})
-        record = await self._store.update_session(
-            self._tenant, self.id, patch, expected_version=self.version
-        )
-        self._adopt(record)
-        return record
+        return await self._update_head(patch)
 
     async def fork(
         self,
@@ -436,25 +461,14 @@ class Session(SessionBasics):
 
         The new session starts with this one's SYSTEM and CONTEXT messages (including
         compaction summaries) and a transition marker. Crash-safe: the link is reserved
-        on this session first, so a retry finishes the same continuation.
+        on this session first, so a retry finishes the same continuation. On a session
+        that was continued already, the handle moves to the live one (nothing new).
         """
         old = await reserve_continuation(self.manager, await self.refresh())
-        target = old.continued_to
-        assert target is not None
-        try:
-            record = await self._store.get_session(self._tenant, target)
-        except NotFoundError:
-            record = await create_continuation(self.manager, old, target)
-        self._adopt(record)
-        self.state.reset_temp()
+        self._adopt(await live_record(self.manager, old))
+        self._moved()
         return self
 
-    async def _append_raw(
-        self, drafts: list[EntryDraft], patch: SessionPatch, *, expected_version: int | None
-    ) -> list[Entry]:
-        result = await self._store.append_entries(
-            self._tenant, self.id, drafts, expected_version=expected_version, patch=patch
-        )
-        if not result.replayed:
-            self._adopt(result.session)
-        return result.entries
+    def _moved(self) -> None:
+        """The handle moved to another session of its chain: temp state stays behind."""
+        self.state.reset_temp()

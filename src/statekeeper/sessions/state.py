@@ -131,6 +131,7 @@ class ScopedState:
         recorded: dict[str, dict[str, Any]],
     ) -> None:
         session = self._session
+        await session._follow()  # a continued session's state goes on in the live one
         payload = {"delta": recorded}
         sets, removes = by_scope["session"]
         new_state = {**session.record.state, **sets}
