@@ -1,5 +1,6 @@
 // The runs board: every run of the tenant, pending approvals first, updated live from the
-// tenant's event stream (each event refreshes the run it names).
+// tenant's event stream (each event refreshes the run it names). Delegated runs sit under
+// their parent; a filter (status, agent) or a search (id, agent, title) lists matches flat.
 
 import { api, follow, query } from "./api.js";
 import { announce, clear, h, keepFocus, money, problem, setLive, shortId, statusBadge, when } from "./dom.js";
@@ -25,12 +26,12 @@ export function boardOrder(a, b) {
 function costCell(run) {
   const cost = Number(run.cost_usd || 0);
   if (run.budget_usd === null || run.budget_usd === undefined) {
-    return h("td", { class: "num" }, money(cost), h("span", { class: "muted" }, " no budget"));
+    return h("td", { class: "num", "data-label": "Cost" }, money(cost), h("span", { class: "muted" }, " no budget"));
   }
   const budget = Number(run.budget_usd);
   const share = budget > 0 ? Math.min(cost / budget, 1) : 1;
   const level = share >= 0.9 ? "high" : share >= 0.6 ? "mid" : "low";
-  return h("td", { class: "num" },
+  return h("td", { class: "num", "data-label": "Cost" },
     h("span", {}, `${money(cost)} / ${money(budget)}`),
     h("span", {
       class: `bar bar-${level}`, role: "meter", "aria-valuemin": "0", "aria-valuemax": String(budget),
@@ -39,23 +40,69 @@ function costCell(run) {
   );
 }
 
-function row(run) {
+/** Runs in board order with each run's delegated runs right under it (any depth). A run
+ * whose parent is not on the board stands at the top level. */
+export function grouped(runs) {
+  const byId = new Map(runs.map((r) => [r.run_id, r]));
+  const children = new Map();
+  for (const run of runs) {
+    const parent = run.parent_run_id && byId.has(run.parent_run_id) ? run.parent_run_id : null;
+    if (!children.has(parent)) children.set(parent, []);
+    children.get(parent).push(run);
+  }
+  // A group goes where its most urgent member would: a child waiting for a person lifts
+  // its parent's group to the top.
+  const lead = new Map();
+  const leadOf = (run) => {
+    if (!lead.has(run.run_id)) {
+      const kids = (children.get(run.run_id) || []).map(leadOf);
+      lead.set(run.run_id, [run, ...kids].sort(boardOrder)[0]);
+    }
+    return lead.get(run.run_id);
+  };
+  const out = [];
+  const walk = (parent, depth) => {
+    const kids = [...(children.get(parent) || [])];
+    kids.sort((a, b) => boardOrder(leadOf(a), leadOf(b)));
+    for (const run of kids) {
+      out.push({ run, depth });
+      walk(run.run_id, depth + 1);
+    }
+  };
+  walk(null, 0);
+  return out;
+}
+
+/** Whether a run matches the search text: its id, its session's id, agent or title. */
+export function matches(run, text) {
+  if (!text) return true;
+  const needle = text.toLowerCase();
+  return [run.run_id, run.session_id, run.agent, run.title, run.parent_run_id]
+    .some((v) => v && String(v).toLowerCase().includes(needle));
+}
+
+function row({ run, depth }) {
   const pending = run.pending_approvals || 0;
   const link = `#/runs/${encodeURIComponent(run.run_id)}`;
-  return h("tr", { "data-run": run.run_id, class: pending ? "needs-you" : "" },
-    h("td", {}, statusBadge(run.status)),
-    h("td", {}, h("a", { href: link, title: run.run_id }, shortId(run.run_id))),
-    h("td", {}, run.agent || "–"),
-    h("td", { class: "num" }, String(run.step ?? 0)),
+  const classes = [pending ? "needs-you" : "", depth ? "child" : ""].filter(Boolean).join(" ");
+  return h("tr", { "data-run": run.run_id, "data-depth": String(depth), class: classes },
+    h("td", { "data-label": "Status" }, statusBadge(run.status)),
+    h("td", { "data-label": "Run", class: "run-cell", style: depth ? { paddingLeft: `${10 + depth * 18}px` } : undefined },
+      depth ? h("span", { class: "muted", "aria-hidden": "true" }, "↳ ") : "",
+      h("a", { href: link, class: "id" }, run.run_id),
+      run.title ? h("span", { class: "run-title" }, run.title) : "",
+      depth ? h("span", { class: "visually-hidden" }, ` delegated by ${run.parent_run_id}`) : ""),
+    h("td", { "data-label": "Agent" }, run.agent || "–"),
+    h("td", { "data-label": "Step", class: "num" }, String(run.step ?? 0)),
     costCell(run),
-    h("td", {}, pending
+    h("td", { "data-label": "Approvals" }, pending
       ? h("a", { class: "badge pending", href: link, "aria-label": `${pending} pending approval(s): review` },
         `${pending} to review`)
       : h("span", { class: "muted" }, "–")),
-    h("td", {}, run.session_id
-      ? h("a", { href: `#/sessions/${encodeURIComponent(run.session_id)}`, title: run.session_id }, shortId(run.session_id))
+    h("td", { "data-label": "Session" }, run.session_id
+      ? h("a", { href: `#/sessions/${encodeURIComponent(run.session_id)}`, class: "id" }, run.session_id)
       : "–"),
-    h("td", { class: "muted" }, h("time", { datetime: run.updated_at || "" }, when(run.updated_at))),
+    h("td", { "data-label": "Updated", class: "muted" }, h("time", { datetime: run.updated_at || "" }, when(run.updated_at))),
   );
 }
 
@@ -63,9 +110,15 @@ export function renderBoard(main) {
   const runs = new Map();
   const timers = new Map();
   let filter = "";
+  let agentFilter = "";
+  let search = "";
   let truncated = false;
   const select = h("select", { id: "status-filter" },
     STATUSES.map((s) => h("option", { value: s }, s ? s.replaceAll("_", " ") : "all statuses")));
+  const agents = h("select", { id: "agent-filter" }, h("option", { value: "" }, "all agents"));
+  const searchBox = h("input", {
+    id: "run-search", type: "search", placeholder: "id, agent or title", autocomplete: "off",
+  });
   const body = h("tbody", {});
   const counts = h("p", { class: "muted", id: "board-counts" });
   const table = h("table", { class: "runs", "aria-describedby": "board-counts" },
@@ -77,22 +130,40 @@ export function renderBoard(main) {
   main.append(
     h("div", { class: "page-head" },
       h("h1", {}, "Runs"),
-      h("label", { for: "status-filter" }, "Show ", select)),
+      h("div", { class: "filters", role: "search", "aria-label": "Filter runs" },
+        h("label", { for: "run-search" }, "Search ", searchBox),
+        h("label", { for: "status-filter" }, "Status ", select),
+        h("label", { for: "agent-filter" }, "Agent ", agents))),
     counts,
     h("div", { class: "card table-wrap" }, table),
   );
 
+  function drawAgents() {
+    const names = [...new Set([...runs.values()].map((r) => r.agent).filter(Boolean))].sort();
+    const have = [...agents.options].slice(1).map((o) => o.value);
+    if (names.join("\n") === have.join("\n")) return;
+    const chosen = agents.value;
+    clear(agents).append(h("option", { value: "" }, "all agents"),
+      ...names.map((n) => h("option", { value: n }, n)));
+    agents.value = names.includes(chosen) ? chosen : "";
+  }
+
   function draw() {
-    const shown = [...runs.values()].filter((r) => !filter || r.status === filter).sort(boardOrder);
+    drawAgents();
+    const narrowed = Boolean(filter || agentFilter || search);
+    const picked = [...runs.values()].filter((r) => (!filter || r.status === filter)
+      && (!agentFilter || r.agent === agentFilter) && matches(r, search));
+    // Narrowed, the matches stand alone (a child's parent may not match); else the tree.
+    const shown = narrowed ? picked.sort(boardOrder).map((run) => ({ run, depth: 0 })) : grouped(picked);
     keepFocus(body, () => {
       clear(body).append(...shown.map(row));
       if (!shown.length) {
         body.append(h("tr", {}, h("td", { colspan: "8", class: "muted empty" },
-          filter ? "No run has this status." : "No runs yet. Start one with the library, the CLI or the API.")));
+          narrowed ? "No run matches." : "No runs yet. Start one with the library, the CLI or the API.")));
       }
     });
     const waiting = [...runs.values()].filter((r) => (r.pending_approvals || 0) > 0).length;
-    counts.textContent = `${runs.size} run(s); ${waiting} waiting for approval.`
+    counts.textContent = (narrowed ? `${shown.length} of ` : "") + `${runs.size} run(s); ${waiting} waiting for approval.`
       + (truncated ? ` Only the oldest ${MAX_PAGES * 500} runs and every run waiting for approval are read.` : "");
   }
 
@@ -142,6 +213,14 @@ export function renderBoard(main) {
 
   select.addEventListener("change", () => {
     filter = select.value;
+    draw();
+  });
+  agents.addEventListener("change", () => {
+    agentFilter = agents.value;
+    draw();
+  });
+  searchBox.addEventListener("input", () => {
+    search = searchBox.value.trim();
     draw();
   });
   load();
