@@ -177,3 +177,20 @@ async def test_a_reservation_made_by_another_process_meanwhile_is_seen(
         assert helper.state.limits.budget.maximum == pytest.approx(0.3)
         live, _ = await rollup.live_children(other.runs, parent.run_id)
         assert set(live.children) == {"run_elsewhere"}  # the helper ended: released
+
+
+async def test_a_cancelled_child_gives_its_room_back(store: Store) -> None:
+    agents = [
+        ScriptedAgent("parent", [Respond([Message.assistant("plan")])]),
+        ScriptedAgent("asker", [AskInput("which one?"), Finish("x")]),
+    ]
+    runner = Runner(store, "alice", agents)
+    parent = await parent_of(runner)
+    asker = await runner.delegate(parent, "asker", "look", headless=False, limits=budget(1.0))
+    with pytest.raises(LimitReachedError):
+        await runner.delegate(parent, "asker", "more", headless=False)
+
+    await runner.cancel(asker.run_id)
+    again = await runner.delegate(parent, "asker", "more", headless=False)
+    assert again.state.limits.budget is not None
+    assert again.state.limits.budget.maximum == pytest.approx(1.0)

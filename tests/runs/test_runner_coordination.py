@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from statekeeper.core.messages import Message
 from statekeeper.runs import Coordination, Finish, Respond, Runner, StepInput
 from statekeeper.runs.scripted import ScriptedAgent
@@ -161,7 +163,8 @@ async def test_delegated_runs_are_registered_and_settled(store: Store) -> None:
     assert entry.task == "sum it up"
 
     waiting = await runner.delegate(parent.state, "slow", "look deeper")
-    assert (await registry.get(waiting.run_id)).status == "running"
+    entry = await registry.get(waiting.run_id)
+    assert (entry.status, entry.outcome) == ("paused", "waiting for input")
     killed = await registry.kill(waiting.run_id)
     assert killed.status == "killed"
     assert (await runner.load(waiting.run_id)).status == "cancelled"
@@ -220,3 +223,47 @@ async def test_a_cross_process_session_lock_serialises_runners() -> None:
     finally:
         await first_store.close()
         await second_store.close()
+
+
+async def test_a_headless_child_paused_at_a_limit_shows_paused_then_running(
+    store: Store,
+) -> None:
+    from statekeeper.core.limits import BudgetFlag, Limits
+    from statekeeper.errors import LimitReachedError
+    from statekeeper.runs import AskInput, ModelCall
+    from statekeeper.runtime import SubagentRegistry
+
+    seen: list[str] = []
+    registry = SubagentRegistry(store, "alice", owner_id="operator")
+
+    class Spender:
+        """Spends 0.3 a step; at its third step it looks itself up, then finishes."""
+
+        name = "child"
+
+        async def step(self, run: StepInput) -> Any:
+            if run.state.turn == 3:
+                seen.append((await registry.get(run.state.run_id)).status)
+                return Finish("done")
+            return Respond([Message.assistant("working")], call=ModelCall("m", cost=0.3))
+
+    parent_agent = ScriptedAgent("parent", [AskInput("which?")])
+    runner = Runner(store, "alice", [parent_agent, Spender()])
+    parent = await runner.start("parent", "go", limits=Limits(budget=BudgetFlag(maximum=5.0)))
+    assert parent.state.headless  # and so is its child
+    child_limits = Limits(budget=BudgetFlag(maximum=0.5))
+    with pytest.raises(LimitReachedError) as caught:
+        await runner.delegate(parent.state, "child", "spend", limits=child_limits)
+    child_id = caught.value.state.run_id
+
+    entry = await registry.get(child_id)
+    assert entry.status == "paused"
+    assert entry.outcome == "budget limit reached: 0.6 of 0.5"
+    assert [e.run_id for e in await registry.list(status="paused")] == [child_id]
+
+    await runner.raise_limits(child_id, budget=1.0)
+    result = await runner.resume(child_id)
+    assert result.status == "completed"
+    assert seen == ["running"]  # running again while it was being driven
+    done = await registry.get(child_id)
+    assert (done.status, done.outcome) == ("completed", "done")

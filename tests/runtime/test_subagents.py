@@ -320,3 +320,48 @@ async def test_two_registries_failing_one_orphan_one_wins(
     assert sorted(len(r.failed) for r in reports) == [0, 1]
     assert sum(len(r.skipped) for r in reports) == 1
     assert (await regs[0].get("orphan")).status == SubagentStatus.FAILED
+
+
+async def test_a_paused_child_is_paused_until_it_runs_again(
+    registry: SubagentRegistry, record_store: RecordStore, clock: Clock
+) -> None:
+    await spawn(registry, "r1")
+    paused = await registry.pause("r1", "budget limit reached: 0.5 of 0.5")
+    assert (paused.status, paused.outcome) == (
+        SubagentStatus.PAUSED,
+        "budget limit reached: 0.5 of 0.5",
+    )
+    assert not paused.finished
+    assert [e.run_id for e in await registry.list(status="paused")] == ["r1"]
+    with pytest.raises(InvalidInputError, match="still paused"):
+        await registry.forget("r1")
+
+    # Paused is run by nobody: no heartbeat kept, and not an orphan however old.
+    assert await registry.heartbeat() == 0
+    clock.advance(3600)
+    other = SubagentRegistry(record_store, TENANT, owner_id="worker-b", clock=clock)
+    report = await other.recover(dead_owners={"worker-a"})
+    assert report.failed == []
+    assert (await registry.get("r1")).status == SubagentStatus.PAUSED
+
+    running = await other.resume("r1")  # resumed by another worker: it owns it now
+    assert (running.status, running.outcome, running.owner) == (
+        SubagentStatus.RUNNING,
+        None,
+        "worker-b",
+    )
+    assert running.heartbeat_at == clock()
+    assert (await other.complete("r1", "done")).status == SubagentStatus.COMPLETED
+    with pytest.raises(SubagentFinishedError, match="cannot pause"):
+        await registry.pause("r1", "late")
+    with pytest.raises(SubagentFinishedError, match="cannot resume"):
+        await registry.resume("r1")
+    with pytest.raises(NotFoundError):
+        await registry.pause("nope", "why")
+
+
+async def test_a_paused_child_can_be_killed(registry: SubagentRegistry, controls: Controls) -> None:
+    await spawn(registry, "r1")
+    await registry.pause("r1", "waiting for input")
+    killed = await registry.kill("r1")
+    assert (killed.status, controls.killed) == (SubagentStatus.KILLED, ["r1"])

@@ -4,13 +4,15 @@ events          where run events go (default: an `EventBus` on the runner's stor
 lanes           in-process lanes: one run per session at a time (``session:<id>``)
 session_locks   the same rule across processes and machines (`SessionLocks`)
 followups       messages arriving mid-run steer it at its next step
-subagents       delegated runs are registered, and settled when they end
+subagents       delegated runs are registered, marked paused and running again as they
+                stop and resume, and settled when they end
 owner           this runner's lease owner id (default ``host:pid:<random>``)
 lease_ttl       seconds a run's lease lasts without a write renewing it
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -22,6 +24,8 @@ from statekeeper.core.lifecycle import AgentStatus
 from statekeeper.core.messages import Message
 from statekeeper.errors import InvalidInputError, NotFoundError
 from statekeeper.ids import new_id
+from statekeeper.runs.agent import RateLimited
+from statekeeper.runs.limiting import reached
 from statekeeper.runs.results import EventSink, SessionLocks
 from statekeeper.runs.state import RunState
 from statekeeper.runtime.followups import FollowupQueue
@@ -108,3 +112,34 @@ class Coordination:
                 await self.subagents.fail(state.run_id, reason)
         except (NotFoundError, SubagentFinishedError):
             pass  # not registered here, or already settled (killed, say)
+
+    async def pause_child(self, state: RunState) -> None:
+        """Mark a stopped, resumable delegated run's registry entry paused, saying why."""
+        if self.subagents is None or state.delegation is None:
+            return
+        # Not registered here, or settled meanwhile (killed, say): nothing to mark.
+        with contextlib.suppress(NotFoundError, SubagentFinishedError):
+            await self.subagents.pause(state.run_id, pause_reason(state))
+
+    async def resume_child(self, state: RunState) -> None:
+        """Mark a delegated run's registry entry running again (it is being driven)."""
+        if self.subagents is None or state.delegation is None:
+            return
+        with contextlib.suppress(NotFoundError, SubagentFinishedError):
+            await self.subagents.resume(state.run_id)
+
+
+def pause_reason(state: RunState) -> str:
+    """Why a stopped run that is not finished stopped: the limit it reached, a rate
+    limit, the input or approval it waits for."""
+    if state.status == AgentStatus.WAITING_FOR_INPUT:
+        return "waiting for input"
+    if state.status == AgentStatus.WAITING_FOR_APPROVAL:
+        return "waiting for approval"
+    found = reached(state.limits)
+    if found is not None:
+        flag = found[1]
+        return f"{flag.name} limit reached: {flag.current:g} of {flag.maximum or 0:g}"
+    if state.error is not None and state.error.type == RateLimited.__name__:
+        return f"rate limited: {state.error.message}"
+    return str(state.status)

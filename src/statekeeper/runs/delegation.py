@@ -10,28 +10,61 @@ created gives its reservation back. See `statekeeper.runs.rollup`.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 from statekeeper.core.limits import Limits
 from statekeeper.core.messages import Message
 from statekeeper.core.metrics import DelegationInfo
 from statekeeper.errors import NotFoundError, StatekeeperError
 from statekeeper.ids import new_id
+from statekeeper.runs.agent import Agent
+from statekeeper.runs.coordination import Coordination
 from statekeeper.runs.loop import find_agent
+from statekeeper.runs.options import ContextCodec, RunPolicy
 from statekeeper.runs.results import RunResult, as_messages
 from statekeeper.runs.rollup import release, reserve, settle_children
 from statekeeper.runs.spans import child_parent
 from statekeeper.runs.state import RunState
+from statekeeper.runs.store import RunStore
+from statekeeper.sessions import SessionManager
 
-if TYPE_CHECKING:
-    from statekeeper.runs.runner import Runner
+__all__ = ["Delegator", "start_child"]
 
-__all__ = ["start_child"]
+
+class Delegator(Protocol):
+    """What `start_child` needs of a `statekeeper.runs.Runner`."""
+
+    @property
+    def agents(self) -> Mapping[str, Agent]: ...
+    @property
+    def runs(self) -> RunStore: ...
+    @property
+    def sessions(self) -> SessionManager: ...
+    @property
+    def coordination(self) -> Coordination: ...
+    @property
+    def policy(self) -> RunPolicy: ...
+    @property
+    def context_codec(self) -> ContextCodec: ...
+
+    async def start(
+        self,
+        agent: str,
+        input: str | Message | Sequence[Message] = (),
+        *,
+        session_id: str | None = None,
+        run_id: str | None = None,
+        headless: bool = True,
+        limits: Limits | None = None,
+        context: Any = None,
+        group_id: str | None = None,
+        delegation: DelegationInfo | None = None,
+    ) -> RunResult: ...
 
 
 async def start_child(
-    runner: Runner,
+    runner: Delegator,
     parent: RunState,
     agent: str,
     input: str | Message | Sequence[Message],

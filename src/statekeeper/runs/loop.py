@@ -203,6 +203,7 @@ class RunLoop:
     async def _begin(self, active: ActiveRun) -> bool:
         """Get a loaded run going: False if it stops before its first step."""
         state = active.state
+        resumed = state.status != AgentStatus.INITIALIZING
         if state.cancel_requested:
             await self._cancelled(active)
             return False
@@ -217,6 +218,8 @@ class RunLoop:
             if state.error is not None and state.error.type == "RateLimited":
                 state.error = None  # it paused for a rate limit: over now
             await self.lifecycle.flush()  # "running" before anything the run does
+        if resumed:
+            await self.coordination.resume_child(state)  # a delegated run: running again
         if active.new_input:
             await self._take_input(active)
         return True
@@ -267,6 +270,7 @@ class RunLoop:
             await self.coordination.settle_child(state)
         else:
             await self.lifecycle.settle(state)
+            await self.coordination.pause_child(state)
 
     # -- one step ------------------------------------------------------------------------
 

@@ -11,7 +11,10 @@ regularly. At start-up `SubagentRegistry.recover` settles runs left ``running`` 
 that are gone (a stale heartbeat, or named dead): resumed here when ``can_resume`` says
 so, else failed with the outcome ``"orphaned: owner <id> stopped"``.
 
-Statuses: running -> completed | failed | killed; the last three are final.
+Statuses: running <-> paused (the child stopped, resumable: at a limit, waiting for input
+or an approval, rate limited; ``outcome`` says why), running | paused -> completed |
+failed | killed; the last three are final. A paused child is run by nobody: it needs no
+heartbeat and is no orphan.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ class SubagentStatus(StrEnum):
     """Where a child run stands."""
 
     RUNNING = "running"
+    PAUSED = "paused"
     COMPLETED = "completed"
     FAILED = "failed"
     KILLED = "killed"
@@ -82,6 +86,7 @@ class SubagentEntry(BaseModel):
     task: str
     status: SubagentStatus = SubagentStatus.RUNNING
     outcome: str | None = None
+    """A finished child's result summary (or why it failed); a paused one's reason."""
     model: str | None = None
     started_at: AwareDatetime
     completed_at: AwareDatetime | None = None
@@ -95,7 +100,7 @@ class SubagentEntry(BaseModel):
     @property
     def finished(self) -> bool:
         """True once completed, failed or killed."""
-        return self.status is not SubagentStatus.RUNNING
+        return self.status not in (SubagentStatus.RUNNING, SubagentStatus.PAUSED)
 
 
 @dataclass
@@ -233,6 +238,47 @@ class SubagentRegistry:
         """The child failed; ``reason`` becomes its outcome."""
         return await self._settle(run_id, SubagentStatus.FAILED, reason, "fail")
 
+    async def pause(self, run_id: str, reason: str) -> SubagentEntry:
+        """The child stopped, resumable (``reason``: at a limit, waiting for input ...).
+
+        `NotFoundError` for an unknown run, `SubagentFinishedError` for a finished one.
+        """
+
+        async def attempt() -> SubagentEntry:
+            entry = await self.get(run_id)
+            if entry.finished:
+                raise SubagentFinishedError(run_id, entry.status, "pause")
+            if entry.status is SubagentStatus.PAUSED and entry.outcome == reason:
+                return entry
+            paused = entry.model_copy(update={"status": SubagentStatus.PAUSED, "outcome": reason})
+            return await self._put(paused, entry.version)
+
+        return await retry_on_conflict(attempt, attempts=20)
+
+    async def resume(self, run_id: str) -> SubagentEntry:
+        """A paused child runs again, owned by this worker (heartbeat now).
+
+        `NotFoundError` for an unknown run, `SubagentFinishedError` for a finished one.
+        """
+
+        async def attempt() -> SubagentEntry:
+            entry = await self.get(run_id)
+            if entry.finished:
+                raise SubagentFinishedError(run_id, entry.status, "resume")
+            if entry.status is SubagentStatus.RUNNING and entry.owner == self.owner_id:
+                return entry
+            running = entry.model_copy(
+                update={
+                    "status": SubagentStatus.RUNNING,
+                    "outcome": None,
+                    "owner": self.owner_id,
+                    "heartbeat_at": self._clock(),
+                }
+            )
+            return await self._put(running, entry.version)
+
+        return await retry_on_conflict(attempt, attempts=20)
+
     async def kill(self, run_id: str) -> SubagentEntry:
         """Cancel a running child (through the kill callback) and mark it killed.
 
@@ -267,7 +313,9 @@ class SubagentRegistry:
         """Delete a finished entry (retention). Running entries cannot be forgotten."""
         entry = await self.get(run_id)
         if not entry.finished:
-            raise InvalidInputError(f"subagent run {run_id!r} is still running; kill it first")
+            raise InvalidInputError(
+                f"subagent run {run_id!r} is still {entry.status}; kill it first"
+            )
         await self._store.delete_record(
             self.tenant, NAMESPACE, run_id, expected_version=entry.version
         )
