@@ -1,8 +1,10 @@
-// A run: its pending tool calls (Approve / Reject), timeline of events, checkpoints with
-// "fork from here", limits and metrics, error, and delegated children as a tree. It
+// A run: its pending tool calls (Approve / Reject), timeline of events with the
+// conversation inline (convo.js), checkpoints with "fork from here", limits and metrics,
+// error, and delegated children as a tree. It
 // follows the run's own event stream and re-reads the run when events arrive.
 
 import { ApiError, api, follow, query } from "./api.js";
+import { namedMessages, placeMessages, runMessages } from "./convo.js";
 import {
   announce, clear, h, keepFocus, money, pretty, problem, put, setLive, shortId, statusBadge,
   typingIn, when,
@@ -21,11 +23,10 @@ export function eventSummary(event) {
   if (d.tool) parts.push(String(d.tool));
   if (d.call_id) parts.push(`call ${d.call_id}`);
   if (d.text) parts.push(String(d.text).slice(0, 160));
-  // A runner's events name the step's messages instead of repeating their text.
   const type = eventType(event);
-  if (type === "assistant/complete" && d.text === undefined && d.id) parts.push(`message ${shortId(d.id)}`);
-  if (type === "tool/result" && d.output === undefined && d.message) parts.push(`result in message ${shortId(d.message)}`);
-  else if (d.message) parts.push(String(d.message).slice(0, 160));
+  // A runner's events name the step's messages instead of repeating their text: the
+  // timeline shows those messages under the event (convo.js).
+  if (d.message && !(type === "tool/result" && d.output === undefined)) parts.push(String(d.message).slice(0, 160));
   if (d.always) parts.push("always");
   if (d.reason) parts.push(`reason: ${d.reason}`);
   if (d.decided_by) parts.push(`by ${d.decided_by}`);
@@ -161,6 +162,8 @@ function header(run, act) {
 
 export function renderRun(main, runId) {
   const seen = new Set();
+  const messages = new Map(); // the conversation: message id -> entry
+  const shownMessages = new Set();
   const decided = []; // approval events: who decided which call
   const timeline = h("ol", { class: "timeline", "aria-label": "events, oldest first" });
   const timelineBox = h("div", { class: "scroll tall", tabindex: "0", "aria-label": "timeline" }, timeline);
@@ -170,7 +173,7 @@ export function renderRun(main, runId) {
   main.append(top, h("div", { class: "run-grid" },
     h("div", {}, pendingBox,
       h("section", { class: "card", "aria-labelledby": "timeline-title" },
-        h("h2", { id: "timeline-title" }, "Timeline"), timelineBox)),
+        h("h2", { id: "timeline-title" }, "Timeline and conversation"), timelineBox)),
     side));
   let run = null;
   let notice = "";
@@ -188,12 +191,17 @@ export function renderRun(main, runId) {
       const data = ev.data || {};
       const type = eventType(ev);
       if (type.startsWith("approval/") && data.data) decided.push({ ...data.data, at: data.at });
-      timeline.append(h("li", { class: `ev ev-${type.split(/[/.:]/)[0]}` },
+      const names = namedMessages(data.data);
+      timeline.append(h("li", {
+        class: `ev ev-${type.split(/[/.:]/)[0]}`, "data-at": data.at || "",
+        "data-names": names.length ? names.join(" ") : undefined,
+      },
         h("span", { class: "seq" }, `#${data.seq ?? ev.id ?? ""}`),
         h("span", { class: "etype" }, type),
-        h("span", { class: "what" }, eventSummary(ev)),
+        h("div", { class: "what" }, eventSummary(ev)),
         h("time", { class: "muted", datetime: data.at || "" }, when(data.at))));
     }
+    placeMessages(timeline, messages, shownMessages);
     if (atBottom) timelineBox.scrollTop = timelineBox.scrollHeight;
   }
 
@@ -261,7 +269,7 @@ export function renderRun(main, runId) {
     clear(top).append(header(run, act));
     if (notice) top.append(h("p", { class: "notice", role: "status" }, notice));
     if (run.output !== null && run.output !== undefined) {
-      top.append(h("details", { class: "card" }, h("summary", {}, "Output"), h("pre", {}, pretty(run.output))));
+      top.append(h("details", { class: "card output", open: true }, h("summary", {}, "Output"), h("pre", {}, pretty(run.output))));
     }
     if (run.error) top.append(h("div", { class: "error card", role: "alert" }, h("h2", {}, "Error"), h("pre", {}, String(run.error))));
   }
@@ -285,7 +293,15 @@ export function renderRun(main, runId) {
   async function refresh() {
     run = await api(runPath(runId));
     draw();
+    await loadMessages();
     await drawSide();
+  }
+
+  async function loadMessages() {
+    const atBottom = timelineBox.scrollTop + timelineBox.clientHeight >= timelineBox.scrollHeight - 8;
+    for (const [id, entry] of await runMessages(run).catch(() => new Map())) messages.set(id, entry);
+    placeMessages(timeline, messages, shownMessages);
+    if (atBottom) timelineBox.scrollTop = timelineBox.scrollHeight;
   }
 
   (async () => {
