@@ -64,6 +64,10 @@ class RunIndex(BaseModel):
     (``cancelled`` once a cancel was requested)."""
 
 
+_ENDED = frozenset({AgentStatus.COMPLETED, AgentStatus.CANCELLED, AgentStatus.ERROR})
+"""Statuses an index of a run with no checkpoint never has unless written so on purpose."""
+
+
 def owner_alive(owner: str | None) -> bool:
     """False only when ``owner`` ("host:pid:...") is a process of this host that is gone."""
     if owner is None:
@@ -101,7 +105,7 @@ def started_view(index: RunIndex) -> RunIndex:
     (revision 0) that no live process holds any more failed to start (its process died
     before the first checkpoint) and is shown ``error``, or ``cancelled`` once a cancel
     was requested, with ``failed_to_start`` set. A run still being started is as is."""
-    if index.revision != 0 or index.failed_to_start or held(index):
+    if index.revision != 0 or index.status in _ENDED or index.failed_to_start or held(index):
         return index
     status = AgentStatus.CANCELLED if index.cancel_requested else AgentStatus.ERROR
     return index.model_copy(update={"status": str(status), "failed_to_start": True})
