@@ -287,12 +287,13 @@ def test_v2_features() -> None:
     assert state.child_usage == {}  # what the v2 -> v3 step adds
 
 
-def test_v2_export_is_v2_plus_what_v3_and_v4_added() -> None:
+def test_v2_export_is_v2_plus_what_v3_v4_and_v5_added() -> None:
     for name in ("v2/minimal.json", "v2/features.json"):
         raw = json.loads(read(name))
         again = json.loads(load(name).to_json())
         trace = {**raw["trace"], "traceparent": None}
-        assert again == {**raw, "schema_version": 4, "child_usage": {}, "trace": trace}
+        added = {"child_usage": {}, "trace": trace, "settled_decisions": []}
+        assert again == {**raw, "schema_version": 5, **added}
 
 
 # -- version 3 --------------------------------------------------------------------------
@@ -335,14 +336,15 @@ def test_v3_features() -> None:
     assert state.messages() == v2.messages()
 
 
-def test_v3_export_is_v3_plus_what_v4_added() -> None:
+def test_v3_export_is_v3_plus_what_v4_and_v5_added() -> None:
     for name in ("v3/minimal.json", "v3/features.json"):
         raw = json.loads(read(name))
         trace = {**raw["trace"], "traceparent": None}  # never traced with OpenTelemetry
-        assert json.loads(load(name).to_json()) == {**raw, "schema_version": 4, "trace": trace}
+        added = {"trace": trace, "settled_decisions": []}
+        assert json.loads(load(name).to_json()) == {**raw, "schema_version": 5, **added}
 
 
-# -- version 4 (current) ----------------------------------------------------------------
+# -- version 4 --------------------------------------------------------------------------
 
 
 def test_v4_minimal() -> None:
@@ -375,9 +377,49 @@ def test_v4_features_keep_the_w3c_trace() -> None:
     assert state.messages() == v3.messages()
 
 
-def test_v4_export_is_byte_stable() -> None:
-    """Reading and writing a current fixture again gives the same JSON data."""
+def test_v4_export_is_v4_plus_what_v5_added() -> None:
     for name in ("v4/minimal.json", "v4/features.json"):
+        raw = json.loads(read(name))
+        again = json.loads(load(name).to_json())
+        assert again == {**raw, "schema_version": 5, "settled_decisions": []}
+
+
+# -- version 5 (current) ----------------------------------------------------------------
+
+
+def test_v5_minimal() -> None:
+    state = load("v5/minimal.json")
+
+    assert state == RunState(
+        run_id="run_minimal_v5",
+        tenant="tenant-a",
+        session_id="sess_minimal",
+        agent="assistant",
+        trace=TraceState(trace_id="trace_minimal_v5"),
+        created_at=when("2025-03-14T09:26:53.589793Z"),
+        updated_at=when("2025-03-14T09:26:53.589793Z"),
+        items=[],
+    )
+
+
+def test_v5_features_keep_the_settled_decisions() -> None:
+    state = load("v5/features.json")
+    v4 = load("v4/features.json")
+
+    wire, lookup = state.settled_decisions
+    assert (wire.call_id, wire.tool, wire.approved) == ("call_wire_0", "wire_money", True)
+    assert (wire.decided_by, wire.reason) == ("key ops-bot", "invoice INC-7 checked")
+    assert wire.decided_at == when("2025-03-14T09:26:58.589793Z")
+    assert (lookup.call_id, lookup.decided_by) == ("call_lookup_0", "policy")
+    assert state.decision_history == [wire, lookup, *v4.decisions]
+    same = ("metrics", "limits", "tool_use", "guardrails", "error", "trace", "decisions")
+    assert all(getattr(state, name) == getattr(v4, name) for name in same)
+    assert state.messages() == v4.messages()
+
+
+def test_v5_export_is_byte_stable() -> None:
+    """Reading and writing a current fixture again gives the same JSON data."""
+    for name in ("v5/minimal.json", "v5/features.json"):
         raw = json.loads(read(name))
         assert json.loads(load(name).to_json()) == raw
 

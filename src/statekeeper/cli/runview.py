@@ -141,7 +141,8 @@ def _print_recoveries(events: list[Event]) -> None:
 
 def _print_state(state: RunState) -> None:
     out = console()
-    for table in (_approvals(state), _tool_calls(state), _usage(state), _guardrails(state)):
+    tables = (_approvals(state), _decisions(state), _tool_calls(state), _usage(state))
+    for table in (*tables, _guardrails(state)):
         if table is not None:
             out.print(table)
     if state.error is not None:
@@ -169,6 +170,26 @@ def _approvals(state: RunState) -> Table | None:
             Text(item.arguments),
             Text(item.prompt or ""),
             Text(_decision_of(state, item.call_id)),
+        )
+    return ids_whole(table)
+
+
+def _decisions(state: RunState) -> Table | None:
+    """The decisions on calls the run settled (kept for good), oldest first."""
+    if not state.settled_decisions:
+        return None
+    table = Table(title="Approval decisions")
+    for column in ("call id", "tool", "decision", "by", "at (UTC)", "reason"):
+        table.add_column(column, overflow="fold")
+    for decision in state.settled_decisions:
+        verdict = "approved" if decision.approved else "rejected"
+        table.add_row(
+            Text(decision.call_id),
+            Text(decision.tool),
+            verdict + (" (always)" if decision.always else ""),
+            Text(decision.decided_by or ""),
+            stamp(decision.decided_at),
+            Text(decision.reason or ""),
         )
     return ids_whole(table)
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from statekeeper.errors import ConflictError, NotFoundError
 from statekeeper.runs.state import ApprovalDecision, Interruption, RunState
 
-__all__ = ["Settlement", "record_decision", "settle"]
+__all__ = ["Settlement", "record_decision", "settle", "settled_record"]
 
 
 @dataclass
@@ -95,3 +95,27 @@ def settle(state: RunState) -> Settlement:
             reason = next((d.reason for d in related if d.reason), None)
             out.rejected.append((call, reason or "rejected by the user"))
     return out
+
+
+def settled_record(state: RunState) -> list[ApprovalDecision]:
+    """What to keep of the decisions on the pending calls of ``state`` once they are
+    settled: each call's decisions, or for a call an ``always`` rule decided, a decision
+    saying so (``decided_by="always rule"``)."""
+    kept: list[ApprovalDecision] = []
+    for call in state.interruptions:
+        related = [d for d in state.decisions if d.call_id == call.call_id]
+        rule = state.always.get(call.tool)
+        if not related and rule is not None:
+            verb = "approved" if rule else "rejected"
+            related = [
+                ApprovalDecision(
+                    call_id=call.call_id,
+                    tool=call.tool,
+                    arguments=call.arguments,
+                    approved=rule,
+                    reason=f"calls to {call.tool} are always {verb}",
+                    decided_by="always rule",
+                )
+            ]
+        kept += related
+    return kept

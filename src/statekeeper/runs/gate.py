@@ -14,7 +14,7 @@ from typing import Any
 from statekeeper.core.lifecycle import AgentStatus
 from statekeeper.core.messages import Message, ToolCallBlock
 from statekeeper.errors import InvalidInputError
-from statekeeper.runs.approvals import record_decision, settle
+from statekeeper.runs.approvals import record_decision, settle, settled_record
 from statekeeper.runs.lifecycle import RunLifecycle
 from statekeeper.runs.spans import wait_spans
 from statekeeper.runs.state import Interruption, RunState
@@ -93,6 +93,7 @@ class ApprovalGate:
             )
             payload = {"tool": call.tool, "call_id": call.call_id, "rejected": reason}
             await self.lifecycle.publish(state, "tool", "error", payload, ahead=ahead)
+        state.settled_decisions = [*state.settled_decisions, *settled_record(state)]
         handled = {i.call_id for i in state.interruptions}
         state.interruptions = []
         state.decisions = [d for d in state.decisions if d.call_id not in handled]

@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from statekeeper.core.messages import Message, Role, ToolCallBlock, ToolResultBlock
-from statekeeper.runs.state import GuardrailResult, RunState
+from statekeeper.runs.state import ApprovalDecision, GuardrailResult, RunState
 from statekeeper.runs.store import RunStore
 from statekeeper.sessions.manager import SessionManager
 from statekeeper.sessions.view import build_view
@@ -98,6 +98,11 @@ class RunInspector:
     async def tool_counts(self) -> dict[str, int]:
         """Calls per tool."""
         return dict((await self.state()).tool_use)
+
+    async def decisions(self) -> list[ApprovalDecision]:
+        """Every approval decision of the run, oldest first: those on calls it settled
+        (kept for good), then those on calls still pending (`RunState.decision_history`)."""
+        return (await self.state()).decision_history
 
     async def guardrails(self, kind: str | None = None) -> list[GuardrailResult]:
         """Guardrail results, optionally of one kind (input, output, tool_input, tool_output)."""

@@ -49,6 +49,7 @@ SCHEMA_VERSION_SUMMARIES: dict[int, str] = {
     2: "Added trace state, guardrail kinds and delegation info; error details got a type.",
     3: "Added child_usage: what each delegated child run used, rolled up into the metrics.",
     4: "Added trace.traceparent: the W3C traceparent of the run's OpenTelemetry span.",
+    5: "Added settled_decisions: the decisions on tool calls the run settled, kept for good.",
 }
 """One line per schema version; a new version must add its line (checked at import)."""
 
@@ -84,10 +85,16 @@ def _v3_to_v4(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
+def _v4_to_v5(data: dict[str, Any]) -> dict[str, Any]:
+    # A v4 run kept no decision past its settling: none are known.
+    return {**data, "settled_decisions": []}
+
+
 MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
     1: _v1_to_v2,
     2: _v2_to_v3,
     3: _v3_to_v4,
+    4: _v4_to_v5,
 }
 """``version -> function`` turning a state of that version into the next one."""
 
@@ -219,6 +226,11 @@ class RunState(BaseModel):
     guardrails: list[GuardrailResult] = Field(default_factory=list)
     interruptions: list[Interruption] = Field(default_factory=list)
     decisions: list[ApprovalDecision] = Field(default_factory=list)
+    """Decisions on the pending ``interruptions`` (emptied as the run settles them)."""
+    settled_decisions: list[ApprovalDecision] = Field(default_factory=list)
+    """Every decision on a call the run has settled, oldest first, kept for good: who
+    approved or rejected which call, when, why (``decided_by`` ``"policy"``: a call of
+    the same message that needed no approval; ``"always rule"``: an ``always`` rule)."""
     always: dict[str, bool] = Field(default_factory=dict)
     error: ErrorDetails | None = None
     context: JsonValue = None
@@ -264,6 +276,12 @@ class RunState(BaseModel):
         return value
 
     # -- views ---------------------------------------------------------------------------
+
+    @property
+    def decision_history(self) -> list[ApprovalDecision]:
+        """Every decision of the run, oldest first: the settled ones, then those on
+        the calls still pending."""
+        return [*self.settled_decisions, *self.decisions]
 
     @property
     def total_tool_calls(self) -> int:

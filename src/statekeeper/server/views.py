@@ -130,7 +130,7 @@ def run_detail(
         "error": None if error is None else f"{error.type}: {error.message}",
         "error_detail": None if error is None else error.model_dump(mode="json"),
         "pending": [_pending_json(call, state) for call in pending],
-        "decisions": [_decision_json(d) for d in state.decisions],
+        "decisions": [_decision_json(d) for d in state.decision_history],
         "output": state.output,
         "forked_from": (
             {"run_id": origin.get("run_id"), "step": origin.get("step")}
