@@ -15,8 +15,10 @@ import asyncio
 import math
 import os
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
+from unittest import mock
 
 import httpx
 import pytest
@@ -24,6 +26,7 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from hypothesis import given as given_
 from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi import stateful as openapi_stateful
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
     response_schema_conformance,
@@ -44,6 +47,7 @@ CHECKS = [
     content_type_conformance,
     response_schema_conformance,
 ]
+_classify_roots = openapi_stateful.classify_root_transitions
 MODES = (schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE)
 
 
@@ -74,6 +78,8 @@ class Fuzz:
     headers: dict[str, str]
     count: int = 0
     failures: dict[tuple[str, ...], str] = field(default_factory=dict)
+    answers: Counter[str] = field(default_factory=Counter)
+    """The answers by status class (``2xx``, ``4xx``, ...)."""
 
     def send(self, case: Any) -> Any:
         self.count += 1
@@ -86,9 +92,10 @@ class Fuzz:
     def check(self, case: Any, response: Any) -> None:
         if response is None:
             return
+        self.answers[f"{response.status_code // 100}xx"] += 1
         try:
             case.validate_response(response, checks=CHECKS, headers=self.headers)
-        except Exception as exc:
+        except (Exception, BaseExceptionGroup) as exc:  # schemathesis' FailureGroup is Base
             problems = getattr(exc, "exceptions", [exc])
             titles = sorted({getattr(p, "title", type(p).__name__) for p in problems})
             key = (case.operation.label, str(response.status_code), *titles)
@@ -118,8 +125,18 @@ def _stateless(fuzz: Fuzz, operation: Any, mode: Any, examples: int, fixed: bool
     run()
 
 
+def _every_root(*args: Any) -> Any:
+    """schemathesis' roots (where a chain starts), the fallback ones too: it guesses that
+    an ``agent_id`` names a resource no operation makes, and would never start a chain by
+    creating a session (or listing them, or writing a record or a memory)."""
+    roots = _classify_roots(*args)
+    roots.reliable |= roots.fallback
+    return roots
+
+
 def _stateful(fuzz: Fuzz, schema: Any, examples: int, steps: int, fixed: bool) -> None:
-    machine = schema.as_state_machine()
+    with mock.patch.object(openapi_stateful, "classify_root_transitions", _every_root):
+        machine = schema.as_state_machine()
 
     class Linked(machine):  # type: ignore[misc, valid-type]
         def call(self, case: Any, **kwargs: Any) -> Any:
@@ -149,7 +166,9 @@ def _fuzz(fuzz: Fuzz, description: dict[str, Any], budget: int) -> None:
     _stateful(fuzz, schema, 10, 6, fixed)
     while fuzz.count < budget:  # sequences of links until the budget is spent
         _stateful(fuzz, schema, 100, 10, fixed)
-    print(f"\nfuzz: {fuzz.count} cases ({stateless} alone, {fuzz.count - stateless} linked)")
+    linked = fuzz.count - stateless
+    answers = ", ".join(f"{n} {status}" for status, n in sorted(fuzz.answers.items()))
+    print(f"\nfuzz: {fuzz.count} cases ({stateless} alone, {linked} linked); answers: {answers}")
 
 
 @pytest.mark.slow

@@ -26,7 +26,7 @@ from statekeeper.server.errors import (
     store_locations,
 )
 from statekeeper.server.limits import DEFAULT_MAX_BODY_BYTES, BodyLimit
-from statekeeper.server.links import add_links
+from statekeeper.server.links import add_id_patterns, add_links
 from statekeeper.server.streams import EventHub, feed_of
 from statekeeper.stores import open_store
 
@@ -165,12 +165,13 @@ def create_app(config: ServerConfig) -> FastAPI:
 
 
 def _describe(app: FastAPI) -> None:
-    """FastAPI's OpenAPI description, with the links between operations (`add_links`)."""
+    """FastAPI's OpenAPI description, with the links between operations and the form
+    of ids (`add_links`, `add_id_patterns`)."""
     generate = app.openapi
 
     def described() -> dict[str, Any]:
         if app.openapi_schema is None:
-            add_links(generate())
+            add_id_patterns(add_links(generate()))
         return app.openapi_schema or generate()
 
     app.openapi = described  # type: ignore[method-assign]

@@ -1,12 +1,27 @@
-"""OpenAPI links: which answer's ids the other operations take (a created session's id
-for its reads, appends and delete, a run's id for the run endpoints, ...), so a client
-generator or a stateful fuzzer (schemathesis) can chain the calls."""
+"""What FastAPI's OpenAPI description lacks: links, which answer's ids the other
+operations take (a created session's id for its reads, appends and delete, a run's id for
+the run endpoints, ...), so a client generator or a stateful fuzzer (schemathesis) can
+chain the calls; and the form of an id (`statekeeper.ids.validate_id`) where one is taken."""
 
 from __future__ import annotations
 
 from typing import Any, Final
 
-__all__ = ["LINKS", "add_links"]
+from statekeeper.ids import MAX_ID_LENGTH
+
+__all__ = ["ID_PARAMETERS", "ID_PATTERN", "LINKS", "add_id_patterns", "add_links"]
+
+ID_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_:@-]*(\.[A-Za-z0-9_:@-]+)*\.?$"
+"""`validate_id`'s rule as a JSON Schema pattern: letters, digits and ``. _ : @ -``,
+starting with a letter or digit, no ``..``."""
+ID_PARAMETERS: Final = frozenset(
+    {"session_id", "run_id", "new_run_id", "agent_id", "agent", "store", "profile_id"}
+)
+"""The parameters and body fields that are ids (path, query or JSON body); a record's
+namespace and key are ids in a path too."""
+_PATH_IDS: Final = frozenset({"namespace", "key"})
+LABEL_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_:@-]*$"
+"""A memory namespace's label (`statekeeper.longterm.rules.check_label`)."""
 
 _SESSION: Final = "/api/v1/sessions/{session_id}"
 _RUN: Final = "/api/v1/runs/{run_id}"
@@ -93,4 +108,40 @@ def add_links(description: dict[str, Any]) -> dict[str, Any]:
                     "operationId": target["operationId"],
                     "parameters": wanted,
                 }
+    return description
+
+
+def _id_form(schema: dict[str, Any]) -> None:
+    for branch in schema.get("anyOf", [schema]):
+        if branch.get("type") == "string":
+            branch.setdefault("pattern", ID_PATTERN)
+            branch.setdefault("maxLength", MAX_ID_LENGTH)
+
+
+def _labels(schema: dict[str, Any]) -> None:
+    if schema.get("type") == "array" and isinstance(schema.get("items"), dict):
+        schema["items"].setdefault("pattern", LABEL_PATTERN)
+
+
+def add_id_patterns(description: dict[str, Any]) -> dict[str, Any]:
+    """``description`` with `ID_PATTERN` on the `ID_PARAMETERS` and `LABEL_PATTERN` on a
+    memory's namespace labels, in place."""
+    for path, operations in description.get("paths", {}).items():
+        if path.endswith("/stream"):  # its `key` is the API key, its ids are checked
+            continue
+        for operation in operations.values():
+            for parameter in operation.get("parameters", []):
+                name, where = parameter.get("name"), parameter.get("in")
+                if (name in ID_PARAMETERS and where != "header") or (
+                    name in _PATH_IDS and where == "path"
+                ):
+                    _id_form(parameter.get("schema", {}))
+                elif name == "namespace" and where == "query":  # a memory's labels
+                    _labels(parameter.get("schema", {}))
+    for title, schema in description.get("components", {}).get("schemas", {}).items():
+        for name, field in schema.get("properties", {}).items():
+            if name in ID_PARAMETERS and title != "SubagentStatus":  # an answer, not input
+                _id_form(field)
+            elif name == "namespace" and title == "MemoryWrite":
+                _labels(field)
     return description

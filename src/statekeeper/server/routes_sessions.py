@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
-from statekeeper.core.messages import Message
+from statekeeper.core.messages import Message, MessageCategory, Role
 from statekeeper.errors import InvalidPayloadError
 from statekeeper.runs.operations import check_no_live_runs
 from statekeeper.runs.store import RunStore
@@ -37,8 +37,29 @@ class NewSession(_Body):
     metadata: dict[str, JsonValue] = Field(default_factory=dict)
 
 
+_MESSAGE: dict[str, JsonValue] = {
+    "type": "object",
+    "description": "a Message: its role, content (text, or a list of blocks) and options",
+    "required": ["role"],
+    "additionalProperties": False,
+    "properties": {
+        "role": {"type": "string", "enum": [role.value for role in Role]},
+        "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}]},
+        "category": {"type": "integer", "enum": [int(c) for c in MessageCategory]},
+        "id": {"type": "string", "minLength": 1, "maxLength": 128},
+        "created_at": {"type": "string", "format": "date-time"},
+        "name": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+        "metadata": {"type": "object"},
+        "tokens": {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "null"}]},
+    },
+}
+"""What the description says a message is (`Message.from_dict` has the last word)."""
+
+
 class Append(_Body):
-    messages: list[dict[str, JsonValue]] = Field(min_length=1, max_length=1000)
+    messages: list[dict[str, JsonValue]] = Field(
+        min_length=1, max_length=1000, json_schema_extra={"items": _MESSAGE}
+    )
 
 
 class SessionFork(_Body):
