@@ -396,8 +396,8 @@ async def test_a_refused_duplicate_changes_no_state(store: Store) -> None:
 
 
 async def test_a_stale_append_puts_app_and_user_state_back(store: Store) -> None:
-    # No session-state change: the version check happens in the append itself, after
-    # the app and user records were written, which must then be put back.
+    # No session-state change: the version check happens in the append itself, the
+    # commit that would also log the app and user deltas, so none of them is stored.
     svc = await ours(store)
     await svc.create_session(app_name="app", user_id="u", session_id="s", state={"app:x": 0})
     first = await svc.get_session(app_name="app", user_id="u", session_id="s")

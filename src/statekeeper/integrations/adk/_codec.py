@@ -49,6 +49,7 @@ __all__ = [
     "entry_id",
     "session_key",
     "split_delta",
+    "state_log_id",
     "user_record_key",
     "user_record_prefix",
 ]
@@ -96,6 +97,11 @@ def session_key(app_name: str, user_id: str, session_id: str) -> str:
 def app_record_key(app_name: str) -> str:
     """The record key of an app's shared state."""
     return f"app.{_digest(app_name)}"
+
+
+def state_log_id(app_name: str) -> str:
+    """The event log of an app's ``app:`` and ``user:`` state deltas (`_shared`)."""
+    return f"adk.state.{_digest(app_name)}"
 
 
 def user_record_prefix(app_name: str) -> str:

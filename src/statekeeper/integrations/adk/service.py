@@ -10,9 +10,10 @@ The mapping (docs/integrations/adk.md has the long form):
 - each ADK event is one transcript entry (kind ``adk.event``) holding the event's JSON,
   appended with compare-and-set on the session's version: that version is the stale
   check, carried on the ADK session object;
-- session-scoped state is the session record's ``state``; app and user state are
-  versioned records of the tenant (namespace ``adk.state``); ``temp:`` keys are never
-  stored.
+- session-scoped state is the session record's ``state``; app and user state are a
+  log of deltas per app, written in the same commit as the event that carries them,
+  with snapshot records of the tenant (namespace ``adk.state``) that keep reads short
+  (`_shared`); ``temp:`` keys are never stored.
 
 A store passed in stays the caller's; one opened by ``from_url`` is the service's, which
 ``close()`` / ``aclose()`` / ``async with`` / ``with`` close (see
@@ -68,7 +69,7 @@ from statekeeper.integrations.adk._reads import (
     parse_marker,
     read_events,
 )
-from statekeeper.integrations.adk._shared import SharedState, Undo
+from statekeeper.integrations.adk._shared import SharedState
 from statekeeper.stores import Store
 from statekeeper.stores.base import EntryDraft, SessionPatch, SessionQuery, SessionRecord
 
@@ -170,12 +171,13 @@ class StatekeeperSessionService(StoreLifecycle, BaseSessionService):
         except AlreadyExistsError as exc:
             raise AdkSessionExistsError(f"Session with id {session_id} already exists.") from exc
         try:
-            await self._merge_shared(app_name, user_id, parts, [])
+            await self._shared.log(app_name, user_id, parts)
         except BaseException:
             # The session is new and nobody holds it yet: removing it undoes the call.
             with contextlib.suppress(StatekeeperError):
                 await self._store.delete_session(self._tenant, created.id)
             raise
+        await self._catch_up(app_name)
         return await self._to_session(created, [])
 
     @on_store
@@ -214,10 +216,11 @@ class StatekeeperSessionService(StoreLifecycle, BaseSessionService):
             if page.next_cursor is None:
                 break
             cursor = page.next_cursor
-        app_state = await self._shared.app(app_name)
         if user_id is not None:
-            users = {user_id: await self._shared.user(app_name, user_id)}
+            app_state, user_state = await self._shared.app_and_user(app_name, user_id)
+            users = {user_id: user_state}
         else:
+            app_state = await self._shared.app(app_name)
             users = await self._shared.users(app_name)
         sessions = [
             self._build(r, [], app_state, users.get(str(r.metadata[USER_KEY]), {})) for r in records
@@ -250,9 +253,9 @@ class StatekeeperSessionService(StoreLifecycle, BaseSessionService):
 
         Raises `AdkStaleSessionError` (ADK's ``StaleSessionError``) when the session
         changed in the store since ``session`` was loaded, and `AdkSessionNotFoundError`
-        (ADK's ``SessionNotFoundError``) when it does not exist. A failed call stores
-        nothing (the one exception: a process crash between writing app or user state
-        and the event itself leaves that state written).
+        (ADK's ``SessionNotFoundError``) when it does not exist. The event, its session
+        state and its ``app:`` / ``user:`` deltas are one commit: a failed call, or a
+        crash anywhere in it, stores all of them or none.
         """
         if not isinstance(session, Session) or not isinstance(event, Event):
             raise InvalidInputError(
@@ -283,25 +286,25 @@ class StatekeeperSessionService(StoreLifecycle, BaseSessionService):
                 }
                 if record is not None:
                     fields["state"] = {**record.state, **parts["session"]}
-                undo: list[Undo | None] = []
                 try:
-                    await self._merge_shared(session.app_name, session.user_id, parts, undo)
+                    shared = await self._shared.batch(session.app_name, session.user_id, parts)
                     result = await self._store.append_entries(
                         self._tenant,
                         key,
                         [draft],
                         expected_version=expected,
                         patch=SessionPatch(set=fields),
+                        events=shared,
                     )
                 except BaseException as exc:
-                    for step in reversed(undo):
-                        await self._shared.restore(step)
                     mapped = _adk_error(exc, session.id)
                     if mapped is exc:
                         raise
                     raise mapped from exc
                 if result.replayed:
                     return event  # an equal re-delivery: stored once, applied once
+                if shared is not None:
+                    await self._catch_up(session.app_name)
                 session.last_update_time = event.timestamp
                 session._storage_update_marker = marker(result.session)
         return self._commit_event_to_session(session, event)
@@ -360,20 +363,12 @@ class StatekeeperSessionService(StoreLifecycle, BaseSessionService):
         )
         return bool(last) and last[-1].id == entry_id(events[-1].id)
 
-    async def _merge_shared(
-        self, app_name: str, user_id: str, parts: dict[str, dict[str, Any]], undo: list[Undo | None]
-    ) -> None:
-        """Merge the app and user parts of a delta, recording in ``undo`` how to put
-        them back; on failure puts back what this call merged, then raises."""
-        mark = len(undo)
-        try:
-            undo.append(await self._shared.merge(app_name, None, parts["app"]))
-            undo.append(await self._shared.merge(app_name, user_id, parts["user"]))
-        except BaseException:
-            for step in reversed(undo[mark:]):
-                await self._shared.restore(step)
-            del undo[mark:]
-            raise
+    async def _catch_up(self, app_name: str) -> None:
+        """Move the app's state snapshots on (`SharedState.catch_up`). The deltas are
+        committed already and reads fold what a snapshot lacks, so a failure here loses
+        nothing: the next write of the app finishes it."""
+        with contextlib.suppress(StatekeeperError):
+            await self._shared.catch_up(app_name)
 
     async def _find(self, app_name: str, user_id: str, session_id: str) -> SessionRecord | None:
         if not all(isinstance(n, str) for n in (app_name, user_id, session_id)):
@@ -392,12 +387,7 @@ class StatekeeperSessionService(StoreLifecycle, BaseSessionService):
 
     async def _to_session(self, record: SessionRecord, events: list[Event]) -> Session:
         app_name, user_id = str(record.metadata[APP_KEY]), str(record.metadata[USER_KEY])
-        return self._build(
-            record,
-            events,
-            await self._shared.app(app_name),
-            await self._shared.user(app_name, user_id),
-        )
+        return self._build(record, events, *await self._shared.app_and_user(app_name, user_id))
 
     def _build(
         self,
