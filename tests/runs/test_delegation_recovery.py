@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from statekeeper.runs import Runner, rollup
+from statekeeper.runtime import SubagentRegistry
 from statekeeper.stores import open_store
 
 HERE = Path(__file__).parent
@@ -57,6 +58,8 @@ async def test_a_finished_childs_lost_report_is_rolled_up_on_load(tmp_path: Path
         assert again.metrics.accumulated_cost == pytest.approx(0.4)
         live, _ = await rollup.live_children(runner.runs, "run-parent")
         assert live.children == {}  # it ended: its reservation is released
+        entry = await SubagentRegistry(store, "t", owner_id="operator").get(child_id)
+        assert (entry.status, entry.outcome) == ("completed", "done")  # not left running
 
         await runner.raise_limits("run-parent", iterations=2)
         resumed = await runner.resume("run-parent")
@@ -77,9 +80,13 @@ async def test_a_paused_childs_lost_report_is_rolled_up_and_it_keeps_its_room(
         child_id = await child_of(runner, "run-parent")
         assert (await runner.runs.load(child_id))[0].status == "paused"  # at its 0.5
         assert (await runner.runs.index("run-parent"))[0].child_usage == {}
+        registry = SubagentRegistry(store, "t", owner_id="operator")
+        assert (await registry.get(child_id)).status == "running"  # as the crash left it
 
         await runner.raise_limits("run-parent", iterations=2)
         result = await runner.resume("run-parent")  # the child's 0.6 counts
         assert result.state.metrics.accumulated_cost == pytest.approx(0.7)  # 0.6 + 0.1
         live, _ = await rollup.live_children(runner.runs, "run-parent")
         assert set(live.children) == {child_id}  # paused, not ended: it holds its room
+        entry = await registry.get(child_id)
+        assert (entry.status, entry.outcome) == ("paused", "budget limit reached: 0.6 of 0.5")

@@ -25,6 +25,7 @@ from statekeeper.core.messages import Message
 from statekeeper.errors import InvalidInputError, NotFoundError
 from statekeeper.ids import new_id
 from statekeeper.runs.agent import RateLimited
+from statekeeper.runs.lifecycle import FINISHED
 from statekeeper.runs.limiting import reached
 from statekeeper.runs.results import EventSink, SessionLocks
 from statekeeper.runs.state import RunState
@@ -112,6 +113,14 @@ class Coordination:
                 await self.subagents.fail(state.run_id, reason)
         except (NotFoundError, SubagentFinishedError):
             pass  # not registered here, or already settled (killed, say)
+
+    async def track_child(self, state: RunState) -> None:
+        """Bring a delegated run's registry entry up to its stored state (one no process
+        is driving): settled if it ended, paused if it stopped resumable."""
+        if state.status in FINISHED:
+            await self.settle_child(state)
+        elif state.status != AgentStatus.RUNNING:
+            await self.pause_child(state)
 
     async def pause_child(self, state: RunState) -> None:
         """Mark a stopped, resumable delegated run's registry entry paused, saying why."""

@@ -77,7 +77,7 @@ async def start_child(
     """Run ``agent`` as a child of ``parent`` (see `Runner.delegate`)."""
     find_agent(runner.agents, agent)  # before anything is written
     runs = runner.runs
-    await settle_children(runs, parent.run_id)
+    await settle_children(runs, parent.run_id, runner.coordination.track_child)
     run_id = new_id("run")
     parent, capped = await reserve(runs, parent, run_id, runner.policy.limits_for(limits))
     try:

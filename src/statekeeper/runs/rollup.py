@@ -28,6 +28,7 @@ child that is not being driven, and releases those that finished, exactly once.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Final
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -242,10 +243,15 @@ async def _report(runs: RunStore, parent_id: str, child: RunState) -> None:
     raise ConflictError(f"run {parent_id!r} kept changing; could not report {child.run_id}")
 
 
-async def settle_children(runs: RunStore, parent_id: str) -> list[str]:
+async def settle_children(
+    runs: RunStore,
+    parent_id: str,
+    track: Callable[[RunState], Awaitable[None]] | None = None,
+) -> list[str]:
     """Report the usage of the parent's live children that are not being driven (a
     crash may have lost their report) and release those that finished; the ids
-    released. Idempotent: a report is a child's whole usage, a release happens once."""
+    released. Idempotent: a report is a child's whole usage, a release happens once.
+    ``track`` is given each such child's state (to bring its registry entry up to it)."""
     live, _ = await live_children(runs, parent_id)
     released: list[str] = []
     for child_id in live.children:
@@ -258,6 +264,8 @@ async def settle_children(runs: RunStore, parent_id: str) -> list[str]:
         except StatekeeperError:
             continue  # unreadable: its own load names the fix; the reservation stays
         await report_usage(runs, state)
+        if track is not None:
+            await track(state)
         if state.status in FINISHED:
             released.append(child_id)
     return released

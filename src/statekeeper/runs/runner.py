@@ -248,7 +248,7 @@ class Runner:
         anyway (when you know that process is gone, e.g. on another machine). A run at a
         limit raises `LimitReachedError` and stays as it is: `raise_limits` first.
         """
-        await settle_children(self.runs, run_id)  # usage a crashed child did not report
+        await settle_children(self.runs, run_id, self.coordination.track_child)  # crashed ones
         state, _, _ = await self.runs.load(run_id)
         state.validate_for_resume(has_deserializer=self.context_codec.deserializer is not None)
         if state.status not in _DECIDING:
@@ -406,7 +406,7 @@ class Runner:
 
     async def load(self, run_id: str) -> RunState:
         """The run's latest checkpoint (with the usage of children that ended unreported)."""
-        await settle_children(self.runs, run_id)
+        await settle_children(self.runs, run_id, self.coordination.track_child)
         return (await self.runs.load(run_id))[0]
 
     async def session_stats(self, session_id: str) -> SessionStats:
