@@ -91,6 +91,7 @@ async def test_a_store_lost_at_the_event_write_keeps_state_and_event_together(
     assert other.state == {"app:x": 0 if when == "before" else 1}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("when", ["before", "after"])
 def test_a_process_killed_at_the_event_write_keeps_state_and_event_together(
     tmp_path: Path, when: str
