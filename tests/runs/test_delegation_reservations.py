@@ -194,3 +194,32 @@ async def test_a_cancelled_child_gives_its_room_back(store: Store) -> None:
     again = await runner.delegate(parent, "asker", "more", headless=False)
     assert again.state.limits.budget is not None
     assert again.state.limits.budget.maximum == pytest.approx(1.0)
+
+
+async def test_a_reservation_whose_child_never_came_is_released_in_time(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from datetime import timedelta
+
+    from statekeeper.core.messages import utcnow
+
+    agents = [
+        ScriptedAgent("parent", [Respond([Message.assistant("plan")])]),
+        ScriptedAgent("helper", [Finish("y")]),
+    ]
+    runner = Runner(store, "alice", agents)
+    parent = await parent_of(runner)
+    # A process reserved for a child, then died before creating its run.
+    await rollup.reserve(runner.runs, parent, "run_never", budget(0.7))
+
+    soon = await runner.delegate(parent, "helper", "help")  # it may be starting still
+    assert soon.state.limits.budget is not None
+    assert soon.state.limits.budget.maximum == pytest.approx(0.3)
+
+    later = utcnow() + rollup.ABANDONED_AFTER + timedelta(seconds=1)
+    monkeypatch.setattr(rollup, "utcnow", lambda: later)
+    freed = await runner.delegate(parent, "helper", "help")
+    assert freed.state.limits.budget is not None
+    assert freed.state.limits.budget.maximum == pytest.approx(1.0)
+    live, _ = await rollup.live_children(runner.runs, parent.run_id)
+    assert live.children == {}

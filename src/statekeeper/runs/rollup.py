@@ -23,17 +23,21 @@ index never misses both). The parent absorbs the reports into its metrics
 **Recovery.** A child that crashed after its last checkpoint but before its report is
 still in the parent's record: `settle_children` (run when the parent is loaded or
 resumed through the runner, and before it delegates again) reports the usage of every
-child that is not being driven, and releases those that finished, exactly once.
+child that is not being driven, and releases those that finished, exactly once. A
+reservation whose child run never came to exist (the process delegating died before
+creating it) or was deleted is released `ABANDONED_AFTER` it was made.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from typing import Final
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
 from statekeeper.core.limits import BudgetFlag, ControlFlag, Limits, TokenFlag
+from statekeeper.core.messages import utcnow
 from statekeeper.core.metrics import COST_DIGITS, Metrics
 from statekeeper.errors import (
     ConflictError,
@@ -48,6 +52,7 @@ from statekeeper.runs.state import RunState
 from statekeeper.runs.store import RunStore, check_not_held
 
 __all__ = [
+    "ABANDONED_AFTER",
     "CHILDREN_NAMESPACE",
     "LiveChildren",
     "Reserved",
@@ -64,6 +69,10 @@ CHILDREN_NAMESPACE: Final = "run-children"
 """Record namespace of each parent's live children (key: the parent's run id)."""
 
 _ATTEMPTS = 20
+
+ABANDONED_AFTER: Final = timedelta(minutes=10)
+"""A reservation whose child run was never created (or was deleted) is released when the
+parent's children are settled this long after it was made."""
 _KINDS: dict[str, type[ControlFlag]] = {"budget": BudgetFlag, "tokens": TokenFlag}
 
 
@@ -73,6 +82,8 @@ class Reserved(BaseModel):
     model_config = ConfigDict(extra="forbid")
     budget: float | None = None
     tokens: int | None = None
+    at: AwareDatetime | None = None
+    """When it was reserved (a child never created is released `ABANDONED_AFTER` it)."""
 
 
 class LiveChildren(BaseModel):
@@ -162,7 +173,8 @@ def child_limits(
         assert mine.maximum is not None
         reserved[field] = mine.maximum
     budget, tokens = reserved.get("budget"), reserved.get("tokens")
-    return limits, Reserved(budget=budget, tokens=None if tokens is None else int(tokens))
+    tokens_reserved = None if tokens is None else int(tokens)
+    return limits, Reserved(budget=budget, tokens=tokens_reserved, at=utcnow())
 
 
 def _no_room(parent: RunState, field: str, flag: ControlFlag, held: float) -> LimitReachedError:
@@ -254,13 +266,21 @@ async def settle_children(
     ``track`` is given each such child's state (to bring its registry entry up to it)."""
     live, _ = await live_children(runs, parent_id)
     released: list[str] = []
-    for child_id in live.children:
+    for child_id, reserved in live.children.items():
         try:
             index, _ = await runs.index(child_id)
+        except NotFoundError:
+            # Not created yet (its delegate is starting it), or never will be: the
+            # process delegating died first, or the run was deleted since.
+            if reserved.at is None or reserved.at < utcnow() - ABANDONED_AFTER:
+                await release(runs, parent_id, child_id)
+                released.append(child_id)
+            continue
+        try:
             check_not_held(index, None)
             state = (await runs.load(child_id))[0]
         except (ConflictError, NotFoundError):
-            continue  # being driven, or not created yet (its delegate releases on failure)
+            continue  # being driven, or never checkpointed
         except StatekeeperError:
             continue  # unreadable: its own load names the fix; the reservation stays
         await report_usage(runs, state)
