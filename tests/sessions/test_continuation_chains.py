@@ -178,3 +178,26 @@ async def test_a_continuation_while_the_summariser_runs_keeps_the_compaction_out
     old = await store.get_session("alice", chat.id)
     assert old.compaction_count == 0
     assert old.last_seq == 4
+
+
+async def test_the_issue_scenario_two_boundary_continuations_then_an_append_through_a(
+    store: Store,
+) -> None:
+    manager = SessionManager(store, "alice", max_messages=6)
+    chat = await manager.create(messages=[Message.system("sys")])
+    first = chat.id
+    while chat.record.continuation_index < 2:
+        await chat.append(Message.user("q"), Message.assistant("a"))
+    live = chat.id
+    middle = (await store.get_session("alice", first)).continued_to
+    assert middle is not None
+    middle_before = await store.get_session("alice", middle)
+
+    outcome = await (await manager.get(first)).append(Message.user("late"))
+
+    assert outcome.session_id == (await manager.latest(first)).id
+    assert outcome.session_id in (live, (await store.get_session("alice", live)).continued_to)
+    assert await store.get_session("alice", middle) == middle_before
+    latest = await manager.latest(first)
+    assert (await latest.messages())[-1].text == "late"
+    assert latest.record.message_count <= 6
