@@ -48,7 +48,13 @@ async def test_children_sit_under_their_parent_and_filters_narrow_the_board(
     # Ids are shown whole, so they copy whole.
     link = page.locator(f'tr[data-run="{paused.run_id}"]').get_by_role("link").first
     await expect(link).to_have_text(paused.run_id)
+    # Why a run stopped is said on the board and on its page.
+    why = "iterations limit reached: 1 of 1; raise it to go on"
+    await expect(page.locator(f'tr[data-run="{paused.run_id}"] .why')).to_have_text(why)
     await shot(page, shots, "board-tree")
+    await page.goto(f"{ui_server.base}/ui/#/runs/{paused.run_id}")
+    await expect(page.locator("#why-stopped")).to_have_text(f"Why it stopped: {why}")
+    await page.goto(f"{ui_server.base}/ui/#/")
 
     await page.get_by_label("Agent").select_option("carrier")
     await expect(rows).to_have_count(2)

@@ -23,6 +23,7 @@ from statekeeper.runs.approvals import settle
 from statekeeper.runs.operations import timeline
 from statekeeper.runs.state import ApprovalDecision, Interruption, RunState
 from statekeeper.runs.store import CHECKPOINT_KIND, RunIndex
+from statekeeper.runs.why import why_stopped
 from statekeeper.stores.base import Entry, Event, SessionRecord
 
 __all__ = [
@@ -51,6 +52,7 @@ def run_summary(index: RunIndex, state: RunState | None) -> dict[str, Any]:
         "pending_approvals": len(settle(state).pending) if state is not None else 0,
         "cancel_requested": index.cancel_requested,
         "parent_run_id": index.parent_run_id,
+        "stopped": None if (why := why_stopped(index, state)) is None else why.to_dict(),
         "owner": index.owner if live and index.lease_until > utcnow() else None,  # type: ignore[operator]
         "created_at": index.created_at.isoformat(),
         "updated_at": index.updated_at.isoformat(),

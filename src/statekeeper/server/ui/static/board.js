@@ -86,7 +86,8 @@ function row({ run, depth }) {
   const link = `#/runs/${encodeURIComponent(run.run_id)}`;
   const classes = [pending ? "needs-you" : "", depth ? "child" : ""].filter(Boolean).join(" ");
   return h("tr", { "data-run": run.run_id, "data-depth": String(depth), class: classes },
-    h("td", { "data-label": "Status" }, statusBadge(run.status)),
+    h("td", { "data-label": "Status" }, statusBadge(run.status),
+      run.stopped && run.stopped.kind !== "approval" ? h("span", { class: "why" }, run.stopped.text) : ""),
     h("td", { "data-label": "Run", class: "run-cell", style: depth ? { paddingLeft: `${10 + depth * 18}px` } : undefined },
       depth ? h("span", { class: "muted", "aria-hidden": "true" }, "↳ ") : "",
       h("a", { href: link, class: "id" }, run.run_id),

@@ -267,6 +267,10 @@ export function renderRun(main, runId) {
 
   function drawTop() {
     clear(top).append(header(run, act));
+    if (run.stopped && run.stopped.kind !== "error") {
+      top.append(h("p", { class: `why-card stop-${run.stopped.kind}`, id: "why-stopped" },
+        h("strong", {}, "Why it stopped: "), run.stopped.text));
+    }
     if (notice) top.append(h("p", { class: "notice", role: "status" }, notice));
     if (run.output !== null && run.output !== undefined) {
       top.append(h("details", { class: "card output", open: true }, h("summary", {}, "Output"), h("pre", {}, pretty(run.output))));
