@@ -22,7 +22,10 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
+import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from importlib import metadata
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -38,14 +41,16 @@ from statekeeper.stores.base import (
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
-    from opentelemetry.trace import SpanContext, Tracer
+    from opentelemetry.trace import Span, SpanContext, Tracer
 
     from statekeeper.stores.base import Store
 
 __all__ = [
     "TRACER_NAME",
+    "DeferredSpans",
     "TracedStore",
     "continued",
+    "deferred_store_spans",
     "extract",
     "get_tracer",
     "inject",
@@ -234,9 +239,65 @@ class TracedStore(WrappingStore):
         self._system = module[2] if module[:2] == ["statekeeper", "stores"] else module[0]
 
 
+@dataclass
+class DeferredSpans:
+    """Store operations whose spans wait for their parent (`deferred_store_spans`)."""
+
+    ops: list[tuple[str, dict[str, Any], int, int, str | None]] = field(default_factory=list)
+    """Each operation's span name, attributes, start and end (ns) and error type."""
+    active: bool = True
+
+    def replay(self, tracer: Tracer, parent: Span) -> None:
+        """Make the spans of the operations so far, as children of ``parent``; the
+        operations from now on make their spans as usual."""
+        self.active = False
+        context = _api_or_fail().set_span_in_context(parent)
+        for name, attributes, start, end, error in self.ops:
+            span = tracer.start_span(name, context=context, attributes=attributes, start_time=start)
+            if error is not None:
+                span.set_attribute("error.type", error)
+                span.set_status(_api_or_fail().StatusCode.ERROR, error)
+            span.end(end_time=end)
+        self.ops.clear()
+
+
+_deferred: ContextVar[DeferredSpans | None] = ContextVar("statekeeper_deferred", default=None)
+
+
+@contextlib.contextmanager
+def deferred_store_spans() -> Iterator[DeferredSpans]:
+    """Inside the block, a `TracedStore`'s operations record their spans instead of
+    starting them, until `DeferredSpans.replay` makes them children of a span opened
+    once its parent is known (an approval's span goes in the run's trace, which only
+    the checkpoint the approval loads tells)."""
+    deferred = DeferredSpans()
+    token = _deferred.set(deferred)
+    try:
+        yield deferred
+    finally:
+        _deferred.reset(token)
+
+
+def _api_or_fail() -> ModuleType:
+    api = _api()
+    assert api is not None  # spans were made: the API is there
+    return api
+
+
 def _operation(name: str) -> Callable[..., Awaitable[Any]]:
     async def operation(self: TracedStore, *args: Any, **kwargs: Any) -> Any:
         attributes = {"db.system.name": self._system, "db.operation.name": name}
+        deferred = _deferred.get()
+        if deferred is not None and deferred.active:
+            start, error = time.time_ns(), None
+            try:
+                return await getattr(self.wrapped, name)(*args, **kwargs)
+            except BaseException as exc:
+                error = type(exc).__name__
+                raise
+            finally:
+                op = (f"statekeeper.store {name}", attributes, start, time.time_ns(), error)
+                deferred.ops.append(op)
         with self._tracer.start_as_current_span(f"statekeeper.store {name}", attributes=attributes):
             return await getattr(self.wrapped, name)(*args, **kwargs)
 

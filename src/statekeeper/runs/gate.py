@@ -16,7 +16,7 @@ from statekeeper.core.messages import Message, ToolCallBlock
 from statekeeper.errors import InvalidInputError
 from statekeeper.runs.approvals import record_decision, settle, settled_record
 from statekeeper.runs.lifecycle import RunLifecycle
-from statekeeper.runs.spans import wait_spans
+from statekeeper.runs.spans import decision_span, wait_spans
 from statekeeper.runs.state import Interruption, RunState
 from statekeeper.runs.store import RunStore
 from statekeeper.runs.tools import ToolBox
@@ -109,14 +109,18 @@ class ApprovalGate:
         reason: str | None = None,
         by: str | None = None,
     ) -> RunState:
-        """Record a decision on a waiting run's call and save it (compare-and-set)."""
-        state, index_version, session_version = await self.runs.load(run_id)
-        if state.status != AgentStatus.WAITING_FOR_APPROVAL:
-            raise InvalidInputError(f"run {run_id} is {state.status}, not waiting for approval")
-        record_decision(
-            state, call_id, approved=approved, always=always, reason=reason, decided_by=by
-        )
-        saved = await self.runs.save(
-            state, index_version=index_version, session_version=session_version
-        )
-        return saved.state
+        """Record a decision on a waiting run's call and save it (compare-and-set): one
+        ``statekeeper.approval`` span in the run's trace when traced (`decision_span`)."""
+        with decision_span(run_id, call_id, approved=approved, by=by) as trace:
+            state, index_version, session_version = await self.runs.load(run_id)
+            if trace is not None:
+                trace.adopt(state)
+            if state.status != AgentStatus.WAITING_FOR_APPROVAL:
+                raise InvalidInputError(f"run {run_id} is {state.status}, not waiting for approval")
+            record_decision(
+                state, call_id, approved=approved, always=always, reason=reason, decided_by=by
+            )
+            saved = await self.runs.save(
+                state, index_version=index_version, session_version=session_version
+            )
+            return saved.state

@@ -14,6 +14,11 @@ one trace; the caller's span at resume time, if any, is added as a link. Under a
         statekeeper.approval_wait     from the hold to the decision (made at settle time)
       execute_tool <tool>             calls an approval released, run when resuming
 
+An approval or rejection made outside a drive (`Runner.approve` in another process, the
+CLI) is one ``statekeeper.approval`` span in the run's trace, under the step that held
+the call, with the store operations of loading and saving the decision as its children
+(`decision_span`); the caller's own span, if any, is a link.
+
 A delegated child run's span is a child of the span current where `Runner.delegate` is
 called (the parent's tool call, inside its step); called outside the parent's drive,
 of the parent's last step. With tracing off (`statekeeper.tracing.get_tracer` is None)
@@ -39,7 +44,16 @@ if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.trace import Span, Tracer
 
-__all__ = ["RunTrace", "child_parent", "drive_span", "failed", "tool_span", "wait_spans"]
+__all__ = [
+    "DecisionTrace",
+    "RunTrace",
+    "child_parent",
+    "decision_span",
+    "drive_span",
+    "failed",
+    "tool_span",
+    "wait_spans",
+]
 
 
 def _otel() -> Any:
@@ -243,3 +257,77 @@ def wait_spans(state: RunState) -> None:
 
 def _ns(at: datetime) -> int:
     return int(at.timestamp() * 1e9)
+
+
+class DecisionTrace:
+    """The ``statekeeper.approval`` span of one decision (see `decision_span`)."""
+
+    def __init__(self, tracer: Tracer, deferred: tracing.DeferredSpans) -> None:
+        self.tracer, self.deferred = tracer, deferred
+        self.attributes: dict[str, Any] = {}
+        self.started = time.time_ns()
+        self.span: Span | None = None
+        self._use: AbstractContextManager[Any] | None = None
+
+    def adopt(self, state: RunState | None) -> None:
+        """Open the span in ``state``'s trace (None: the run could not be loaded, the
+        span is the caller's child), from when the decision began; the store operations
+        so far become its children, and it is current from now on."""
+        if self.span is not None:
+            return
+        api = _otel()
+        links = []
+        ambient = api.get_current_span().get_span_context()
+        context = _step_context(state.trace) if state is not None else None
+        if context is not None and ambient.is_valid:
+            links.append(api.Link(ambient, {"statekeeper.link": "decided_in"}))
+        self.span = span = self.tracer.start_span(
+            "statekeeper.approval",
+            context=context,
+            links=links,
+            attributes=self.attributes,
+            start_time=self.started,
+        )
+        self.deferred.replay(self.tracer, span)
+        self._use = api.use_span(span, end_on_exit=False)
+        self._use.__enter__()
+
+    def close(self, error: BaseException | None) -> None:
+        if self.span is None:
+            self.adopt(None)
+        assert self.span is not None
+        assert self._use is not None
+        if error is not None:
+            failed(self.span, type(error).__name__, str(error))
+        self._use.__exit__(None, None, None)
+        self.span.end()
+
+
+@contextlib.contextmanager
+def decision_span(
+    run_id: str, call_id: str, *, approved: bool, by: str | None
+) -> Iterator[DecisionTrace | None]:
+    """The span of a decision on ``call_id`` of ``run_id``: call `DecisionTrace.adopt`
+    with the run's state as soon as it is loaded (its trace says where the span goes);
+    the store operations before are kept until then. None when tracing is off."""
+    tracer = tracing.get_tracer()
+    if tracer is None:
+        yield None
+        return
+    with tracing.deferred_store_spans() as deferred:
+        trace = DecisionTrace(tracer, deferred)
+        trace.attributes = {
+            "statekeeper.run.id": run_id,
+            "gen_ai.tool.call.id": call_id,
+            "statekeeper.approval.approved": approved,
+        }
+        if by:
+            trace.attributes["statekeeper.approval.decided_by"] = by
+        error: BaseException | None = None
+        try:
+            yield trace
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            trace.close(error)
