@@ -69,20 +69,23 @@ async def test_a_live_siblings_reservation_is_not_given_to_the_next_child(store:
 class Gated:
     """Waits at its first step until the test opens the gate, then spends 0.25 a step."""
 
-    def __init__(self, name: str, gate: asyncio.Event, entered: set[str]) -> None:
-        self.name, self.gate, self.entered = name, gate, entered
+    def __init__(
+        self, name: str, gate: asyncio.Event, entered: set[str], progress: asyncio.Event
+    ) -> None:
+        self.name, self.gate, self.entered, self.progress = name, gate, entered, progress
 
     async def step(self, run: StepInput) -> Any:
         self.entered.add(self.name)
+        self.progress.set()
         await self.gate.wait()
         return spend(0.25)
 
 
 async def test_children_started_together_share_the_parents_room(store: Store) -> None:
-    gate, entered = asyncio.Event(), set[str]()
+    gate, progress, entered = asyncio.Event(), asyncio.Event(), set[str]()
     names = ["c0", "c1", "c2"]
     agents: list[Any] = [ScriptedAgent("parent", [Respond([Message.assistant("plan")])])]
-    agents += [Gated(name, gate, entered) for name in names]
+    agents += [Gated(name, gate, entered, progress) for name in names]
     runner = Runner(store, "alice", agents)
     parent = await parent_of(runner)
 
@@ -92,10 +95,12 @@ async def test_children_started_together_share_the_parents_room(store: Store) ->
         )
         for name in names
     ]
-    for _ in range(10_000):  # until each child is in its first step or was refused
-        if all(t.done() or n in entered for t, n in zip(tasks, names, strict=True)):
-            break
-        await asyncio.sleep(0)
+    for task in tasks:
+        task.add_done_callback(lambda _: progress.set())
+    # Until each child is in its first step (holding its room) or was refused.
+    while not all(t.done() or n in entered for t, n in zip(tasks, names, strict=True)):
+        progress.clear()
+        await progress.wait()
     gate.set()
     results = await asyncio.gather(*tasks, return_exceptions=True)
 
