@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from statekeeper.cli import app as cli_app
 from statekeeper.core.messages import utcnow
-from statekeeper.errors import NotFoundError
+from statekeeper.errors import InvalidInputError, NotFoundError
 from statekeeper.runs import Finish, Runner, RunState, RunStore
 from statekeeper.runs.scripted import ScriptedAgent
 from statekeeper.server import ApiKeys, ServerConfig, create_app
@@ -91,8 +91,10 @@ async def test_runner_cancel_and_delete_a_run_that_failed_to_start(store: Store)
     session = await SessionManager(store, "t").create()
     await runs.create(RunState(run_id="run-x", tenant="t", session_id=session.id, agent="a"))
 
-    runner = Runner(store, "t", [])
+    runner = Runner(store, "t", [ScriptedAgent("a", [Finish("done")])])
     assert (await runner.load("run-x")).status == "error"
+    with pytest.raises(InvalidInputError, match="failed to start: nothing of it was saved"):
+        await runner.resume("run-x")
     cancelled = await runner.cancel("run-x", "never ran")
     assert cancelled.status == "cancelled"
     assert (await runner.load("run-x")).status == "cancelled"

@@ -16,7 +16,7 @@ from statekeeper.core.lifecycle import AgentStatus
 from statekeeper.core.messages import utcnow
 from statekeeper.core.metrics import Metrics
 from statekeeper.errors import ConflictError, StoreCorruptError
-from statekeeper.runs.state import RunState
+from statekeeper.runs.state import FAILED_TO_START, RunState
 from statekeeper.stores.base import CorruptItem, VersionedRecord
 
 __all__ = [
@@ -32,9 +32,6 @@ __all__ = [
     "read_indexes",
     "started_view",
 ]
-
-FAILED_TO_START = "FailedToStart"
-"""``error.type`` of a run whose process stopped before its first checkpoint."""
 
 
 class RunIndex(BaseModel):

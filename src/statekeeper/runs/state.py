@@ -34,6 +34,7 @@ from statekeeper.jsoncodec import loads
 
 __all__ = [
     "CURRENT_SCHEMA_VERSION",
+    "FAILED_TO_START",
     "SCHEMA_VERSION_SUMMARIES",
     "ApprovalDecision",
     "ErrorDetails",
@@ -54,6 +55,10 @@ SCHEMA_VERSION_SUMMARIES: dict[int, str] = {
 """One line per schema version; a new version must add its line (checked at import)."""
 
 CURRENT_SCHEMA_VERSION = max(SCHEMA_VERSION_SUMMARIES)
+
+FAILED_TO_START = "FailedToStart"
+"""``error.type`` of a run whose process stopped before its first checkpoint (a view of
+it: such a run has no checkpoint; see `statekeeper.runs.index.started_view`)."""
 
 
 def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
@@ -358,6 +363,12 @@ class RunState(BaseModel):
         validate_id(self.run_id, "run id")
         validate_id(self.session_id, "session id")
         validate_id(self.tenant, "tenant")
+        if self.revision == 0 and self.error is not None and self.error.type == FAILED_TO_START:
+            raise InvalidInputError(
+                f"run {self.run_id} failed to start: nothing of it was saved, so there is "
+                f"nothing to resume or fork. Start a new run, and delete this one "
+                f"(`statekeeper runs delete {self.run_id}`)"
+            )
         if self.status in (AgentStatus.COMPLETED, AgentStatus.CANCELLED, AgentStatus.ERROR):
             raise InvalidInputError(
                 f"run {self.run_id} is {self.status}; a finished run cannot be resumed. "
