@@ -8,7 +8,9 @@ from typing import Any
 
 from playwright.async_api import expect
 
+from statekeeper.core.messages import Message
 from statekeeper.demo_app import make_runner
+from statekeeper.sessions import SessionManager
 from statekeeper.stores import open_store
 
 from .conftest import UIServer
@@ -50,3 +52,39 @@ async def test_the_conversation_reads_in_order_inside_the_timeline(
     await expect(output).to_have_attribute("open", "")
     await expect(output.locator("pre")).to_contain_text('"refunded": true')
     await shot(page, shots, "run-conversation")
+
+    # The timeline filters by stream, then by type; the conversation is a stream too.
+    await page.get_by_label("Stream").select_option("tool")
+    shown = timeline.locator("li:visible")
+    types = await shown.evaluate_all("lis => lis.map(li => li.dataset.type)")
+    assert types
+    assert all(t.startswith("tool/") for t in types), types
+    await page.get_by_label("Type").select_option("tool/result")
+    await expect(shown).to_have_count(2)
+    await page.get_by_label("Stream").select_option("message")
+    await expect(shown).to_have_count(1)  # the user's input (the rest sit under events)
+    await expect(shown).to_contain_text("Order 1042 never arrived.")
+    await page.get_by_label("Stream").select_option("")
+    await expect(timeline.locator("li[hidden]")).to_have_count(0)
+
+
+async def test_the_sessions_page_follows_new_sessions_and_appends(
+    browser: Any, ui_server: UIServer
+) -> None:
+    async with await open_store(ui_server.store_url) as store:
+        manager = SessionManager(store, ui_server.tenant)
+        first = await manager.create(title="First chat")
+        page = await signed_in_page(browser, ui_server, "#/sessions")
+        await expect(page.locator(f'tr[data-session="{first.id}"]')).to_be_visible(timeout=WAIT)
+        await page.evaluate("window.__notReloaded = true")
+        # A session made and one written after the page loaded show without a reload,
+        # the most recently active first.
+        second = await manager.create(title="Second chat")
+        await expect(page.locator("tbody tr").first).to_have_attribute(
+            "data-session", second.id, timeout=WAIT
+        )
+        await first.append(Message.user("hello"), Message.assistant("hi"))
+        row = page.locator(f'tr[data-session="{first.id}"]')
+        await expect(row.locator('td[data-label="Messages"]')).to_have_text("2", timeout=WAIT)
+        await expect(page.locator("tbody tr").first).to_have_attribute("data-session", first.id)
+        assert await page.evaluate("window.__notReloaded") is True

@@ -5,7 +5,7 @@
 // their time puts them.
 
 import { api, query } from "./api.js";
-import { h, pretty } from "./dom.js";
+import { clear, h, pretty } from "./dom.js";
 
 /** The messages of the run's session written since the run started, by id, in order. */
 export async function runMessages(run) {
@@ -65,9 +65,10 @@ export function messageView(entry) {
 
 /** A timeline item for a message no event names (the user's input, a follow-up). */
 export function messageItem(entry) {
-  return h("li", { class: "ev ev-message", "data-at": entry.created_at },
+  const role = (entry.message && entry.message.role) || "message";
+  return h("li", { class: "ev ev-message", "data-at": entry.created_at, "data-type": `message/${role}` },
     h("span", { class: "seq" }, `#${entry.seq}`),
-    h("span", { class: "etype" }, `${(entry.message && entry.message.role) || "message"}`),
+    h("span", { class: "etype" }, role),
     messageView(entry),
     h("span", {}));
 }
@@ -92,4 +93,34 @@ export function placeMessages(timeline, messages, shown) {
     const later = [...timeline.children].find((li) => (Date.parse(li.dataset.at || "") || 0) > at);
     timeline.insertBefore(messageItem(entry), later || null);
   }
+}
+
+/** Filters over the timeline: by stream (lifecycle, tool, assistant, approval, message,
+ * ...) and by type (``tool/result``). Returns the controls and `update()`, to call after
+ * items are added. */
+export function timelineFilters(timeline) {
+  const stream = h("select", { id: "ev-stream" }, h("option", { value: "" }, "all streams"));
+  const type = h("select", { id: "ev-type" }, h("option", { value: "" }, "all types"));
+  const options = (select, values, label) => {
+    const have = [...select.options].slice(1).map((o) => o.value);
+    if (values.join("\n") === have.join("\n")) return;
+    const chosen = select.value;
+    clear(select).append(h("option", { value: "" }, label), ...values.map((v) => h("option", { value: v }, v)));
+    select.value = values.includes(chosen) ? chosen : "";
+  };
+  function update() {
+    const items = [...timeline.children];
+    const types = [...new Set(items.map((li) => li.dataset.type).filter(Boolean))].sort();
+    options(stream, [...new Set(types.map((t) => t.split("/")[0]))], "all streams");
+    options(type, types.filter((t) => !stream.value || t.startsWith(`${stream.value}/`)), "all types");
+    for (const li of items) {
+      const t = li.dataset.type || "";
+      li.hidden = Boolean((stream.value && !t.startsWith(`${stream.value}/`)) || (type.value && t !== type.value));
+    }
+  }
+  stream.addEventListener("change", update);
+  type.addEventListener("change", update);
+  const controls = h("div", { class: "filters", role: "search", "aria-label": "Filter the timeline" },
+    h("label", { for: "ev-stream" }, "Stream ", stream), h("label", { for: "ev-type" }, "Type ", type));
+  return { controls, update };
 }

@@ -4,7 +4,7 @@
 // follows the run's own event stream and re-reads the run when events arrive.
 
 import { ApiError, api, follow, query } from "./api.js";
-import { namedMessages, placeMessages, runMessages } from "./convo.js";
+import { namedMessages, placeMessages, runMessages, timelineFilters } from "./convo.js";
 import {
   announce, clear, h, keepFocus, money, pretty, problem, put, setLive, shortId, statusBadge,
   typingIn, when,
@@ -80,11 +80,6 @@ function limitsTable(run, act) {
     })));
 }
 
-function clock(iso) {
-  const d = new Date(iso);
-  return Number.isNaN(d.getTime()) ? String(iso || "") : d.toLocaleTimeString();
-}
-
 function fmt(value) {
   const n = Number(value);
   return Number.isInteger(n) ? String(n) : Number.isFinite(n) ? n.toFixed(4) : String(value);
@@ -131,7 +126,7 @@ function checkpointsTable(items, act) {
       return h("tr", {},
         h("td", { class: "num", title: `turn ${cp.turn ?? "?"}` }, String(cp.step ?? "")),
         h("td", {}, statusBadge(cp.status)),
-        h("td", { class: "muted" }, h("time", { datetime: cp.at || "" }, clock(cp.at || cp.created_at))),
+        h("td", { class: "muted" }, h("time", { datetime: cp.at || "" }, when(cp.at || cp.created_at))),
         h("td", {}, fork));
     }))));
 }
@@ -167,13 +162,15 @@ export function renderRun(main, runId) {
   const decided = []; // approval events: who decided which call
   const timeline = h("ol", { class: "timeline", "aria-label": "events, oldest first" });
   const timelineBox = h("div", { class: "scroll tall", tabindex: "0", "aria-label": "timeline" }, timeline);
+  const filters = timelineFilters(timeline);
   const top = h("div", {});
   const side = h("div", { class: "side" });
   const pendingBox = h("section", { "aria-labelledby": "pending-title" });
   main.append(top, h("div", { class: "run-grid" },
     h("div", {}, pendingBox,
       h("section", { class: "card", "aria-labelledby": "timeline-title" },
-        h("h2", { id: "timeline-title" }, "Timeline and conversation"), timelineBox)),
+        h("div", { class: "page-head" }, h("h2", { id: "timeline-title" }, "Timeline and conversation"),
+          filters.controls), timelineBox)),
     side));
   let run = null;
   let notice = "";
@@ -193,7 +190,7 @@ export function renderRun(main, runId) {
       if (type.startsWith("approval/") && data.data) decided.push({ ...data.data, at: data.at });
       const names = namedMessages(data.data);
       timeline.append(h("li", {
-        class: `ev ev-${type.split(/[/.:]/)[0]}`, "data-at": data.at || "",
+        class: `ev ev-${type.split(/[/.:]/)[0]}`, "data-at": data.at || "", "data-type": type,
         "data-names": names.length ? names.join(" ") : undefined,
       },
         h("span", { class: "seq" }, `#${data.seq ?? ev.id ?? ""}`),
@@ -202,6 +199,7 @@ export function renderRun(main, runId) {
         h("time", { class: "muted", datetime: data.at || "" }, when(data.at))));
     }
     placeMessages(timeline, messages, shownMessages);
+    filters.update();
     if (atBottom) timelineBox.scrollTop = timelineBox.scrollHeight;
   }
 
@@ -305,6 +303,7 @@ export function renderRun(main, runId) {
     const atBottom = timelineBox.scrollTop + timelineBox.clientHeight >= timelineBox.scrollHeight - 8;
     for (const [id, entry] of await runMessages(run).catch(() => new Map())) messages.set(id, entry);
     placeMessages(timeline, messages, shownMessages);
+    filters.update();
     if (atBottom) timelineBox.scrollTop = timelineBox.scrollHeight;
   }
 

@@ -2,54 +2,103 @@
 // forks into other sessions, compaction summaries and the entries they stand for,
 // continuation links), messages coloured by category.
 
-import { api, query } from "./api.js";
+import { api, follow, query } from "./api.js";
 import { layout, messageText } from "./dag.js";
-import { announce, clear, h, pretty, problem, put, s, shortId, statusBadge, when } from "./dom.js";
+import { announce, clear, h, keepFocus, pretty, problem, put, s, setLive, shortId, statusBadge, when } from "./dom.js";
 
 const ROW = 60;
 const LANE = 22;
 const CATEGORIES = ["system", "context", "dialog", "system_output"];
 const sessionLink = (id, text) => h("a", { href: `#/sessions/${encodeURIComponent(id)}`, title: id }, text || shortId(id));
 
+const POLL_MS = 5000; // sessions written outside a run make no event: look again this often
+
+function sessionRow(x) {
+  const links = [];
+  if (x.continued_from) links.push("continues ", sessionLink(x.continued_from), " ");
+  if (x.continued_to) links.push("continued in ", sessionLink(x.continued_to), " ");
+  if (x.forked_from) links.push("fork of ", sessionLink(x.forked_from.session_id), ` #${x.forked_from.seq}`);
+  return h("tr", { "data-session": x.session_id },
+    h("td", { "data-label": "Session" }, sessionLink(x.session_id, x.session_id)),
+    h("td", { "data-label": "Title" }, x.title || h("span", { class: "muted" }, "untitled")),
+    h("td", { "data-label": "Agent" }, x.agent_id || "–"),
+    h("td", { "data-label": "Messages", class: "num" }, String(x.message_count)),
+    h("td", { "data-label": "Tokens", class: "num" }, String(x.total_tokens)),
+    h("td", { "data-label": "Compactions", class: "num" }, String(x.compaction_count)),
+    h("td", { "data-label": "Links" }, links.length ? links : h("span", { class: "muted" }, "–")),
+    h("td", { "data-label": "Last active", class: "muted" }, when(x.last_active)));
+}
+
+/** The sessions, most recently active first, kept current: at once when a run writes
+ * (the tenant's event stream), and every few seconds for other writers. */
 export function renderSessions(main) {
   const body = h("tbody", {});
   const more = h("button", { type: "button", hidden: true }, "Load more");
+  let items = [];
   let cursor = null;
+  let timer = null;
+  let poll = null;
   main.append(
     h("div", { class: "page-head" }, h("h1", {}, "Sessions")),
-    h("div", { class: "card table-wrap" }, h("table", { class: "runs" },
+    h("div", { class: "card table-wrap" }, h("table", { class: "runs sessions" },
       h("caption", { class: "visually-hidden" }, "Sessions, most recently active first"),
       h("thead", {}, h("tr", {}, ["Session", "Title", "Agent", "Messages", "Tokens", "Compactions", "Links", "Last active"]
         .map((t) => h("th", { scope: "col" }, t)))),
       body)),
     more);
+
+  function draw() {
+    keepFocus(body, () => {
+      clear(body).append(...items.map(sessionRow));
+      if (!items.length) body.append(h("tr", {}, h("td", { colspan: "8", class: "muted empty" }, "No sessions yet.")));
+    });
+    more.hidden = !cursor;
+  }
+
   async function load() {
     try {
       const page = await api("/sessions" + query({ limit: 100, cursor }));
-      for (const x of page.items || []) {
-        const links = [];
-        if (x.continued_from) links.push("continues ", sessionLink(x.continued_from), " ");
-        if (x.continued_to) links.push("continued in ", sessionLink(x.continued_to), " ");
-        if (x.forked_from) links.push("fork of ", sessionLink(x.forked_from.session_id), ` #${x.forked_from.seq}`);
-        body.append(h("tr", {},
-          h("td", {}, sessionLink(x.session_id)),
-          h("td", {}, x.title || h("span", { class: "muted" }, "untitled")),
-          h("td", {}, x.agent_id || "–"),
-          h("td", { class: "num" }, String(x.message_count)),
-          h("td", { class: "num" }, String(x.total_tokens)),
-          h("td", { class: "num" }, String(x.compaction_count)),
-          h("td", {}, links.length ? links : h("span", { class: "muted" }, "–")),
-          h("td", { class: "muted" }, when(x.last_active))));
-      }
+      items = [...items, ...(page.items || [])];
       cursor = page.next_cursor;
-      more.hidden = !cursor;
-      if (!body.children.length) body.append(h("tr", {}, h("td", { colspan: "8", class: "muted empty" }, "No sessions yet.")));
+      draw();
     } catch (err) {
       problem(main, err);
     }
   }
+
+  // Read again as many sessions as are shown (newest first), so a session that became
+  // the most recently active moves to the top and a new one appears.
+  async function refresh() {
+    try {
+      const page = await api("/sessions" + query({ limit: Math.min(Math.max(items.length, 100), 500) }));
+      const before = new Set(items.map((x) => x.session_id));
+      items = page.items || [];
+      cursor = page.next_cursor;
+      draw();
+      const fresh = items.filter((x) => !before.has(x.session_id));
+      if (fresh.length) announce(`${fresh.length} new session(s)`);
+    } catch (err) {
+      if (err.status === 401) problem(main, err);
+    }
+  }
+
   more.addEventListener("click", load);
   load();
+  const stop = follow({}, () => {
+    clearTimeout(timer);
+    timer = setTimeout(refresh, 200);
+  }, (state) => {
+    setLive(state);
+    if (state === "live") refresh();
+  });
+  poll = setInterval(() => {
+    if (document.visibilityState === "visible") refresh();
+  }, POLL_MS);
+  return () => {
+    stop();
+    clearTimeout(timer);
+    clearInterval(poll);
+  };
 }
 
 async function allEntries(id) {
