@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from otel_spans import named, only, records, under
@@ -16,6 +17,7 @@ from statekeeper.core.messages import Message, ToolCallBlock
 from statekeeper.errors import NotFoundError
 from statekeeper.runs import Finish, Respond, Runner, Tool, ToolContext
 from statekeeper.runs.scripted import ScriptedAgent
+from statekeeper.server import ApiKeys, ServerConfig, create_app
 from statekeeper.stores import Store, open_store
 
 
@@ -99,3 +101,29 @@ async def test_an_approval_of_an_unknown_run_is_still_one_trace(
     assert approval["parent"] is None
     assert {s["trace_id"] for s in spans} == {approval["trace_id"]}
     assert [s for s in spans if s is not approval] == under(spans, approval)
+
+
+async def test_an_approval_through_the_server_is_a_span_in_the_runs_trace(
+    exporter: InMemorySpanExporter, tmp_path: Path
+) -> None:
+    url = f"sqlite:///{tmp_path}/state.db"
+    async with await open_store(url) as store:
+        run_id, trace_id, step_id = await waiting_run(store)
+        _, key = await ApiKeys(store).create("t", "operate", label="ops")
+    exporter.clear()
+    app = create_app(ServerConfig(url))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        headers = {"Authorization": f"Bearer {key}"}
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://test", headers=headers
+        ) as client:
+            answer = await client.post(f"/api/v1/runs/{run_id}/approve", json={"call_id": "pay"})
+    assert answer.status_code == 200, answer.text
+
+    spans = records(exporter)
+    approval = only(spans, "statekeeper.approval")
+    assert (approval["trace_id"], approval["parent"]) == (trace_id, step_id)
+    saved = named(spans, "statekeeper.store append_entries")
+    assert saved
+    assert all(s in under(spans, approval) for s in saved)

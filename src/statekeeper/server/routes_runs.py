@@ -14,6 +14,7 @@ from statekeeper.runs.approvals import record_decision, settle
 from statekeeper.runs.lifecycle import FINISHED
 from statekeeper.runs.operations import status_filter
 from statekeeper.runs.runner import Runner
+from statekeeper.runs.spans import decision_span
 from statekeeper.runs.state import RunState
 from statekeeper.runs.store import RunIndex, RunStore
 from statekeeper.runtime.events import EventBus
@@ -217,25 +218,29 @@ async def _decide(
     """Record a decision once: a call that already has one is a `ConflictError`, and of
     two decisions saved at once the session's compare-and-set lets one through."""
     runner = await context.runner(caller.tenant)
-    state, index_version, session_version = await runner.runs.load(run_id)
-    if state.status != AgentStatus.WAITING_FOR_APPROVAL:
-        raise ConflictError(f"run {run_id} is {state.status}, not waiting for approval")
-    earlier = next((d for d in state.decisions if d.call_id == body.call_id), None)
-    if earlier is not None:
-        verdict = "approved" if earlier.approved else "rejected"
-        raise ConflictError(
-            f"tool call {body.call_id!r} of run {run_id} was already {verdict} "
-            f"by {earlier.decided_by or 'someone'}"
+    # One span in the run's trace, the loading and saving under it (`decision_span`).
+    with decision_span(run_id, body.call_id, approved=approved, by=caller.decided_by) as trace:
+        state, index_version, session_version = await runner.runs.load(run_id)
+        if trace is not None:
+            trace.adopt(state)
+        if state.status != AgentStatus.WAITING_FOR_APPROVAL:
+            raise ConflictError(f"run {run_id} is {state.status}, not waiting for approval")
+        earlier = next((d for d in state.decisions if d.call_id == body.call_id), None)
+        if earlier is not None:
+            verdict = "approved" if earlier.approved else "rejected"
+            raise ConflictError(
+                f"tool call {body.call_id!r} of run {run_id} was already {verdict} "
+                f"by {earlier.decided_by or 'someone'}"
+            )
+        record_decision(
+            state,
+            body.call_id,
+            approved=approved,
+            always=body.always,
+            reason=body.reason,
+            decided_by=caller.decided_by,
         )
-    record_decision(
-        state,
-        body.call_id,
-        approved=approved,
-        always=body.always,
-        reason=body.reason,
-        decided_by=caller.decided_by,
-    )
-    await runner.runs.save(state, index_version=index_version, session_version=session_version)
+        await runner.runs.save(state, index_version=index_version, session_version=session_version)
     # The checkpoint keeps the decision until the run settles it; the log keeps it for good.
     payload = {"call_id": body.call_id, "approved": approved, "always": body.always}
     payload |= {"reason": body.reason, "decided_by": caller.decided_by}
