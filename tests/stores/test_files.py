@@ -376,17 +376,23 @@ async def test_head_and_backup_lost_make_a_recovery_session(store: FileStore, ro
             (2, "e2", 1),
             (3, "e3", 2),
         ]
-        with pytest.raises(NotFoundError, match="recovered-s1"):
-            await other.get_session(T, "s1")
-        page = await other.list_sessions(T, SessionQuery(metadata={"recovered_from": "s1"}))
-        assert [s.id for s in page.items] == ["recovered-s1"]
         [report] = other.recoveries
         assert (report.kind, report.recovered_as) == ("recovery-session", "recovered-s1")
         assert len(report.quarantined) == 3
         assert all((root / path).exists() for path in report.quarantined)
-        # The id is free again; the recovery session stays.
+        # Still reported, as other backends report a damaged row, naming the quarantine.
+        with pytest.raises(StoreCorruptError, match="recovered-s1") as caught:
+            await other.get_session(T, "s1")
+        assert all(path in str(caught.value) for path in report.quarantined)
+        page = await other.list_sessions(T, SessionQuery(metadata={"recovered_from": "s1"}))
+        assert [s.id for s in page.items] == ["recovered-s1"]
+        assert [c.id for c in page.corrupt] == ["s1"]
+        assert page.corrupt[0].raw == "{not json"
+        # The id is free again; the recovery session and the quarantined files stay.
         await other.create_session(SessionRecord(id="s1", tenant=T))
         assert await other.read_entries(T, "s1") == []
+        assert (await other.list_sessions(T, SessionQuery())).corrupt == []
+        assert all((root / path).exists() for path in report.quarantined)
     finally:
         await other.close()
 
@@ -464,31 +470,72 @@ async def test_a_damaged_record_is_served_from_its_backup(store: FileStore, root
         await other.close()
 
 
-async def test_a_damaged_record_without_backup_is_reported_once(
+async def test_a_damaged_record_without_backup_stays_reported_until_put_again(
     store: FileStore, root: Path
 ) -> None:
     await store.put_record(T, "ns", "a", 1)
     await store.put_record(T, "ns", "k", 1)
     await store.put_record(T, "ns", "z", 1)
-    (root / T / "records" / "ns" / "k.json").write_text('{"namespace": "ns", "key": "k", "ver')
+    damaged = '{"namespace": "ns", "key": "k", "ver'
+    (root / T / "records" / "ns" / "k.json").write_text(damaged)
     other = await reopen(root)
     try:
-        assert [r.key for r in await other.list_records(T, "ns")] == ["a", "z"]
-        assert kinds(other.recoveries) == ["record-lost"]
-        with pytest.raises(NotFoundError):
+        for _ in range(2):  # quarantined by the first listing, reported by both
+            listing = await other.list_records(T, "ns")
+            assert [r.key for r in listing] == ["a", "z"]
+            [item] = listing.corrupt
+            assert (item.id, item.raw) == ("k", damaged)
+            assert "ns/k" in item.error
+        [report] = other.recoveries
+        assert report.kind == "record-lost"
+        assert all((root / path).exists() for path in report.quarantined)
+        with pytest.raises(StoreCorruptError, match="ns/k") as caught:
             await other.get_record(T, "ns", "k")
-        again = await other.put_record(T, "ns", "k", 2, expected_version=0)
-        assert again.version == 1
+        assert all(path in str(caught.value) for path in report.quarantined)
     finally:
         await other.close()
-    (root / T / "records" / "ns" / "a.json").write_text("[]")
-    (root / T / "records" / "ns" / "a.json.bak").unlink(missing_ok=True)
-    third = await reopen(root)
+    third = await reopen(root)  # another handle, which never saw the damage, too
     try:
         with pytest.raises(StoreCorruptError, match="quarantine"):
-            await third.get_record(T, "ns", "a")
+            await third.get_record(T, "ns", "k")
+        assert [c.id for c in (await third.list_records(T, "ns")).corrupt] == ["k"]
+        again = await third.put_record(T, "ns", "k", 2, expected_version=0)
+        assert again.version == 1
+        listing = await third.list_records(T, "ns")
+        assert ([r.key for r in listing], listing.corrupt) == (["a", "k", "z"], [])
+        assert all((root / path).exists() for path in report.quarantined)
     finally:
         await third.close()
+
+
+async def test_a_lost_record_or_session_is_deleted_and_its_quarantine_kept(
+    store: FileStore, root: Path
+) -> None:
+    await store.put_record(T, "ns", "k", 1)
+    await with_session(store, 2, "s1")
+    (root / T / "records" / "ns" / "k.json").write_text("[")
+    for name in ("s1.json", "s1.json.bak"):
+        (root / T / "sessions" / name).write_text("")
+    with pytest.raises(StoreCorruptError):
+        await store.get_record(T, "ns", "k")
+    with pytest.raises(StoreCorruptError):
+        await store.get_session(T, "s1")
+    with pytest.raises(StoreCorruptError, match="'s1'"):
+        await store.append_entries(T, "s1", [draft("late")])
+    quarantined = [path for r in store.recoveries for path in r.quarantined]
+    assert len(quarantined) == 4  # the record (no backup yet), the session's three files
+
+    await store.delete_record(T, "ns", "k")
+    await store.delete_session(T, "s1")
+    with pytest.raises(NotFoundError):
+        await store.get_record(T, "ns", "k")
+    with pytest.raises(NotFoundError, match="recovered-s1"):
+        await store.get_session(T, "s1")
+    assert (await store.list_records(T, "ns")).corrupt == []
+    assert (await store.list_sessions(T, SessionQuery())).corrupt == []
+    assert all((root / path).exists() for path in quarantined)
+    with pytest.raises(NotFoundError):  # deleted: nothing left to delete
+        await store.delete_record(T, "ns", "k")
 
 
 async def test_event_logs_ignore_torn_and_unfinished_batches(store: FileStore, root: Path) -> None:

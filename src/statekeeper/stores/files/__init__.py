@@ -8,6 +8,7 @@ Layout under the root (every name below the root is a validated id or a fixed na
     <root>/<tenant>/records/<namespace>/<key>.json   a versioned record (+ .bak)
     <root>/<tenant>/events/<log>.jsonl           an event log, one event per line
     <root>/<tenant>/locks/{sessions,records,events}/<name>   flock files
+    <root>/<tenant>/sessions/<id>.lost, records/<namespace>/<key>.lost   lost to damage
     <root>/<tenant>/quarantine/                  damaged files, moved aside, never deleted
     <root>/<tenant>/recoveries.jsonl             what was recovered, when and how
 
@@ -46,12 +47,13 @@ kept on `FileStore.recoveries`, logged (``statekeeper.stores.files``) and append
   holding the lost version gets a `ConflictError`, never a blind overwrite;
 - if the backup is unreadable too, the transcript's whole lines are copied into a new
   session ``recovered-<id>`` whose metadata names the lost session (``recovered_from``)
-  and what happened (``recovery``); the call that found the damage raises
-  `StoreCorruptError` naming the new session, later lookups of the lost id raise a
-  `NotFoundError` that names it too, and the id is free to be used again;
-- an unreadable record falls back to its backup; without one it is quarantined:
-  `get_record` raises `StoreCorruptError` once, listings skip it, and a put starts the
-  key again at version 1;
+  and what happened (``recovery``);
+- an unreadable record falls back to its backup; without one it is quarantined;
+- a session or record lost that way leaves a ``<id>.lost`` marker (``lost``), so it
+  stays reported as the other backends report a damaged row, on every handle: listings
+  have it in ``corrupt`` and reads raise `StoreCorruptError` naming it, its quarantined
+  files (and the recovery session), until it is deleted or written again (a new session
+  with the id, a put, which starts the key again at version 1);
 - a prune that replaced the transcript but died before its head write is completed.
 
 POSIX only (``fcntl.flock``, ``O_NOFOLLOW``), on a case-sensitive file system: the store

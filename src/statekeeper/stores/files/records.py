@@ -2,7 +2,9 @@
 
 Records: ``<tenant>/records/<namespace>/<key>.json`` rewritten atomically with a backup;
 writes hold the namespace's lock; reads need none (a file is replaced whole). A damaged
-record falls back to its backup; without one it is quarantined and reported.
+record falls back to its backup; without one it is quarantined, and a ``<key>.lost``
+marker (``lost``) keeps it reported (listings' ``corrupt``, `StoreCorruptError` on get)
+until it is deleted or put again.
 
 Event logs: ``<tenant>/events/<log>.jsonl``; appends hold the log's lock; reads need none,
 because only finished batches count and a finished batch never changes (see
@@ -19,10 +21,10 @@ from datetime import datetime
 from typing import Any
 
 from statekeeper.core.messages import utcnow
-from statekeeper.errors import InvalidIdError, StoreCorruptError
+from statekeeper.errors import InvalidIdError
 from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import gc_paused, loads
-from statekeeper.stores.base import CorruptItem, Event, EventDraft, RecordList, VersionedRecord
+from statekeeper.stores.base import Event, EventDraft, RecordList, VersionedRecord
 from statekeeper.stores.files.layout import (
     Layout,
     Recovery,
@@ -41,17 +43,22 @@ from statekeeper.stores.files.logs import (
     remember,
     with_payload,
 )
+from statekeeper.stores.files.lost import LOST_SUFFIX, Lost, read_lost, write_lost
 from statekeeper.stores.files.recovery import BadFileError, decode_record, encode_record
 from statekeeper.stores.rules import check_record_version, record_not_found
 
 __all__ = ["EventFiles", "RecordFiles"]
 
 
-def _lost(tenant: str, namespace: str, key: str) -> StoreCorruptError:
-    return StoreCorruptError(
-        f"record {namespace}/{key} is damaged and has no usable backup; the file was moved "
-        f"to {tenant}/quarantine (put a new value to use the key again)"
-    )
+_FIX = (
+    "put a new value to use the key again (it starts over at version 1), or delete it "
+    "(delete_record) to stop this report; the quarantined files are kept"
+)
+
+
+def _marker(path: str) -> str:
+    """The ``<key>.lost`` marker beside a record's ``<key>.json``."""
+    return path[: -len(".json")] + LOST_SUFFIX
 
 
 def _live(record: VersionedRecord, now: datetime) -> bool:
@@ -70,22 +77,22 @@ class RecordFiles:
 
     def _read(
         self, tenant: str, namespace: str, key: str, path: str, *, locked: bool
-    ) -> tuple[VersionedRecord | None, bool]:
-        """(the record or None, whether it was lost to damage just now)."""
+    ) -> tuple[VersionedRecord | None, Lost | None]:
+        """(the record or None, what its marker says if it was lost to damage)."""
         raw = self.files.read_bytes(path)
         if raw is None:
-            return None, False
+            return None, read_lost(self.files, _marker(path), f"record {namespace}/{key}")
         try:
-            return decode_record(raw, namespace, key), False
+            return decode_record(raw, namespace, key), None
         except BadFileError as exc:
             if locked:
-                return self._repair(tenant, namespace, key, path, str(exc))
+                return self._repair(tenant, namespace, key, path, str(exc), raw)
             with self.files.locked(tenant, "records", namespace):
                 return self._read(tenant, namespace, key, path, locked=True)
 
     def _repair(
-        self, tenant: str, namespace: str, key: str, path: str, reason: str
-    ) -> tuple[VersionedRecord | None, bool]:
+        self, tenant: str, namespace: str, key: str, path: str, reason: str, raw: bytes
+    ) -> tuple[VersionedRecord | None, Lost | None]:
         files = self.files
         backup_path = path + ".bak"
         backup_raw = files.read_bytes(backup_path)
@@ -108,31 +115,32 @@ class RecordFiles:
                         quarantined=(moved,) if moved else (),
                     )
                 )
-                return restored, False
+                return restored, None
         moved_all = tuple(
             m for m in (files.quarantine(tenant, p) for p in (path, backup_path)) if m
         )
-        files.report(
-            Recovery(
-                "record-lost",
-                tenant,
-                subject,
-                f"{reason}; no usable backup, the damaged files were quarantined",
-                where,
-                quarantined=moved_all,
-            )
+        recovery = Recovery(
+            "record-lost",
+            tenant,
+            subject,
+            f"{reason}; no usable backup, the damaged files were quarantined",
+            where,
+            quarantined=moved_all,
         )
-        return None, True
+        # The marker before the report, so every handle sees the loss once it is logged.
+        lost = write_lost(
+            files, _marker(path), subject, recovery, f"{reason}; no usable backup", raw
+        )
+        files.report(recovery)
+        return None, lost
 
     def get(self, tenant: str, namespace: str, key: str) -> VersionedRecord:
         path = self._path(tenant, namespace, key, create=False)
         found, lost = (
-            (None, False)
-            if path is None
-            else self._read(tenant, namespace, key, path, locked=False)
+            (None, None) if path is None else self._read(tenant, namespace, key, path, locked=False)
         )
-        if lost:
-            raise _lost(tenant, namespace, key)
+        if found is None and lost is not None:
+            raise lost.error(_FIX)
         if found is None or not _live(found, utcnow()):
             raise record_not_found(namespace, key)
         return found
@@ -155,6 +163,7 @@ class RecordFiles:
             check_record_version(namespace, key, version, expected_version)
             raw = encode_record(namespace, key, version + 1, now, expires_at, text)
             self.files.write_atomic(path, raw, backup=True)
+            self.files.unlink(_marker(path))  # the key is in use again
         return VersionedRecord(
             namespace=namespace,
             key=key,
@@ -170,10 +179,12 @@ class RecordFiles:
         folder = self.files.directory(tenant, "records", namespace)
         if folder is None:
             return RecordList()
-        keys = sorted(
-            name[:-5]
-            for name in os.listdir(folder)
-            if name.endswith(".json") and not name.startswith(".")
+        keys = sorted(  # records, and records lost to damage (their markers)
+            {
+                name[:-5]
+                for name in os.listdir(folder)
+                if name.endswith((".json", LOST_SUFFIX)) and not name.startswith(".")
+            }
         )
         out = RecordList()
         now = utcnow()
@@ -189,25 +200,28 @@ class RecordFiles:
                 )
             except (InvalidIdError, UnsafePathError):
                 continue  # not a file this store wrote
-            if lost:  # quarantined just now: this listing reports it, later ones not
-                out.corrupt.append(CorruptItem(id=key, error=str(_lost(tenant, namespace, key))))
+            if found is None and lost is not None:  # reported until deleted or put again
+                out.corrupt.append(lost.item(key, _FIX))
             elif found is not None and _live(found, now):
                 out.append(found)
         return out
 
     def delete(self, tenant: str, namespace: str, key: str, expected_version: int | None) -> None:
         path = self._path(tenant, namespace, key, create=False)
-        if path is None or not self.files.exists(path):
+        if path is None or not (self.files.exists(path) or self.files.exists(_marker(path))):
             raise record_not_found(namespace, key)
         with self.files.locked(tenant, "records", namespace):
             found, lost = self._read(tenant, namespace, key, path, locked=True)
-            if lost:
-                return  # already moved out of the way, as a delete would have
-            if found is None or not _live(found, utcnow()):
+            if found is None and lost is None:
                 raise record_not_found(namespace, key)
-            check_record_version(namespace, key, found.version, expected_version)
+            if found is not None:
+                if not _live(found, utcnow()):
+                    raise record_not_found(namespace, key)
+                check_record_version(namespace, key, found.version, expected_version)
+            # A lost record's damaged files stay in quarantine; its marker goes.
             self.files.unlink(path)
             self.files.unlink(path + ".bak")
+            self.files.unlink(_marker(path))
             if self.files.sync:
                 self.files.fsync_dir(os.path.dirname(path))
 

@@ -26,7 +26,7 @@ from statekeeper.errors import (
     StoreCorruptError,
 )
 from statekeeper.ids import MAX_ID_LENGTH, validate_id
-from statekeeper.jsoncodec import gc_paused, loads
+from statekeeper.jsoncodec import gc_paused
 from statekeeper.stores.base import CorruptItem, Entry, SessionPatch, SessionRecord
 from statekeeper.stores.files.layout import (
     Layout,
@@ -43,6 +43,15 @@ from statekeeper.stores.files.logs import (
     new_gen,
     parse_entry,
     remember,
+)
+from statekeeper.stores.files.lost import (
+    LOST_SUFFIX,
+    SESSION_FIX,
+    Lost,
+    read_lost,
+    session_gone,
+    session_not_found,
+    write_lost,
 )
 from statekeeper.stores.files.recovery import (
     BadFileError,
@@ -104,6 +113,11 @@ class SessionCtx:
     def log_path(self) -> str:
         return child(self.folder, f"{self.sid}.jsonl")
 
+    @property
+    def lost_path(self) -> str:
+        """The marker of a session lost to damage (see ``lost``)."""
+        return child(self.folder, f"{self.sid}{LOST_SUFFIX}")
+
 
 class SessionFiles:
     """Heads, transcripts and their recovery, for one store."""
@@ -120,32 +134,13 @@ class SessionFiles:
         self.heads.pop(key, None)
         self.indexes.pop(key, None)
 
+    def gone(self, tenant: str, session_id: str) -> StatekeeperError:
+        """`StoreCorruptError` for a session lost to damage, else `not_found`."""
+        return session_gone(self.files, tenant, session_id)
+
     def not_found(self, tenant: str, session_id: str) -> NotFoundError:
         """`NotFoundError`, naming the recovery session if this id was lost to damage."""
-        message = f"session {session_id!r} not found"
-        try:
-            folder = self.files.directory(tenant)
-            raw = (
-                None if folder is None else self.files.read_bytes(child(folder, "recoveries.jsonl"))
-            )
-        except (OSError, StatekeeperError):
-            raw = None
-        for line in (raw or b"").splitlines():
-            try:
-                doc = loads(line)
-            except ValueError:
-                continue
-            if (
-                isinstance(doc, dict)
-                and doc.get("kind") == "recovery-session"
-                and doc.get("subject") == f"session {session_id}"
-            ):
-                message = (
-                    f"session {session_id!r} not found: it was damaged beyond repair on "
-                    f"{doc.get('at')} and its transcript was saved as session "
-                    f"{doc.get('recovered_as')!r}"
-                )
-        return NotFoundError(message)
+        return session_not_found(self.files, tenant, session_id)
 
     # -- heads -----------------------------------------------------------------------------
 
@@ -153,7 +148,7 @@ class SessionFiles:
         """Run ``fn`` holding the session's lock, with its head loaded (or `NotFoundError`)."""
         folder = self.folder(tenant)
         if folder is None or not self.files.exists(child(folder, f"{session_id}.json")):
-            raise self.not_found(tenant, session_id)
+            raise self.gone(tenant, session_id)
         with self.files.locked(tenant, "sessions", session_id) as lock:
             ctx = SessionCtx(tenant, session_id, folder, lock)
             ctx.head = self.load_head(ctx)
@@ -164,14 +159,14 @@ class SessionFiles:
         if raw is None:
             ctx.lock.remove()
             self.forget(ctx.key)
-            raise self.not_found(ctx.tenant, ctx.sid)
+            raise self.gone(ctx.tenant, ctx.sid)
         cached = self.heads.get(ctx.key)
         if cached is not None and cached.raw == raw:
             return cached
         try:
             head = Head(*decode_head(raw, ctx.tenant, ctx.sid), raw)
         except BadFileError as exc:
-            head = self.recover_head(ctx, str(exc))
+            head = self.recover_head(ctx, str(exc), raw)
         return remember(self.heads, ctx.key, head, HEADS_KEPT)
 
     def save_head(
@@ -190,21 +185,26 @@ class SessionFiles:
             ctx = SessionCtx(record.tenant, record.id, folder, lock)
             if self.files.exists(ctx.head_path):
                 raise AlreadyExistsError(f"session {record.id!r} already exists")
-            # Leftovers of a delete that stopped half way belong to no session.
+            # Leftovers of a delete that stopped half way belong to no session; the id
+            # of a session lost to damage is free again (its quarantined files stay).
             self.files.unlink(ctx.backup_path)
             self.files.unlink(ctx.log_path)
+            self.files.unlink(ctx.lost_path)
             self.forget(ctx.key)
             self.save_head(ctx, record, new_gen(), 0, backup=False)
             return record
 
     def delete(self, tenant: str, session_id: str) -> None:
         folder = self.folder(tenant)
-        if folder is None or not self.files.exists(child(folder, f"{session_id}.json")):
+        names = (f"{session_id}.json", f"{session_id}{LOST_SUFFIX}")
+        if folder is None or not any(self.files.exists(child(folder, n)) for n in names):
             raise self.not_found(tenant, session_id)
         with self.files.locked(tenant, "sessions", session_id) as lock:
             ctx = SessionCtx(tenant, session_id, folder, lock)
-            # No need to read the head: a damaged session can be deleted too.
+            # No need to read the head: a damaged session can be deleted too, and one
+            # lost to damage loses its marker (its quarantined files stay).
             found = self.files.unlink(ctx.head_path)
+            found = self.files.unlink(ctx.lost_path) or found
             self.files.unlink(ctx.backup_path)
             self.files.unlink(ctx.log_path)
             if self.files.sync:
@@ -214,15 +214,22 @@ class SessionFiles:
             if not found:
                 raise self.not_found(tenant, session_id)
 
-    def all_records(self, tenant: str) -> tuple[list[SessionRecord], list[CorruptItem]]:
-        """Every session of the tenant, and those lost to damage just now: damaged heads
-        are recovered on the way (from the backup, else as a recovery session)."""
+    def all_records(
+        self, tenant: str, *, rescan: bool = True
+    ) -> tuple[list[SessionRecord], list[CorruptItem]]:
+        """Every session of the tenant, and those lost to damage (until deleted): damaged
+        heads are recovered on the way (from the backup, else as a recovery session)."""
         folder = self.folder(tenant)
         if folder is None:
             return [], []
         records: list[SessionRecord] = []
         lost: list[CorruptItem] = []
-        for name in sorted(os.listdir(folder)):
+        names = sorted(os.listdir(folder))
+        heads = {name for name in names if name.endswith(".json")}
+        again = False
+        for name in names:
+            if name.endswith(LOST_SUFFIX) and f"{name[:-5]}.json" not in heads:
+                lost += self._lost_item(tenant, folder, name[:-5])
             if not name.endswith(".json") or name.startswith("."):
                 continue
             session_id = name[:-5]
@@ -243,17 +250,28 @@ class SessionFiles:
                 try:
                     records.append(self.run(tenant, session_id, lambda ctx: ctx.head.record))
                 except StoreCorruptError as exc:
-                    lost.append(corrupt_item(session_id, exc, raw))
+                    if rescan:
+                        again = True  # lost: a marker and a recovery session now
+                    else:
+                        lost.append(corrupt_item(session_id, exc, raw))
                 except NotFoundError:
                     continue  # deleted meanwhile
-        if lost:  # now recovery sessions: list the folder again
-            again, more = self.all_records(tenant)
-            return again, lost + more
+        if again:
+            return self.all_records(tenant, rescan=False)
         return records, lost
+
+    def _lost_item(self, tenant: str, folder: str, session_id: str) -> list[CorruptItem]:
+        try:
+            validate_id(session_id)
+            marker = child(folder, f"{session_id}{LOST_SUFFIX}")
+            lost = read_lost(self.files, marker, f"session {session_id!r}")
+        except (InvalidIdError, UnsafePathError):
+            return []  # not a file this store wrote
+        return [] if lost is None else [lost.item(session_id, SESSION_FIX)]
 
     # -- damaged heads -------------------------------------------------------------------
 
-    def recover_head(self, ctx: SessionCtx, reason: str) -> Head:
+    def recover_head(self, ctx: SessionCtx, reason: str, raw: bytes) -> Head:
         """The head from its backup (plus later entries), or a recovery session."""
         files = self.files
         backup_raw = files.read_bytes(ctx.backup_path)
@@ -281,14 +299,10 @@ class SessionFiles:
                     )
                 )
                 return head
-        recovered = self.recovery_session(ctx, f"{reason}; {backup_problem}")
-        raise StoreCorruptError(
-            f"session {ctx.sid!r} could not be read ({reason}; {backup_problem}); its "
-            f"transcript was saved as session {recovered!r} and the damaged files were "
-            f"moved to {ctx.tenant}/quarantine"
-        )
+        lost = self.recovery_session(ctx, f"{reason}; {backup_problem}", raw)
+        raise lost.error(SESSION_FIX)
 
-    def recovery_session(self, ctx: SessionCtx, reason: str) -> str:
+    def recovery_session(self, ctx: SessionCtx, reason: str, damaged: bytes) -> Lost:
         """Quarantine a lost session's files; copy its transcript into a new session."""
         files = self.files
         lines, summary = salvage_lines(files.read_bytes(ctx.log_path) or b"")
@@ -316,20 +330,20 @@ class SessionFiles:
                 raw = encode_head(record, gen, len(data))
                 files.write_atomic(child(ctx.folder, f"{new_id}.json"), raw, backup=False)
                 break
+        recovery = Recovery(
+            "recovery-session",
+            ctx.tenant,
+            ctx.subject,
+            f"{reason}; {summary['entries']} entries copied to the new session",
+            files.relative(ctx.head_path),
+            recovered_as=new_id,
+            quarantined=moved,
+        )
+        lost = write_lost(files, ctx.lost_path, f"session {ctx.sid!r}", recovery, reason, damaged)
         ctx.lock.remove()
         self.forget(ctx.key)
-        files.report(
-            Recovery(
-                "recovery-session",
-                ctx.tenant,
-                ctx.subject,
-                f"{reason}; {summary['entries']} entries copied to the new session",
-                files.relative(ctx.head_path),
-                recovered_as=new_id,
-                quarantined=moved,
-            )
-        )
-        return new_id
+        files.report(recovery)
+        return lost
 
     # -- transcripts ---------------------------------------------------------------------
 

@@ -198,8 +198,10 @@ class FileStore(FileTranscripts, ClosingStore):
         items = rows[: query.limit]
         more = len(rows) > query.limit
         cursor = encode_cursor(items[-1].last_active, items[-1].id) if more else None
-        # A head lost to damage is repaired by the call that finds it: that call reports it.
-        return Page(items=items, next_cursor=cursor, corrupt=lost)
+        # Sessions lost to damage have no place in the order (their head is unreadable):
+        # the first page reports them, each listing again, until they are deleted.
+        first = position is None and query.offset == 0
+        return Page(items=items, next_cursor=cursor, corrupt=lost if first else [])
 
     async def delete_session(self, tenant: str, session_id: str) -> None:
         check_tenant_and_id(tenant, session_id)
