@@ -152,6 +152,7 @@ async def test_token_limits_are_reserved_too(store: Store) -> None:
     helper = await runner.delegate(parent, "helper", "help")
     assert helper.state.limits.tokens is not None
     assert helper.state.limits.tokens.maximum == 300
+    assert isinstance(helper.state.limits.tokens.maximum, int)  # whole tokens
 
 
 async def test_a_reservation_made_by_another_process_meanwhile_is_seen(

@@ -159,9 +159,9 @@ def child_limits(
         if theirs is None or room is None:
             continue
         held = _held(parent, live, field) if live is not None else 0.0
-        left = round(room - held, COST_DIGITS)
+        left: float = round(room - held, COST_DIGITS)
         if kind.integral:
-            left = float(int(left))
+            left = int(left)  # whole tokens
         if left <= 0:
             raise _no_room(parent, field, theirs, held)
         mine: ControlFlag | None = getattr(limits, field)
@@ -178,7 +178,7 @@ def child_limits(
 
 
 def _no_room(parent: RunState, field: str, flag: ControlFlag, held: float) -> LimitReachedError:
-    run_id, keyword = parent.run_id, "budget" if field == "budget" else "tokens"
+    run_id, keyword = parent.run_id, field  # `raise_limits` takes budget= and tokens=
     hint = (
         f"run {run_id} has no {field} left for another delegated run (used "
         f"{flag.current:g} of {flag.maximum or 0:g}; its live children hold {held:g}), so "
