@@ -54,18 +54,31 @@ async def test_closing_the_lanes_with_cancel_stores_the_run_cancelled(store: Sto
     assert again.status == "cancelled"
 
 
+class Lanes(CommandLanes):
+    """Command lanes that tell when a task was queued."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.submitted = asyncio.Event()
+
+    def submit(self, lane: str, fn: Any, **options: Any) -> Any:
+        task = super().submit(lane, fn, **options)
+        self.submitted.set()
+        return task
+
+
 async def test_a_queued_run_dropped_at_close_is_paused_not_running(store: Store) -> None:
-    lanes = CommandLanes()
+    lanes = Lanes()
     agent = Blocking()
     runner = Runner(store, "alice", [agent], coordination=Coordination(lanes=lanes))
     session = await runner.sessions.create()
     first = asyncio.create_task(runner.start("blocking", "go", session_id=session.id))
     await agent.in_step.wait()
+    lanes.submitted.clear()
     queued = asyncio.create_task(
         runner.start("blocking", "later", session_id=session.id, run_id="run-q")
     )
-    while not lanes.stats().queued:  # let it reach the lane
-        await asyncio.sleep(0)
+    await lanes.submitted.wait()  # it reached the lane, behind the first run
 
     await lanes.close(cancel=True)
     for task in (first, queued):
