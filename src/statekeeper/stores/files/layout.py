@@ -94,7 +94,8 @@ class Recovery:
       whole lines were copied into a new session ``recovered_as`` that names the lost one
       in its metadata, and the damaged files were quarantined;
     - ``"record-from-backup"`` / ``"record-lost"``: a record file was unreadable and was
-      restored from its backup, or (no usable backup) quarantined;
+      restored from its backup, or (no usable backup) quarantined; a lost record, like a
+      lost session, leaves a ``.lost`` marker that keeps it reported (``lost``);
     - ``"uncommitted-tail"``: bytes after the last committed line of a transcript or event
       log (a crash during an append that was never acknowledged) were cut off;
     - ``"log-truncated"``: a transcript is shorter than its head says (bytes were lost
