@@ -52,6 +52,10 @@ async def test_closing_the_lanes_with_cancel_stores_the_run_cancelled(store: Sto
     # A fresh runner (another process, say) loads it cancelled as well.
     again = await Runner(store, "alice", [Blocking()]).load("run-c")
     assert again.status == "cancelled"
+    # Watchers were told why, and that it ended.
+    kinds = [(e.stream, e.kind, e.payload.get("reason")) for e in await runner.runs.events("run-c")]
+    assert ("lifecycle", "abort", "lane closed") in kinds
+    assert kinds[-1][:2] == ("lifecycle", "end")
 
 
 class Lanes(CommandLanes):
