@@ -35,7 +35,8 @@ def test_known_answer(vector: dict[str, Any]) -> None:
     binding = bindings(*vector["binding"])
     plaintext = vector["plaintext"].encode()
     nonce = None if vector["nonce"] is None else bytes.fromhex(vector["nonce"])
-    sealed = seal_with_nonce(ring, plaintext, binding, nonce)
+    version = vector.get("version", 1)
+    sealed = seal_with_nonce(ring, plaintext, binding, nonce, version=version)
     assert sealed == vector["sealed"]
     assert ring.open(vector["sealed"], binding) == plaintext
 
@@ -53,7 +54,8 @@ def test_vectors_decrypt_with_the_primitives_alone(vector: dict[str, Any]) -> No
     key_id = vector["key_id"].encode()
     deterministic = vector["nonce"] is None
     header_end = 3 + len(key_id)
-    assert data[:header_end] == bytes((1, 0 if deterministic else 1, len(key_id))) + key_id
+    version = vector.get("version", 1)
+    assert data[:header_end] == bytes((version, 0 if deterministic else 1, len(key_id))) + key_id
     nonce = data[header_end : header_end + 12]
     associated = data[:header_end] + b"".join(
         len(p.encode()).to_bytes(4, "big") + p.encode() for p in vector["binding"]
@@ -92,6 +94,28 @@ def test_every_byte_is_authenticated() -> None:
         ring.open(base64.b64encode(data[:10]).decode(), binding)
     with pytest.raises(StateTamperedError):
         ring.open("not base64!", binding)
+
+
+def test_version_1_values_still_open_and_new_ones_are_version_2() -> None:
+    old = VECTORS[0]
+    assert base64.b64decode(old["sealed"])[0] == 1
+    ring, binding = ring_of(old), bindings(*old["binding"])
+    assert ring.open(old["sealed"], binding) == old["plaintext"].encode()
+    # An entry's version 1 binding is given as the legacy one; version 2 uses the other.
+    bound = binding + bindings(3, 2)
+    assert ring.open(old["sealed"], bound, binding) == old["plaintext"].encode()
+    assert ring.open_or_none(old["sealed"], bound, binding) == old["plaintext"].encode()
+    new = ring.seal(b"x", bound, deterministic=True)
+    assert (ring.version_of(new), ring.version_of(old["sealed"])) == (2, 1)
+    assert ring.open(new, bound, binding) == b"x"
+    with pytest.raises(StateTamperedError, match="failed authentication"):
+        ring.open(new, binding + bindings(4, 2), binding)  # moved to another seq
+    # A version 2 value passed off as version 1 (to be opened unbound) fails.
+    data = bytearray(base64.b64decode(new))
+    data[0] = 1
+    downgraded = base64.b64encode(bytes(data)).decode()
+    with pytest.raises(StateTamperedError, match="failed authentication"):
+        ring.open(downgraded, bound, binding)
 
 
 def test_newer_envelope_asks_for_an_upgrade() -> None:

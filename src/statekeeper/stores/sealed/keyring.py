@@ -9,7 +9,7 @@ never serves two purposes.
 A sealed value is the standard base64 of::
 
     offset  size  field
-    0       1     envelope version (1)
+    0       1     envelope version (2; 1 is still read)
     1       1     mode: 0 deterministic, 1 randomized
     2       1     key id length n (1..128)
     3       n     key id (ASCII, an id as `statekeeper.ids.validate_id` allows)
@@ -19,7 +19,9 @@ A sealed value is the standard base64 of::
 The associated data is the header (bytes 0..3+n) followed by each part of the value's
 *binding*, each as a 4-byte big-endian length and its bytes. The binding names what the
 value is and where it lives (tenant, owner, field), so a value copied anywhere else fails
-authentication.
+authentication. Version 2 changed one binding, the transcript entry's, which also names
+the entry's seq and parent seq (``SealedStore`` passes both bindings to `Keyring.open`,
+which picks the one of the value's version); version 1 values still open.
 
 The nonce is random in randomized mode. In deterministic mode it is synthetic:
 HMAC-SHA256(nonce key, associated data || plaintext), cut to 12 bytes, so the same key,
@@ -65,8 +67,10 @@ except ImportError:  # pragma: no cover - the extra installs it
 
 __all__ = ["SEALED_VERSION", "Keyring", "bindings", "seal_with_nonce"]
 
-SEALED_VERSION: Final = 1
-"""The envelope version this module writes (and the newest it reads)."""
+SEALED_VERSION: Final = 2
+"""The envelope version this module writes (and the newest it reads): 2 since a transcript
+entry is also bound to its seq and parent seq; version 1 values still open."""
+_READ_VERSIONS: Final = (1, 2)
 _DETERMINISTIC: Final = 0
 _RANDOMIZED: Final = 1
 _NONCE_SIZE: Final = 12
@@ -77,7 +81,7 @@ _HKDF_INFO: Final = b"statekeeper sealed store v1 "
 class _Key:
     """One key of a ring, ready to use: its cipher, nonce key and encoded header."""
 
-    __slots__ = ("cipher", "headers", "key_id", "nonce_key")
+    __slots__ = ("cipher", "headers", "key_id", "nonce_key", "read_headers")
 
     def __init__(self, key_id: str, key: bytes) -> None:
         self.key_id = key_id
@@ -99,6 +103,13 @@ class _Key:
             bytes((SEALED_VERSION, mode, len(encoded))) + encoded
             for mode in (_DETERMINISTIC, _RANDOMIZED)
         )
+        """The headers it writes, by mode."""
+        self.read_headers = tuple(
+            bytes((version, mode, len(encoded))) + encoded
+            for version in _READ_VERSIONS
+            for mode in (_DETERMINISTIC, _RANDOMIZED)
+        )
+        """Every header of a value it opens."""
 
 
 def _check_key(key: object, key_id: str) -> bytes:
@@ -144,7 +155,7 @@ class Keyring:
             )
         self._ciphers = {k: _Key(k, v) for k, v in self._keys.items()}
         # header bytes -> key: opening finds the key with one lookup (it runs per row read)
-        self._by_header = {h: key for key in self._ciphers.values() for h in key.headers}
+        self._by_header = {h: key for key in self._ciphers.values() for h in key.read_headers}
 
     @staticmethod
     def new_key() -> bytes:
@@ -238,8 +249,18 @@ class Keyring:
             raise _damaged("it is not base64") from None
         return _parse(data)[1]
 
-    def open(self, sealed: str, binding: bytes) -> bytes:
-        """The plaintext of ``sealed``, if it is authentic and bound to ``binding``.
+    def version_of(self, sealed: str) -> int:
+        """The envelope version of a sealed value (`StateTamperedError` if malformed)."""
+        try:
+            data = binascii.a2b_base64(sealed)
+        except (binascii.Error, ValueError, TypeError):
+            raise _damaged("it is not base64") from None
+        return _parse(data)[0][0]
+
+    def open(self, sealed: str, binding: bytes, legacy: bytes | None = None) -> bytes:
+        """The plaintext of ``sealed``, if it is authentic and bound to ``binding`` (or,
+        for a value of envelope version 1, to ``legacy`` when it is given: the binding a
+        value had before version 2 changed it).
 
         Raises:
             WrongKeyError: its key id is not in this ring (the message names it).
@@ -254,6 +275,8 @@ class Keyring:
         if key is None or len(data) < end + _NONCE_SIZE + _TAG_SIZE:
             key = self._key_of(data)  # raises the error that fits
         nonce_end = end + _NONCE_SIZE
+        if legacy is not None and data[0] == 1:
+            binding = legacy
         try:
             return key.cipher.decrypt(data[end:nonce_end], data[nonce_end:], data[:end] + binding)
         except _invalid_tag():
@@ -263,7 +286,9 @@ class Keyring:
                 "nothing of it was used - restore it from a backup"
             ) from None
 
-    def open_or_none(self, sealed: str, binding: bytes) -> bytes | None:
+    def open_or_none(
+        self, sealed: str, binding: bytes, legacy: bytes | None = None
+    ) -> bytes | None:
         """`open` for the transcript load path: the plaintext, or None when the value
         does not open on the first try (then `open` says why)."""
         try:
@@ -273,6 +298,8 @@ class Keyring:
             nonce_end = end + _NONCE_SIZE
             if len(data) < nonce_end + _TAG_SIZE:
                 return None
+            if legacy is not None and data[0] == 1:
+                binding = legacy
             view = memoryview(data)  # no copies of the ciphertext
             return key.cipher.decrypt(view[end:nonce_end], view[nonce_end:], data[:end] + binding)
         except Exception:  # any failure: `open` raises the error that fits
@@ -291,11 +318,22 @@ class Keyring:
         return key
 
 
-def seal_with_nonce(keyring: Keyring, plaintext: bytes, binding: bytes, nonce: bytes | None) -> str:
-    """`Keyring.seal` with a given nonce (None: deterministic, the synthetic nonce). For
-    known-answer tests; use `Keyring.seal`, which draws a random nonce."""
+def seal_with_nonce(
+    keyring: Keyring,
+    plaintext: bytes,
+    binding: bytes,
+    nonce: bytes | None,
+    *,
+    version: int = SEALED_VERSION,
+) -> str:
+    """`Keyring.seal` with a given nonce (None: deterministic, the synthetic nonce) and
+    envelope version. For known-answer tests; use `Keyring.seal`, which draws a random
+    nonce."""
     key = keyring._ciphers[keyring.current]
-    header = key.headers[_DETERMINISTIC if nonce is None else _RANDOMIZED]
+    if version not in _READ_VERSIONS:
+        raise InvalidInputError(f"envelope versions are {_READ_VERSIONS}")
+    mode = _DETERMINISTIC if nonce is None else _RANDOMIZED
+    header = key.read_headers[_READ_VERSIONS.index(version) * 2 + mode]
     associated = header + binding
     if nonce is None:
         nonce = hmac.digest(key.nonce_key, associated + plaintext, "sha256")[:_NONCE_SIZE]

@@ -13,6 +13,7 @@ value sealed with a key the keyring lacks always raises `WrongKeyError` naming t
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from functools import partial
@@ -47,6 +48,13 @@ from statekeeper.stores.rules import (
     check_tenant_and_id,
     corrupt_entry,
     to_micros,
+)
+from statekeeper.stores.sealed.entries import (
+    Head,
+    append_bound,
+    entry_bindings,
+    missing_parents,
+    remember,
 )
 from statekeeper.stores.sealed.fields import SEALED_KEY, FieldSealer, sealed_text
 from statekeeper.stores.sealed.keyring import Keyring, bindings
@@ -99,6 +107,10 @@ class SealedStore(WrappingStore):
         """The largest JSON value (entry, record, event) accepted, before sealing."""
         self._fields = FieldSealer(keyring, clear, self.allow_plain, limit)
         self._limit = limit
+        self.heads: dict[tuple[str, str], Head] = {}
+        """(tenant, session id) -> the head last seen: where its next append goes."""
+        self.appending: dict[tuple[int, str, str], tuple[asyncio.Lock, list[int]]] = {}
+        """(event loop, tenant, session id) -> the lock of its appends, and their count."""
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("rewrite_"):  # raw payloads below the seal: reseal's, on .wrapped
@@ -118,11 +130,15 @@ class SealedStore(WrappingStore):
         sealed = record.model_copy(
             update=self._fields.seal_session(record.tenant, record.id, fields)
         )
-        return self._fields.open_session(await self.wrapped.create_session(sealed))
+        created = await self.wrapped.create_session(sealed)
+        remember(self, created)
+        return self._fields.open_session(created)
 
     async def get_session(self, tenant: str, session_id: str) -> SessionRecord:
         """See `statekeeper.stores.base.SessionStore.get_session`."""
-        return self._fields.open_session(await self.wrapped.get_session(tenant, session_id))
+        record = await self.wrapped.get_session(tenant, session_id)
+        remember(self, record)
+        return self._fields.open_session(record)
 
     async def update_session(
         self,
@@ -138,6 +154,7 @@ class SealedStore(WrappingStore):
             tenant, session_id, self._seal_patch(tenant, session_id, patch),
             expected_version=expected_version,
         )  # fmt: skip
+        remember(self, updated)
         return self._fields.open_session(updated)
 
     async def list_sessions(self, tenant: str, query: SessionQuery) -> Page:
@@ -174,18 +191,14 @@ class SealedStore(WrappingStore):
     ) -> AppendResult:
         """See `statekeeper.stores.base.TranscriptStore.append_entries`.
 
-        Payloads are sealed deterministically (bound to tenant, session, entry id and
-        kind), so a retried append is recognised by the store as identical. Events are
-        sealed as `append_events` seals them.
+        Payloads are sealed deterministically (bound to tenant, session, entry id, kind,
+        seq and parent seq: see `statekeeper.stores.sealed.entries`), so a retried
+        append is recognised by the store as identical. Events are sealed as
+        `append_events` seals them.
         """
         check_tenant_and_id(tenant, session_id)
-        plain: dict[str, str] = {}
-        sealed_drafts = []
         for draft in drafts:
-            entry_id = validate_id(draft.id, "entry id")
-            text, payload = self.seal_entry(tenant, session_id, entry_id, draft.kind, draft.payload)
-            plain[entry_id] = text
-            sealed_drafts.append(draft.model_copy(update={"payload": payload}))
+            validate_id(draft.id, "entry id")
         if patch is not None:
             patch = self._seal_patch(tenant, session_id, patch)
         texts: list[str] = []
@@ -193,10 +206,16 @@ class SealedStore(WrappingStore):
             check_record_ids(tenant, events.log_id)
             texts, sealed_events = self._seal_events(tenant, events.log_id, events.events)
             events = EventBatch(events.log_id, sealed_events)
-        result = await self.wrapped.append_entries(
-            tenant, session_id, sealed_drafts,
-            expected_version=expected_version, patch=patch, move_head=move_head, events=events,
-        )  # fmt: skip
+        extra: dict[str, Any] = {"patch": patch, "move_head": move_head, "events": events}
+        if drafts:
+            result, plain = await append_bound(
+                self, tenant, session_id, drafts, expected_version=expected_version, extra=extra
+            )
+        else:  # refused by the backend, as on a plain store
+            plain = {}
+            result = await self.wrapped.append_entries(
+                tenant, session_id, drafts, expected_version=expected_version, **extra
+            )
         entries = [
             e._replace(payload=loads(plain[e.id]))
             if e.id in plain and sealed_text(e.payload) is not None
@@ -223,7 +242,7 @@ class SealedStore(WrappingStore):
         entries = await self.wrapped.read_entries(
             tenant, session_id, after_seq=after_seq, until_seq=until_seq, limit=limit
         )
-        return self._open_entries(tenant, session_id, entries)
+        return missing_parents(self._open_entries(tenant, session_id, entries), after_seq)
 
     async def get_entry(self, tenant: str, session_id: str, entry_id: str) -> Entry:
         """See `statekeeper.stores.base.TranscriptStore.get_entry`."""
@@ -239,12 +258,20 @@ class SealedStore(WrappingStore):
         )
 
     def seal_entry(
-        self, tenant: str, session_id: str, entry_id: str, kind: str, payload: Any
+        self,
+        tenant: str,
+        session_id: str,
+        entry_id: str,
+        kind: str,
+        payload: Any,
+        seq: int,
+        parent: int | None,
     ) -> tuple[str, dict[str, Any]]:
-        """An entry payload's JSON and its stored form (sealed deterministically, so a
-        retried append stores the same bytes; used by appends and by reseal)."""
+        """An entry payload's JSON and its stored form at ``seq`` under ``parent`` (sealed
+        deterministically, so a retried append stores the same bytes; used by appends
+        and by reseal)."""
         text = encode_json(payload, what=f"entry {entry_id!r}", limit=self._limit)
-        binding = bindings("entry", tenant, session_id, entry_id, str(kind))
+        binding = entry_bindings(tenant, session_id, entry_id, str(kind), seq, parent)[0]
         return text, {SEALED_KEY: self.keyring.seal(text.encode(), binding, deterministic=True)}
 
     def _open_entries(self, tenant: str, session_id: str, entries: list[Entry]) -> list[Entry]:
@@ -263,8 +290,12 @@ class SealedStore(WrappingStore):
                     if suffix is None:
                         suffix = kinds[kind] = bindings(kind)
                     name = entry_id.encode()  # bindings(entry_id), inlined: once per row
-                    binding = prefix + len(name).to_bytes(4, "big") + name + suffix
-                    text = unseal(envelope, binding)
+                    legacy = prefix + len(name).to_bytes(4, "big") + name + suffix
+                    at = str(seq).encode()  # bindings(seq, parent or 0), inlined
+                    under = str(parent or 0).encode()
+                    binding = legacy + len(at).to_bytes(4, "big") + at
+                    binding += len(under).to_bytes(4, "big") + under
+                    text = unseal(envelope, binding, legacy)
                     if text is not None:  # else the slow path below reports it (or raises)
                         out.append(_entry((seq, entry_id, parent, kind, created, loads(text))))
                         continue
@@ -278,13 +309,20 @@ class SealedStore(WrappingStore):
                 return entry  # the backend's own stand-in, or a row from before sealing
             problem = "it is stored unsealed, but this store seals entries"
             return self._corrupt(entry, problem, str(entry.payload))
-        binding = bindings("entry", tenant, session_id, entry.id, entry.kind)
+        binding, legacy = entry_bindings(
+            tenant, session_id, entry.id, entry.kind, entry.seq, entry.parent_seq
+        )
         try:
-            text = self.keyring.open(envelope, binding)
+            text = self.keyring.open(envelope, binding, legacy)
         except StateTamperedError as exc:
             if type(exc) is not StateTamperedError:  # WrongKeyError: never a stand-in
                 raise
-            return self._corrupt(entry, str(exc), envelope)
+            problem = (
+                f"entry {entry.id!r} at seq {entry.seq} (parent {entry.parent_seq}): {exc}; "
+                "or it is not at the seq or under the parent it was written with (entries "
+                "reordered)"
+            )
+            return self._corrupt(entry, problem, envelope)
         return entry._replace(payload=loads(text))
 
     @staticmethod

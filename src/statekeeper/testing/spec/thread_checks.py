@@ -97,10 +97,9 @@ def check_session(
     if twice:
         problems.append(f"{session_id}: entries stored twice: {twice[:10]}")
     parents = [e.parent_seq for e in entries]
-    if parents != [None, *seqs[:-1]]:
-        broken = [
-            e.seq for e, p in zip(entries, [None, *seqs[:-1]], strict=True) if e.parent_seq != p
-        ]
+    chain = [None, *seqs[:-1]] if seqs else []  # (a caller may never reach its session)
+    if parents != chain:
+        broken = [e.seq for e, p in zip(entries, chain, strict=True) if e.parent_seq != p]
         problems.append(f"{session_id}: not one chain, wrong parents at seqs {_ranges(broken)}")
     by_key = {b.key: b for b in batches}
     stored: dict[str, list[Entry]] = {}
