@@ -69,6 +69,8 @@ def test_a_run_killed_before_its_first_checkpoint_fails_to_start(tmp_path: Path)
     assert state.error is not None
     assert state.error.type == "FailedToStart"
     assert "before the run's first checkpoint" in state.error.message
+    assert f"process {socket.gethostname()}:" in state.error.message  # the one that held it
+    assert (index.owner, index.lease_until) == (None, None)  # a dead process's lease
 
     shown = json.loads(cli(url, "--tenant", "t", "--json", "runs", "show", "run-dead"))
     assert shown["index"]["status"] == "error"

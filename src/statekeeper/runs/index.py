@@ -101,11 +101,14 @@ def started_view(index: RunIndex) -> RunIndex:
     """``index`` as readers should see it: a run registered but never checkpointed
     (revision 0) that no live process holds any more failed to start (its process died
     before the first checkpoint) and is shown ``error``, or ``cancelled`` once a cancel
-    was requested, with ``failed_to_start`` set. A run still being started is as is."""
+    was requested, with ``failed_to_start`` set and no lease. A run still being started
+    is as is."""
     if index.revision != 0 or index.status in _ENDED or index.failed_to_start or held(index):
         return index
     status = AgentStatus.CANCELLED if index.cancel_requested else AgentStatus.ERROR
-    return index.model_copy(update={"status": str(status), "failed_to_start": True})
+    # The lease of a dead process is no one's: the view does not say it is running.
+    update = {"status": str(status), "failed_to_start": True, "owner": None, "lease_until": None}
+    return index.model_copy(update=update)
 
 
 def index_of(state: RunState, *, checkpoint_seq: int) -> RunIndex:

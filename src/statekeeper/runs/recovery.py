@@ -170,7 +170,7 @@ async def load_latest(runs: CheckpointReader, run_id: str) -> Loaded:
             view = started_view(index)
             if not view.failed_to_start:  # a live process is still starting it
                 raise NotFoundError(f"run {run_id!r} has no checkpoint yet")
-            state = failed_start(view, tenant)
+            state = failed_start(view, tenant, owner=index.owner)
             return Loaded(state, view, version, session.version, "", index.checkpoint_seq, [])
         raise StoreCorruptError(
             f"run {run_id!r}: checkpoint {index.checkpoint_seq} is missing from session "
@@ -189,14 +189,15 @@ async def load_latest(runs: CheckpointReader, run_id: str) -> Loaded:
     return Loaded(state, index, version, session.version, entry.id, entry.seq, scan.skipped)
 
 
-def failed_start(index: RunIndex, tenant: str) -> RunState:
+def failed_start(index: RunIndex, tenant: str, *, owner: str | None = None) -> RunState:
     """The state shown for a run that failed to start (`started_view`): what its index
     knows, status ``error`` (``cancelled`` once cancelled), revision 0, and an error
-    of type ``FailedToStart`` saying what happened. Nothing of it is stored: if the
-    process that started it writes a checkpoint after all, that is what loads."""
-    owner = f"process {index.owner}" if index.owner else "the process that started it"
+    of type ``FailedToStart`` saying what happened (``owner``: the process that held
+    it). Nothing of it is stored: if the process that started it writes a checkpoint
+    after all, that is what loads."""
+    starter = f"process {owner}" if owner else "the process that started it"
     message = (
-        f"run {index.run_id} failed to start: {owner} stopped before the run's first "
+        f"run {index.run_id} failed to start: {starter} stopped before the run's first "
         f"checkpoint, so nothing of the run was saved. Start a new run, and delete this "
         f"one (RunStore.delete, or `statekeeper runs delete {index.run_id}`)"
     )
