@@ -13,11 +13,14 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 # The control UI's tests drive Debian's chromium headless (Playwright never downloads a browser
-# here). Installing it needs root; without it those tests skip locally and fail under CI.
+# here) and run axe-core (npm, package.json) in its pages. Installing chromium needs root;
+# without them those tests skip locally and fail under CI.
 browser:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
 	  echo "could not install Debian's chromium: the browser tests will skip"
+	@test -f node_modules/axe-core/axe.min.js || npm ci --no-audit --no-fund --silent || \
+	  echo "could not install axe-core from npm (package.json): the accessibility audit will skip"
 
 demo: $(STAMP)
 	$(PY) -m statekeeper.demo
@@ -47,4 +50,4 @@ bench: $(STAMP)
 	$(PY) -m bench
 
 clean:
-	rm -rf $(VENV) .statekeeper .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .statekeeper .pytest_cache .mypy_cache .ruff_cache node_modules

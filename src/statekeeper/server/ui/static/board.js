@@ -97,7 +97,7 @@ function row({ run, depth }) {
     h("td", { "data-label": "Step", class: "num" }, String(run.step ?? 0)),
     costCell(run),
     h("td", { "data-label": "Approvals" }, pending
-      ? h("a", { class: "badge pending", href: link, "aria-label": `${pending} pending approval(s): review` },
+      ? h("a", { class: "badge pending", href: link, "aria-label": `${pending} to review: pending approval(s) of ${run.run_id}` },
         `${pending} to review`)
       : h("span", { class: "muted" }, "–")),
     h("td", { "data-label": "Session" }, run.session_id

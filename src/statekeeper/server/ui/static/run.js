@@ -120,7 +120,7 @@ function checkpointsTable(items, act) {
     h("thead", {}, h("tr", {}, ["Step", "Status", "At", ""].map((t) => h("th", { scope: "col" }, t)))),
     h("tbody", {}, items.map((cp) => {
       const ref = cp.step ?? cp.seq;
-      const fork = h("button", { type: "button", class: "small", "aria-label": `Fork a new run from step ${ref}` }, "Fork here");
+      const fork = h("button", { type: "button", class: "small", "aria-label": `Fork a new run from step ${ref}` }, "Fork");
       fork.title = "Start a new run from this checkpoint";
       fork.addEventListener("click", () => act("fork", { at: ref }, [fork]));
       return h("tr", {},
@@ -169,7 +169,7 @@ export function renderRun(main, runId) {
   main.append(top, h("div", { class: "run-grid" },
     h("div", {}, pendingBox,
       h("section", { class: "card", "aria-labelledby": "timeline-title" },
-        h("div", { class: "page-head" }, h("h2", { id: "timeline-title" }, "Timeline and conversation"),
+        h("div", { class: "card-head" }, h("h2", { id: "timeline-title" }, "Timeline and conversation"),
           filters.controls), timelineBox)),
     side));
   let run = null;

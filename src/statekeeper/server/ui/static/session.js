@@ -266,12 +266,11 @@ function rowCard(e, plan, forks, select) {
   const text = entryText(e);
   const classes = ["node", `cat-${category(e)}`, e.on_branch ? "on" : "off", `kind-${e.kind}`];
   if (plan.coveredBy.has(e.seq)) classes.push("covered");
-  const button = h("button", {
-    type: "button", class: "node-main", "aria-label": `Entry ${e.seq}, ${label(e)}, ${category(e)}: ${text.slice(0, 80)}`,
-  },
-  h("span", { class: "seq" }, `#${e.seq}`),
-  h("span", { class: "role" }, label(e)),
-  h("span", { class: "text" }, text.slice(0, 240)));
+  // Its name is what it shows (entry, role, text), with the category for screen readers.
+  const button = h("button", { type: "button", class: "node-main" },
+    h("span", { class: "seq" }, `#${e.seq}`),
+    h("span", { class: "role" }, label(e), h("span", { class: "visually-hidden" }, ` (${category(e).replace("_", " ")}) `)),
+    h("span", { class: "text" }, text.slice(0, 240)));
   button.addEventListener("click", () => select(e, button));
   return h("div", {
     class: classes.join(" "), "data-seq": String(e.seq),
