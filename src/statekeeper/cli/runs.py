@@ -37,7 +37,7 @@ from statekeeper.errors import (
     StoreCorruptError,
 )
 from statekeeper.runs.approvals import settle
-from statekeeper.runs.index import RunList
+from statekeeper.runs.index import RunList, started_view
 from statekeeper.runs.operations import build_runner, load_factory, status_filter
 from statekeeper.runs.runner import Runner, RunResult
 from statekeeper.runs.state import RunState
@@ -358,7 +358,9 @@ def delete(ctx: typer.Context, run_id: RunId, yes: YesFlag = False) -> None:
     async def work(store: Store, tenant: str) -> bool:
         runs = RunStore(store, tenant)
         try:
-            question = f"Delete run {run_id} ({(await runs.index(run_id))[0].status})?"
+            question = (
+                f"Delete run {run_id} ({started_view((await runs.index(run_id))[0]).status})?"
+            )
         except StoreCorruptError:
             question = f"Run {run_id} is damaged (its index cannot be read). Delete it?"
         if not confirm_delete(f"run {run_id}", question, yes):
