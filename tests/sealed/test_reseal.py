@@ -168,3 +168,29 @@ async def test_payload_rewrites_are_not_offered_through_the_seal(
     # They write raw payloads: through the wrapper they would bypass sealing.
     for name in ("rewrite_entry_payloads", "rewrite_event_payloads", "rewrite_session_fields"):
         assert not hasattr(sealed_store, name)
+
+
+async def test_named_namespaces_add_to_the_defaults_and_left_counts_every_row(
+    sealed_store: SealedStore,
+) -> None:
+    old = sealed_store.keyring.current
+    await fill(sealed_store, "s1")
+    await sealed_store.put_record(T, "ltm.default", "m1", {"fact": "tea"})
+    rotated = SealedStore(sealed_store.wrapped, sealed_store.keyring.rotated("k-new"))
+
+    check = await reseal(rotated, T, namespaces=["ltm.default"], check=True)
+    assert check.checked
+    assert check.left == {old: 5}
+    assert check.left_kinds == {old: {"sessions": 1, "entries": 1, "events": 1, "records": 2}}
+    assert check.old_keys("k-new") == [old]
+    assert (check.sessions_resealed, check.entries_resealed, check.records_resealed) == (0, 0, 0)
+    assert await everything(rotated, "s1") == await everything(sealed_store, "s1")
+
+    report = await reseal(rotated, T, namespaces=["ltm.default"])
+    assert (report.records, report.records_resealed, report.left) == (2, 2, {})
+    assert report.sealed_with == {"k-new": 5}
+    assert (report.namespaces[0], report.namespaces[-1]) == ("runs", "ltm.default")
+    only_new = SealedStore(rotated.wrapped, rotated.keyring.without(old))
+    assert (await only_new.get_record(T, "runs", "run-s1")).value == {"r": "s1"}
+    assert (await only_new.get_record(T, "ltm.default", "m1")).value == {"fact": "tea"}
+    assert (await reseal(only_new, T, check=True)).old_keys("k-new") == []

@@ -3,7 +3,9 @@
 The keyring is named, never given: ``--keyring env:VARIABLE`` or ``--keyring
 file:PATH`` (or ``?keyring=...`` in ``--store``), so no key reaches the command line or
 the shell history. The work is `statekeeper.stores.sealed.reseal.reseal`'s; this module
-adds the options, a progress bar and the report.
+adds the options, a progress bar and the report. ``--check`` writes nothing: it reports
+what is sealed with each key id, and exits 1 when a key other than the current one still
+seals something (so that key must not be dropped yet).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from statekeeper.cli._common import JsonFlag, console, print_json, run, settings, wants_json
 from statekeeper.stores import Store
+from statekeeper.stores.sealed import SealedStore
 from statekeeper.stores.sealed.reseal import BUILTIN_NAMESPACES, ResealReport, reseal
 
 __all__ = ["reseal_command"]
@@ -35,8 +38,9 @@ NamespaceOption = Annotated[
     typer.Option(
         "--namespace",
         metavar="NAME",
-        help="Record namespace to reseal (repeat it); default: statekeeper's own "
-        f"({', '.join(BUILTIN_NAMESPACES)}). Add ltm.<name> for a long-term store.",
+        help="Another record namespace to reseal (repeat it), added to statekeeper's own "
+        f"({', '.join(BUILTIN_NAMESPACES)}), which always are: ltm.<name> for a long-term "
+        "store, and your application's own.",
     ),
 ]
 
@@ -58,13 +62,21 @@ def reseal_command(
         bool, typer.Option("--allow-plain", help="Also seal rows written before encryption.")
     ] = False,
     event_log: EventLogOption = None,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="Write nothing: report what is still sealed with each key id; exit 1 if a "
+            "key other than the current one still seals something.",
+        ),
+    ] = False,
     json_output: JsonFlag = False,
 ) -> None:
     """Reseal the tenant's session heads, transcript entries, events and records with
     the current key.
 
     Safe while the store is in use, and to run again. When it reports nothing left on an
-    old key, that key can be dropped from the keyring.
+    old key (or --check exits 0), that key can be dropped from the keyring.
     """
     url = settings(ctx).store
     options = [f"keyring={quote(keyring, safe=':/')}"] if keyring else []
@@ -73,10 +85,13 @@ def reseal_command(
     if options:
         url += ("&" if "?" in url else "?") + "&".join(options)
     ctx.obj = replace(settings(ctx), store=url)
-    namespaces = tuple(namespace) if namespace else BUILTIN_NAMESPACES
+    namespaces = tuple(namespace or ())
     quiet = wants_json(ctx, json_output)
+    current = ""
 
     async def work(store: Store, tenant: str) -> ResealReport:
+        nonlocal current
+        current = store.keyring.current if isinstance(store, SealedStore) else ""
         columns = (
             TextColumn("sessions and event logs"), BarColumn(), MofNCompleteColumn(),
             TextColumn("{task.fields[rows]}"), TimeElapsedColumn(),
@@ -90,13 +105,16 @@ def reseal_command(
 
             return await reseal(
                 store, tenant, namespaces=namespaces, event_logs=event_log or (),
-                progress=advance,
+                progress=advance, check=check,
             )  # fmt: skip
 
-    _print_report(run(ctx, work), quiet)
+    report = run(ctx, work, read_only=check)
+    _print_report(report, current, quiet)
+    if check and report.old_keys(current):
+        raise typer.Exit(1)
 
 
-def _print_report(report: ResealReport, as_json: bool) -> None:
+def _print_report(report: ResealReport, current: str, as_json: bool) -> None:
     if as_json:
         print_json(
             {
@@ -110,18 +128,44 @@ def _print_report(report: ResealReport, as_json: bool) -> None:
                 "records_resealed": report.records_resealed,
                 "raced": report.raced,
                 "left_by_key": dict(report.left),
+                "left_by_kind": {k: dict(v) for k, v in report.left_kinds.items()},
+                "sealed_with": dict(report.sealed_with),
+                "unbound_entries": report.unbound,
+                "current_key": current,
+                "namespaces": list(report.namespaces),
+                "checked": report.checked,
             }
         )
         return
     out = console()
-    out.print(
-        f"resealed {report.sessions_resealed} of {report.sessions} session heads, "
-        f"{report.entries_resealed} of {report.entries} transcript entries, "
-        f"{report.events_resealed} of {report.events} events and "
-        f"{report.records_resealed} of {report.records} records"
-        + (f"; {report.raced} changed meanwhile (run again)" if report.raced else "")
+    seen = (
+        f"{report.sessions} session heads, {report.entries} transcript entries, "
+        f"{report.events} events and {report.records} records"
     )
+    if report.checked:
+        out.print(f"checked {seen} (nothing was written)")
+    else:
+        out.print(
+            f"resealed {report.sessions_resealed} of {report.sessions} session heads, "
+            f"{report.entries_resealed} of {report.entries} transcript entries, "
+            f"{report.events_resealed} of {report.events} events and "
+            f"{report.records_resealed} of {report.records} records"
+            + (f"; {report.raced} changed meanwhile (run again)" if report.raced else "")
+        )
+    for key_id, count in sorted(report.sealed_with.items()):
+        mark = " (current)" if key_id == current else ""
+        out.print(f"  {count} rows sealed with {key_id}{mark}")
     if not report.left:
-        out.print("  every entry and event is on the current key")
+        out.print(f"  every row gone through is on the current key {current}")
     for key_id, count in sorted(report.left.items()):
-        out.print(f"  {count} entries and events left on {key_id}")
+        kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(report.left_kinds[key_id].items()))
+        out.print(f"  {count} rows left on {key_id} ({kinds}): keep that key")
+    if report.unbound:
+        out.print(
+            f"  {report.unbound} entries in the format before entries were bound to their "
+            "seq: a reseal binds them"
+        )
+    out.print(
+        f"  records gone through: namespaces {', '.join(report.namespaces)}; records of "
+        "another namespace are gone through only when named with --namespace"
+    )
