@@ -127,9 +127,6 @@ async def test_bad_forks_are_typed_errors_naming_the_fix(store: Store) -> None:
     assert done.status == "completed"
     with pytest.raises(NotFoundError, match="runs history"):
         await runner.runs.fork(asked.run_id, at=99)
-    last = (await runner.runs.history(asked.run_id))[-1]
-    with pytest.raises(InvalidInputError, match="earlier"):
-        await runner.runs.fork(asked.run_id, at=last.step)
     with pytest.raises(InvalidInputError, match="session_id"):
         await runner.runs.fork(asked.run_id, at=2, state_update={"session_id": "x"})
     with pytest.raises(InvalidPayloadError, match="turn"):
@@ -140,6 +137,26 @@ async def test_bad_forks_are_typed_errors_naming_the_fix(store: Store) -> None:
         await runner.runs.fork("run-nope", at=1)
     forks = [r for r in await runner.runs.list() if r.run_id != asked.run_id]
     assert forks == []  # nothing was created by a refused fork
+
+
+async def test_a_finished_checkpoint_forks_into_a_run_that_goes_on_with_new_input(
+    store: Store,
+) -> None:
+    # As LangGraph allows: ask a follow-up of a finished conversation, on a fork of it.
+    runner = Runner(store, "alice", [ScriptedAgent("a", [Finish("first"), Finish("second")])])
+    done = await runner.start("a", "hi")
+    assert done.status == "completed"
+    last = (await runner.runs.history(done.run_id))[-1]
+    assert last.status == "completed"
+
+    fork = await runner.runs.fork(done.run_id, at=last.step)
+    assert fork.status == "paused"
+    assert (fork.output, fork.error) == (None, None)
+    followed = await runner.fork(done.run_id, at=last.step, input="and then?")
+    assert followed.status == "completed"
+    assert followed.output == "second"
+    assert (await texts(store, followed.state.session_id))[-1] == "and then?"
+    assert (await runner.load(done.run_id)).output == "first"  # the original is untouched
 
 
 async def test_a_finished_run_points_at_fork_and_the_newest_resumable_step(store: Store) -> None:

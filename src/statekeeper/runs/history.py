@@ -163,7 +163,8 @@ def _messages_between(by_seq: Mapping[int, Entry], since: int, until: int) -> li
 async def _checkpoint_at(
     runs: CheckpointReader, run_id: str, at: int | None
 ) -> tuple[Entry, RunState]:
-    """The checkpoint ``at`` of the run (None: its newest one that is not finished)."""
+    """The checkpoint ``at`` of the run (None: its newest one that is not finished; a
+    finished one is forked only when asked for by its step)."""
     history = await checkpoint_history(runs, run_id)
     see = f"`statekeeper runs history {run_id}` (RunStore.history) lists its steps"
     if at is None:
@@ -179,11 +180,6 @@ async def _checkpoint_at(
         raise InvalidInputError(
             f"checkpoint {at} of run {run_id!r} is corrupt ({chosen.corrupt}); fork another "
             f"one: {see}"
-        )
-    if chosen.status in FINISHED:
-        raise InvalidInputError(
-            f"checkpoint {at} of run {run_id!r} is {chosen.status}: there is nothing to "
-            f"continue from it; fork an earlier one: {see}"
         )
     index, _ = await runs.index(run_id)
     entry = await runs.store.get_entry(runs.tenant, index.session_id, chosen.id)
@@ -214,6 +210,13 @@ def _forked_state(
     )
     if data["status"] in (AgentStatus.RUNNING, AgentStatus.INITIALIZING):
         data["status"] = AgentStatus.PAUSED  # stopped, not crashed: nobody runs it yet
+    elif data["status"] in FINISHED:
+        # A finished run's checkpoint forks into a run that goes on from there with new
+        # input (a follow-up question, or another try after an error): paused, with no
+        # output or error of its own yet.
+        data.update(status=AgentStatus.PAUSED, output=None, error=None)
+        if isinstance(data["metadata"], dict):
+            data["metadata"] = {k: v for k, v in data["metadata"].items() if k != "cancel_reason"}
     data.update(update or {})
     if isinstance(data["metadata"], dict):  # else validation says what is wrong
         origin: dict[str, JsonValue] = {"run_id": source.run_id, "step": at}
