@@ -179,6 +179,7 @@ async def test_the_server_shows_and_cancels_a_run_that_failed_to_start(
     detail = (await client.get("/api/v1/runs/run-f")).json()
     assert detail["status"] == "error"
     assert detail["error_detail"]["type"] == "FailedToStart"
+    assert listed["items"][0]["failed_to_start"] is detail["failed_to_start"] is True
     cancelled = await client.post("/api/v1/runs/run-f/cancel", json={"reason": "dead"})
     assert cancelled.status_code == 200, cancelled.text
     assert cancelled.json()["status"] == "cancelled"

@@ -51,6 +51,7 @@ def run_summary(index: RunIndex, state: RunState | None) -> dict[str, Any]:
         "budget_usd": budget.maximum if budget is not None else None,
         "pending_approvals": len(settle(state).pending) if state is not None else 0,
         "cancel_requested": index.cancel_requested,
+        "failed_to_start": index.failed_to_start,  # its process died before a checkpoint
         "parent_run_id": index.parent_run_id,
         "stopped": None if (why := why_stopped(index, state)) is None else why.to_dict(),
         "owner": index.owner if live and index.lease_until > utcnow() else None,  # type: ignore[operator]
