@@ -11,6 +11,7 @@
     statekeeper ... serve [--app MODULE:ATTR] [--host H] [--port P] [--dev-anonymous]
     statekeeper ... keys create --tenant T --scope read|operate|admin | list | revoke ID
     statekeeper ... reseal [--keyring env:VAR|file:PATH] [--namespace NAME ...] [--allow-plain]
+                           [--check]
 
 ``--store`` defaults to ``$STATEKEEPER_STORE`` or ``sqlite:///.statekeeper/state.db``,
 ``--tenant`` to ``$STATEKEEPER_TENANT`` or ``default``. Expected failures print one red
