@@ -94,9 +94,10 @@ async def test_approve_and_resume_finishes_the_run_and_records_the_key(
     # Settled, the decision is kept for good: who decided, in the view as in the log.
     [kept] = [d for d in detail["decisions"] if d["call_id"] == "c-refund"]
     assert (kept["approved"], kept["reason"]) == (True, "lost parcel")
-    assert kept["decided_by"] == f"key:{live.key_ids['operate']}"
+    # Who decided reads as the key's label, with its id (labels need not be unique).
+    assert kept["decided_by"] == f"test operate (key:{live.key_ids['operate']})"
     [decision] = [m["data"] for m in messages if m["event"] == "approval/approved"]
-    assert decision["data"]["decided_by"] == f"key:{live.key_ids['operate']}"
+    assert decision["data"]["decided_by"] == f"test operate (key:{live.key_ids['operate']})"
     assert decision["data"]["call_id"] == "c-refund"
     assert decision["data"]["reason"] == "lost parcel"
 

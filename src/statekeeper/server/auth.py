@@ -28,11 +28,16 @@ class Caller:
     tenant: str
     scope: Scope
     key_id: str | None
+    label: str | None = None
 
     @property
     def decided_by(self) -> str:
-        """What a decision records as its author."""
-        return f"key:{self.key_id}" if self.key_id else "anonymous"
+        """What a decision records as its author: the key's label, which a person reads,
+        with its id, which stays unique (``Ops Alice (key:k…)``); ``key:<id>`` for a key
+        with no label."""
+        if not self.key_id:
+            return "anonymous"
+        return f"{self.label} (key:{self.key_id})" if self.label else f"key:{self.key_id}"
 
 
 async def context_of(request: Request) -> ServerContext:
@@ -70,7 +75,7 @@ async def _caller(request: Request) -> Caller:
             "`statekeeper keys create --tenant T --scope read`)"
         )
     key = await context.keys.verify(presented)
-    return Caller(key.tenant, key.scope, key.key_id)
+    return Caller(key.tenant, key.scope, key.key_id, key.label)
 
 
 async def authenticate(request: Request) -> Caller:

@@ -133,3 +133,11 @@ export function typingIn(container) {
   const active = document.activeElement;
   return Boolean(active && container.contains(active) && /^(INPUT|TEXTAREA|SELECT)$/.test(active.tagName));
 }
+
+/** Who made a decision, as a person reads it: a key's label (its id stays in `title`),
+ * from `decided_by` = "Label (key:k…)"; other authors ("key:k…", "cli", "ops") as they are. */
+export function author(decidedBy) {
+  const text = String(decidedBy || "?");
+  const found = /^(.*) \(key:([^)]+)\)$/.exec(text);
+  return found ? h("span", { title: `key ${found[2]}` }, found[1]) : h("span", {}, text);
+}

@@ -7,7 +7,7 @@ import { ApiError, api, follow, query } from "./api.js";
 import { namedMessages, placeMessages, runMessages, timelineFilters } from "./convo.js";
 import { pendingCard } from "./decide.js";
 import {
-  announce, clear, h, keepFocus, money, pretty, problem, put, setLive, shortId, statusBadge,
+  announce, author, clear, h, keepFocus, money, pretty, problem, put, setLive, shortId, statusBadge,
   typingIn, when,
 } from "./dom.js";
 
@@ -30,7 +30,7 @@ export function eventSummary(event) {
   if (d.message && !(type === "tool/result" && d.output === undefined)) parts.push(String(d.message).slice(0, 160));
   if (d.always) parts.push("always");
   if (d.reason) parts.push(`reason: ${d.reason}`);
-  if (d.decided_by) parts.push(`by ${d.decided_by}`);
+  if (d.decided_by) parts.push(`by ${String(d.decided_by).replace(/ \(key:[^)]+\)$/, "")}`);
   return parts.join(" · ");
 }
 
@@ -91,7 +91,7 @@ function decisionsList(logged, pending) {
   return h("ul", { class: "plain" }, decisions.map((d) => h("li", {},
     h("span", { class: `badge ${d.approved ? "ok" : "no"}` }, d.approved ? "approved" : "rejected"), " ",
     h("code", {}, d.tool || d.call_id), d.always ? " (always)" : "",
-    h("span", { class: "muted" }, ` by ${d.decided_by || "?"} ${when(d.decided_at || d.at)}`),
+    h("span", { class: "muted" }, " by ", author(d.decided_by), ` ${when(d.decided_at || d.at)}`),
     d.reason ? h("div", { class: "muted" }, `reason: ${d.reason}`) : null)));
 }
 
