@@ -133,3 +133,21 @@ async def test_concurrent_appends_through_two_handles(sealed_store: SealedStore)
     assert len(entries) == 15
     assert {e.kind for e in entries} == {"message"}
     assert [e.parent_seq for e in entries] == [None, *range(1, 15)]
+
+
+async def test_a_session_made_again_elsewhere_at_the_same_version(
+    sealed_store: SealedStore,
+) -> None:
+    await three_entries(sealed_store)  # this handle last saw version 2, last seq 3
+    other = SealedStore(sealed_store.wrapped, sealed_store.keyring)
+    await other.delete_session(T, "s1")
+    await other.create_session(SessionRecord(id="s1", tenant=T))
+    await other.append_entries(T, "s1", [EntryDraft(id="x1", payload={"n": 1})])
+    # Version 2 again, with other seqs: the entry lands at seq 2, and still reads.
+    result = await sealed_store.append_entries(T, "s1", [EntryDraft(id="e4", payload={"n": 4})])
+    assert [(e.seq, e.parent_seq) for e in result.entries] == [(2, 1)]
+    entries = await sealed_store.read_entries(T, "s1")
+    assert [(e.id, e.kind, e.payload) for e in entries] == [
+        ("x1", "message", {"n": 1}),
+        ("e4", "message", {"n": 4}),
+    ]

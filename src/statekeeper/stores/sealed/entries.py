@@ -184,6 +184,7 @@ async def _append(
                 await asyncio.sleep(random.uniform(0, 0.0005 * 2 ** min(attempt, 8)))
             continue  # the head moved meanwhile: plan again
         remember(store, result.session)
+        await _misplaced(store, tenant, session_id, drafts, positions(head, drafts), result)
         return result, texts
     raise ConflictError(
         f"session {session_id!r} kept changing while entries were appended to it "
@@ -214,6 +215,40 @@ def _sealed(
         texts[draft.id] = text
         sealed.append(draft.model_copy(update={"payload": payload}))
     return texts, sealed
+
+
+async def _misplaced(
+    store: SealedStore,
+    tenant: str,
+    session_id: str,
+    drafts: Sequence[EntryDraft],
+    planned: Sequence[tuple[int, int | None]],
+    result: AppendResult,
+) -> None:
+    """Reseal at their places the entries the backend stored elsewhere than planned.
+
+    Never expected: the backend checked the version the plan was made from. But a session
+    deleted and made again by another handle can reach that version with other seqs;
+    rather than leave such entries unreadable, they are rewritten where they are (a
+    backend without the payload rewrite of ``docs/stores.md`` leaves them to read as
+    ``corrupt``)."""
+    if result.replayed:
+        return
+    wanted = {d.id: (d, place) for d, place in zip(drafts, planned, strict=True)}
+    rewrites: dict[str, tuple[Any, Any]] = {}
+    for entry in result.entries:
+        found = wanted.get(entry.id)
+        if found is None or found[1] == (entry.seq, entry.parent_seq):
+            continue
+        draft = found[0]
+        _, payload = store.seal_entry(
+            tenant, session_id, draft.id, draft.kind, draft.payload, entry.seq, entry.parent_seq
+        )
+        rewrites[entry.id] = (entry.payload, payload)
+    rewrite = getattr(store.wrapped, "rewrite_entry_payloads", None)
+    if rewrites and callable(rewrite):
+        await rewrite(tenant, session_id, rewrites)
+        store.heads.pop((tenant, session_id), None)
 
 
 async def _replay(

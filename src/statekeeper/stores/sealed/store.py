@@ -168,6 +168,7 @@ class SealedStore(WrappingStore):
 
     async def delete_session(self, tenant: str, session_id: str) -> None:
         """See `statekeeper.stores.base.SessionStore.delete_session`."""
+        self.heads.pop((tenant, session_id), None)
         await self.wrapped.delete_session(tenant, session_id)
 
     def _seal_patch(self, tenant: str, session_id: str, patch: SessionPatch) -> SessionPatch:
