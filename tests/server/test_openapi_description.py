@@ -86,3 +86,18 @@ def test_ids_in_paths_and_bodies_declare_the_pattern(description: dict[str, Any]
     assert fork["anyOf"][0]["pattern"] == ID_PATTERN
     stream = description["paths"]["/api/v1/stream"]["get"]["parameters"]
     assert all("pattern" not in str(p["schema"]) for p in stream)  # its key is the API key
+
+
+def test_a_runs_pending_call_links_to_its_approval(description: dict[str, Any]) -> None:
+    answer = description["paths"]["/api/v1/runs/{run_id}"]["get"]["responses"]["200"]
+    approve = answer["links"]["PostRunsRun_idApprove"]
+    assert approve["parameters"] == {"run_id": "$request.path.run_id"}
+    assert approve["requestBody"] == {"call_id": "$response.body#/pending/0/call_id"}
+
+
+def test_the_other_statuses_of_resume_and_fork_are_declared(description: dict[str, Any]) -> None:
+    # A waited-for resume answers 200, a fork that runs 202: answers the description
+    # did not declare before the fuzz reached them.
+    runs = description["paths"]
+    assert {"200", "202"} <= set(runs["/api/v1/runs/{run_id}/resume"]["post"]["responses"])
+    assert {"201", "202"} <= set(runs["/api/v1/runs/{run_id}/fork"]["post"]["responses"])

@@ -53,14 +53,21 @@ _MEMORY: Final = "/api/v1/memories/item"
 _MADE: Final = {"session_id": "$response.body#/session_id"}
 _FIRST: Final = {"session_id": "$response.body#/items/0/session_id"}
 
+_PENDING: Final = {
+    "run_id": "$request.path.run_id",
+    "requestBody": {"call_id": "$response.body#/pending/0/call_id"},
+}
+
 Uses = list[tuple[str, str]]
-LINKS: Final[list[tuple[str, str, str, Uses, dict[str, str]]]] = [
-    # (method, path, status of the answer, the operations it feeds, parameter: expression)
+LINKS: Final[list[tuple[str, str, str, Uses, dict[str, Any]]]] = [
+    # (method, path, status of the answer, the operations it feeds, parameter: expression;
+    # "requestBody": the body, its values expressions too)
     ("post", "/api/v1/sessions", "201", _SESSION_USES, _MADE),
     ("get", "/api/v1/sessions", "200", _SESSION_USES, _FIRST),
     ("post", f"{_SESSION}/fork", "201", _SESSION_USES, _MADE),
     ("post", "/api/v1/sessions/import", "201", _SESSION_USES, _MADE),
     ("get", _RUN, "200", [("get", _SESSION)], _MADE),
+    ("get", _RUN, "200", [("post", f"{_RUN}/approve"), ("post", f"{_RUN}/reject")], _PENDING),
     ("get", "/api/v1/runs", "200", _RUN_USES, {"run_id": "$response.body#/items/0/run_id"}),
     ("post", f"{_RUN}/fork", "201", _RUN_USES, {"run_id": "$response.body#/run_id"}),
     ("post", f"{_RUN}/fork", "202", _RUN_USES, {"run_id": "$response.body#/run_id"}),
@@ -103,11 +110,12 @@ def add_links(description: dict[str, Any]) -> dict[str, Any]:
                 continue
             names = {p["name"] for p in target.get("parameters", []) if p.get("in") != "header"}
             wanted = {k: v for k, v in parameters.items() if k in names}
-            if wanted:
-                links[_name(use_method, use_path)] = {
-                    "operationId": target["operationId"],
-                    "parameters": wanted,
-                }
+            if not wanted:
+                continue
+            link: dict[str, Any] = {"operationId": target["operationId"], "parameters": wanted}
+            if "requestBody" in parameters:
+                link["requestBody"] = parameters["requestBody"]
+            links.setdefault(_name(use_method, use_path), link)
     return description
 
 
