@@ -28,7 +28,7 @@ from statekeeper.runs.handlers import (
     InputField,
     StateHandlerAgent,
 )
-from statekeeper.runs.history import CheckpointInfo
+from statekeeper.runs.history import CheckpointInfo, checkpoint_state
 from statekeeper.runs.index import RunList
 from statekeeper.runs.options import CheckpointOptions, ContextCodec, RunPolicy
 from statekeeper.runs.recovery import CheckpointCorruptError
@@ -94,6 +94,7 @@ __all__ = [
     "TraceState",
     "TrafficControlState",
     "WriteMode",
+    "checkpoint_state",
     "session_stats",
     "traffic_control_state",
 ]

@@ -38,7 +38,7 @@ from statekeeper.runs.state import RunState, TraceState
 from statekeeper.sessions.manager import SessionManager
 from statekeeper.stores.base import Entry
 
-__all__ = ["FIXED_FIELDS", "CheckpointInfo", "checkpoint_history", "fork_run"]
+__all__ = ["FIXED_FIELDS", "CheckpointInfo", "checkpoint_history", "checkpoint_state", "fork_run"]
 
 FIXED_FIELDS = frozenset(
     {"run_id", "session_id", "tenant", "revision", "schema_version", "transcript_seq", "items"}
@@ -161,11 +161,15 @@ def _messages_between(by_seq: Mapping[int, Entry], since: int, until: int) -> li
 
 
 async def _checkpoint_at(
-    runs: CheckpointReader, run_id: str, at: int | None
+    runs: CheckpointReader,
+    run_id: str,
+    at: int | None,
+    history: list[CheckpointInfo] | None = None,
 ) -> tuple[Entry, RunState]:
     """The checkpoint ``at`` of the run (None: its newest one that is not finished; a
     finished one is forked only when asked for by its step)."""
-    history = await checkpoint_history(runs, run_id)
+    if history is None:
+        history = await checkpoint_history(runs, run_id)
     see = f"`statekeeper runs history {run_id}` (RunStore.history) lists its steps"
     if at is None:
         usable = [c for c in history if c.corrupt is None and c.status not in FINISHED]
@@ -225,6 +229,17 @@ def _forked_state(
         return RunState.from_data(data)
     except InvalidPayloadError as exc:
         raise InvalidPayloadError(f"state_update makes {exc}") from exc
+
+
+async def checkpoint_state(
+    runs: CheckpointReader, run_id: str, step: int
+) -> tuple[CheckpointInfo, RunState]:
+    """The run's state as checkpoint ``step`` (a ``step`` of `checkpoint_history`) stored
+    it: what to look at before forking from there. `NotFoundError` for an unknown step,
+    `InvalidInputError` for a corrupt one."""
+    history = await checkpoint_history(runs, run_id)
+    _, state = await _checkpoint_at(runs, run_id, step, history)
+    return next(c for c in history if c.step == step), state
 
 
 async def fork_run(
