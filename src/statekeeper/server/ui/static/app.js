@@ -1,9 +1,11 @@
 // The control UI's entry point: a hash router over the pages, and the login form.
 //   #/                 the runs board        #/runs/ID        a run
 //   #/sessions         sessions              #/sessions/ID    a session's transcript DAG
+//   #/runs/ID/checkpoints/STEP               a run's state at a checkpoint, edit and rerun
 
 import { auth } from "./api.js";
 import { renderBoard } from "./board.js";
+import { renderCheckpoint } from "./checkpoint.js";
 import { clear, h, setLive } from "./dom.js";
 import { renderRun } from "./run.js";
 import { renderSession, renderSessions } from "./session.js";
@@ -11,6 +13,7 @@ import { renderSession, renderSessions } from "./session.js";
 const ROUTES = [
   [/^#?\/?$/, "runs", renderBoard],
   [/^#\/runs\/([^/]+)$/, "runs", renderRun],
+  [/^#\/runs\/([^/]+)\/checkpoints\/(\d+)$/, "runs", renderCheckpoint],
   [/^#\/sessions\/?$/, "sessions", renderSessions],
   [/^#\/sessions\/([^/]+)$/, "sessions", renderSession],
 ];
