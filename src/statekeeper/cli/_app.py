@@ -25,6 +25,7 @@ from statekeeper.cli.retention import gc
 from statekeeper.cli.runlimits import raise_limit
 from statekeeper.cli.runtime import lanes, subagents_app
 from statekeeper.cli.server import keys_app, serve
+from statekeeper.cli.steer import followup, start
 
 __all__ = ["app"]
 
@@ -43,6 +44,8 @@ app.add_typer(sessions.app, name="sessions")
 runs.app.command("raise-limit")(raise_limit)
 runs.app.command("history")(timetravel.history)
 runs.app.command("fork")(timetravel.fork)
+runs.app.command("start")(start)
+runs.app.command("followup")(followup)
 app.add_typer(runs.app, name="runs")
 app.command("gc")(gc)
 app.add_typer(events_app, name="events")

@@ -111,6 +111,7 @@ def create_app(config: ServerConfig) -> FastAPI:
     """The server's application; the store opens when it starts and closes when it stops."""
     from statekeeper.server import (
         routes_checkpoints,
+        routes_control,
         routes_memories,
         routes_runs,
         routes_runtime,
@@ -150,7 +151,7 @@ def create_app(config: ServerConfig) -> FastAPI:
     _errors(app, locations)
     # Requests are matched against the routes in order: the sessions' (a conversation's
     # appends and reads, the busiest) come first.
-    modules = (routes_sessions, routes_runs, routes_checkpoints, routes_runtime)
+    modules = (routes_sessions, routes_runs, routes_checkpoints, routes_control, routes_runtime)
     for module in (*modules, routes_memories, routes_stream):
         app.include_router(module.router, prefix=API_PREFIX, responses=ERROR_RESPONSES)
     app.add_middleware(BodyLimit, limit=config.max_body_bytes)  # inside CORS: errors readable

@@ -12,6 +12,7 @@ from typing import Any
 from statekeeper.errors import InvalidInputError
 from statekeeper.runs.operations import build_runner
 from statekeeper.runs.runner import Runner
+from statekeeper.runs.steering import attach_followups
 from statekeeper.server.errors import reported
 from statekeeper.server.keys import ApiKeys
 from statekeeper.server.streams import EventHub
@@ -54,6 +55,7 @@ class ServerContext:
             runner = self._runners.get(tenant)
             if runner is None:
                 runner = await build_runner(self.factory, self.app_spec, self.store, tenant)
+                attach_followups(runner)  # runs it drives can be steered (routes_control)
                 self._runners[tenant] = runner
             return runner
         if agents:
@@ -84,7 +86,11 @@ class ServerContext:
         task.add_done_callback(self._tasks.discard)
 
     async def aclose(self) -> None:
-        """Stop background resumes and streams, then close the store."""
+        """Stop background resumes, follow-ups and streams, then close the store."""
+        for runner in self._runners.values():
+            if runner.coordination.followups is not None:
+                with contextlib.suppress(Exception):
+                    await runner.coordination.followups.close(cancel=True)
         for task in list(self._tasks):
             with contextlib.suppress(Exception):
                 await cancel_and_wait(task)
