@@ -50,6 +50,14 @@ def when(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
+def plus_v6(raw: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` (an exported state older than v6) with what v6 added: every decision's
+    ``edited_arguments: null``, and schema version 6."""
+    decisions = [{**d, "edited_arguments": None} for d in raw.get("decisions", [])]
+    settled = [{**d, "edited_arguments": None} for d in raw.get("settled_decisions", [])]
+    return {**raw, "schema_version": 6, "decisions": decisions, "settled_decisions": settled}
+
+
 # -- the fixtures themselves ------------------------------------------------------------
 
 
@@ -287,13 +295,13 @@ def test_v2_features() -> None:
     assert state.child_usage == {}  # what the v2 -> v3 step adds
 
 
-def test_v2_export_is_v2_plus_what_v3_v4_and_v5_added() -> None:
+def test_v2_export_is_v2_plus_what_v3_to_v6_added() -> None:
     for name in ("v2/minimal.json", "v2/features.json"):
         raw = json.loads(read(name))
         again = json.loads(load(name).to_json())
         trace = {**raw["trace"], "traceparent": None}
         added = {"child_usage": {}, "trace": trace, "settled_decisions": []}
-        assert again == {**raw, "schema_version": 5, **added}
+        assert again == plus_v6({**raw, **added})
 
 
 # -- version 3 --------------------------------------------------------------------------
@@ -336,12 +344,12 @@ def test_v3_features() -> None:
     assert state.messages() == v2.messages()
 
 
-def test_v3_export_is_v3_plus_what_v4_and_v5_added() -> None:
+def test_v3_export_is_v3_plus_what_v4_to_v6_added() -> None:
     for name in ("v3/minimal.json", "v3/features.json"):
         raw = json.loads(read(name))
         trace = {**raw["trace"], "traceparent": None}  # never traced with OpenTelemetry
         added = {"trace": trace, "settled_decisions": []}
-        assert json.loads(load(name).to_json()) == {**raw, "schema_version": 5, **added}
+        assert json.loads(load(name).to_json()) == plus_v6({**raw, **added})
 
 
 # -- version 4 --------------------------------------------------------------------------
@@ -377,14 +385,14 @@ def test_v4_features_keep_the_w3c_trace() -> None:
     assert state.messages() == v3.messages()
 
 
-def test_v4_export_is_v4_plus_what_v5_added() -> None:
+def test_v4_export_is_v4_plus_what_v5_and_v6_added() -> None:
     for name in ("v4/minimal.json", "v4/features.json"):
         raw = json.loads(read(name))
         again = json.loads(load(name).to_json())
-        assert again == {**raw, "schema_version": 5, "settled_decisions": []}
+        assert again == plus_v6({**raw, "settled_decisions": []})
 
 
-# -- version 5 (current) ----------------------------------------------------------------
+# -- version 5 --------------------------------------------------------------------------
 
 
 def test_v5_minimal() -> None:
@@ -417,9 +425,48 @@ def test_v5_features_keep_the_settled_decisions() -> None:
     assert state.messages() == v4.messages()
 
 
-def test_v5_export_is_byte_stable() -> None:
-    """Reading and writing a current fixture again gives the same JSON data."""
+def test_v5_export_is_v5_plus_what_v6_added() -> None:
     for name in ("v5/minimal.json", "v5/features.json"):
+        raw = json.loads(read(name))
+        assert json.loads(load(name).to_json()) == plus_v6(raw)
+    assert all(d.edited_arguments is None for d in load("v5/features.json").decision_history)
+
+
+# -- version 6 (current) ----------------------------------------------------------------
+
+
+def test_v6_minimal() -> None:
+    state = load("v6/minimal.json")
+
+    assert state == RunState(
+        run_id="run_minimal_v6",
+        tenant="tenant-a",
+        session_id="sess_minimal",
+        agent="assistant",
+        trace=TraceState(trace_id="trace_minimal_v6"),
+        created_at=when("2025-03-14T09:26:53.589793Z"),
+        updated_at=when("2025-03-14T09:26:53.589793Z"),
+        items=[],
+    )
+
+
+def test_v6_features_keep_an_edited_approval() -> None:
+    state = load("v6/features.json")
+    v5 = load("v5/features.json")
+
+    wire = state.settled_decisions[0]
+    assert (wire.call_id, wire.approved, wire.decided_by) == ("call_wire_0", True, "key ops-bot")
+    assert wire.arguments == '{"amount": 120, "to": "ACME Ltd"}'  # the call it answers
+    assert wire.edited_arguments == '{"amount": 100, "to": "ACME Ltd"}'  # what ran
+    assert [d.edited_arguments for d in state.decision_history[1:]] == [None, None, None]
+    unedited = [d.model_copy(update={"edited_arguments": None}) for d in state.decision_history]
+    assert unedited == v5.decision_history
+    assert state.messages() == v5.messages()
+
+
+def test_v6_export_is_byte_stable() -> None:
+    """Reading and writing a current fixture again gives the same JSON data."""
+    for name in ("v6/minimal.json", "v6/features.json"):
         raw = json.loads(read(name))
         assert json.loads(load(name).to_json()) == raw
 
@@ -510,6 +557,7 @@ _decision = st.builds(
     reason=st.none() | st.text(max_size=10),
     decided_by=st.none() | _ids,
     decided_at=_times,
+    edited_arguments=st.none() | st.text(max_size=20),
 )
 _error = st.builds(
     ErrorDetails,

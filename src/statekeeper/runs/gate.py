@@ -4,11 +4,16 @@ The rules (what counts as approved, fail closed) are in `statekeeper.runs.approv
 this is where the runner applies them. The assistant message that made the calls is
 held in the run state and written only together with every call's result, so the
 transcript never has a call without its result, or a result without its call.
+
+An approval with edited arguments runs the tool with them. The transcript keeps the
+assistant's call as the model made it; the call's result says (to the model, in its text)
+that the arguments were edited and what ran, and records it in its metadata
+(``edited_arguments``, ``original_arguments``, ``edited_by``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from statekeeper.core.lifecycle import AgentStatus
@@ -22,6 +27,19 @@ from statekeeper.runs.store import RunStore
 from statekeeper.runs.tools import ToolBox
 
 __all__ = ["ApprovalGate"]
+
+
+def _edited(result: Message, call: ToolCallBlock, edited: str, by: str | None) -> Message:
+    """``result`` (of ``call`` run with ``edited`` arguments) saying so."""
+    block = result.tool_results[0]
+    note = (
+        f"[A human edited the arguments of this tool call before it ran; it ran with: {edited}]\n"
+    )
+    record = {"edited_arguments": edited, "original_arguments": call.arguments}
+    return result.with_changes(
+        content=[block.model_copy(update={"content": note + block.content})],
+        metadata={**result.metadata, **record, "edited_by": by},
+    )
 
 
 class ApprovalGate:
@@ -79,12 +97,21 @@ class ApprovalGate:
         wait_spans(state)  # each wait ended at its decision, under the step that held it
         message = Message.model_validate(state.interruptions[0].message)
         approved = {c.call_id for c in settled.approved}
-        calls = [c for c in message.tool_calls if c.id in approved]
+        edits = settled.edits
+        calls = [
+            c.model_copy(update={"arguments": edits[c.id]}) if c.id in edits else c
+            for c in message.tool_calls
+            if c.id in approved
+        ]
         # The status change comes before the tool events it releases.
         self.lifecycle.move(state, AgentStatus.RUNNING)
         await self.lifecycle.flush()
         ran = await self.tools.run(state, context, calls, announced=True, ahead=ahead)
         results = {r.tool_results[0].tool_call_id: r for r in ran}
+        by = {d.call_id: d.decided_by for d in state.decisions if d.edited_arguments}
+        for made in message.tool_calls:
+            if made.id in edits:
+                results[made.id] = _edited(results[made.id], made, edits[made.id], by.get(made.id))
         for call, reason in settled.rejected:
             # It did not run: listed in the tool counts, but not counted up.
             state.tool_use[call.tool] = state.tool_use.get(call.tool, 0)
@@ -108,9 +135,11 @@ class ApprovalGate:
         always: bool = False,
         reason: str | None = None,
         by: str | None = None,
+        arguments: str | Mapping[str, Any] | None = None,
     ) -> RunState:
         """Record a decision on a waiting run's call and save it (compare-and-set): one
-        ``statekeeper.approval`` span in the run's trace when traced (`decision_span`)."""
+        ``statekeeper.approval`` span in the run's trace when traced (`decision_span`).
+        ``arguments``: an approval's edited arguments (`record_decision`)."""
         with decision_span(run_id, call_id, approved=approved, by=by) as trace:
             state, index_version, session_version = await self.runs.load(run_id)
             if trace is not None:
@@ -118,7 +147,13 @@ class ApprovalGate:
             if state.status != AgentStatus.WAITING_FOR_APPROVAL:
                 raise InvalidInputError(f"run {run_id} is {state.status}, not waiting for approval")
             record_decision(
-                state, call_id, approved=approved, always=always, reason=reason, decided_by=by
+                state,
+                call_id,
+                approved=approved,
+                always=always,
+                reason=reason,
+                decided_by=by,
+                arguments=arguments,
             )
             saved = await self.runs.save(
                 state, index_version=index_version, session_version=session_version

@@ -336,10 +336,12 @@ class Runner:
         always: bool = False,
         reason: str | None = None,
         by: str | None = None,
+        arguments: str | Mapping[str, Any] | None = None,
     ) -> RunState:
-        """Approve a pending tool call (``always``: every later call of that tool too)."""
+        """Approve a pending tool call (``always``: every later call of that tool too;
+        ``arguments``: run it with these edited arguments, a JSON object)."""
         return await self.approvals.decide(
-            run_id, call_id, approved=True, always=always, reason=reason, by=by
+            run_id, call_id, approved=True, always=always, reason=reason, by=by, arguments=arguments
         )
 
     async def reject(
@@ -351,7 +353,8 @@ class Runner:
         reason: str | None = None,
         by: str | None = None,
     ) -> RunState:
-        """Reject a pending tool call; the agent sees the rejection as the call's result."""
+        """Reject a pending tool call; the model gets the rejection, with ``reason`` (a
+        message to it), as the call's result."""
         return await self.approvals.decide(
             run_id, call_id, approved=False, always=always, reason=reason, by=by
         )

@@ -51,6 +51,7 @@ SCHEMA_VERSION_SUMMARIES: dict[int, str] = {
     3: "Added child_usage: what each delegated child run used, rolled up into the metrics.",
     4: "Added trace.traceparent: the W3C traceparent of the run's OpenTelemetry span.",
     5: "Added settled_decisions: the decisions on tool calls the run settled, kept for good.",
+    6: "Added edited_arguments to approval decisions: an approval with edited arguments.",
 }
 """One line per schema version; a new version must add its line (checked at import)."""
 
@@ -95,11 +96,24 @@ def _v4_to_v5(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "settled_decisions": []}
 
 
+def _v5_to_v6(data: dict[str, Any]) -> dict[str, Any]:
+    # No v5 decision edited its call's arguments.
+    def plain(decisions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{**d, "edited_arguments": None} for d in decisions]
+
+    return {
+        **data,
+        "decisions": plain(data.get("decisions", [])),
+        "settled_decisions": plain(data.get("settled_decisions", [])),
+    }
+
+
 MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
     1: _v1_to_v2,
     2: _v2_to_v3,
     3: _v3_to_v4,
     4: _v4_to_v5,
+    5: _v5_to_v6,
 }
 """``version -> function`` turning a state of that version into the next one."""
 
@@ -158,7 +172,11 @@ class Interruption(BaseModel):
 
 
 class ApprovalDecision(BaseModel):
-    """A human's answer to an `Interruption`, bound to the exact call it answers."""
+    """A human's answer to an `Interruption`, bound to the exact call it answers.
+
+    ``arguments`` are the call's own (what binds the decision to it); an approval with
+    ``edited_arguments`` (JSON object text) runs the tool with those instead.
+    """
 
     model_config = _MODEL
     call_id: str
@@ -169,6 +187,7 @@ class ApprovalDecision(BaseModel):
     reason: str | None = None
     decided_by: str | None = None
     decided_at: AwareDatetime = Field(default_factory=utcnow)
+    edited_arguments: str | None = None
 
 
 class GuardrailResult(BaseModel):
