@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
+
+import pytest
+from test_lane_close_cancels_run import Blocking, Lanes
 
 from statekeeper.core.limits import BudgetFlag, IterationFlag, Limits
 from statekeeper.demo_app import make_runner
+from statekeeper.runs import Coordination, Runner
 from statekeeper.runs.index import RunIndex
 from statekeeper.runs.state import ErrorDetails
 from statekeeper.runs.why import why_stopped
+from statekeeper.runtime.lane_types import LaneClearedError
 from statekeeper.stores import Store
 
 
@@ -98,3 +104,32 @@ async def test_budget_rate_limit_and_lane_say_by_how_much_and_until_when(store: 
     assert lane.kind == "lane"
     assert "lane session:x was cleared" in lane.text
     assert lane.to_dict()["kind"] == "lane"
+
+
+async def test_a_run_whose_lane_was_cleared_says_so_until_it_goes_on(store: Store) -> None:
+    lanes = Lanes()
+    agent = Blocking()
+    runner = Runner(store, "alice", [agent], coordination=Coordination(lanes=lanes))
+    session = await runner.sessions.create()
+    first = asyncio.create_task(runner.start("blocking", "go", session_id=session.id))
+    await agent.in_step.wait()
+    lanes.submitted.clear()
+    queued = asyncio.create_task(
+        runner.start("blocking", "later", session_id=session.id, run_id="run-q")
+    )
+    await lanes.submitted.wait()  # it waits in the lane behind the first run
+
+    assert lanes.clear(f"session:{session.id}") == 1
+    with pytest.raises(LaneClearedError):
+        await queued
+    index, _ = await runner.runs.index("run-q")
+    stopped = why_stopped(index, await runner.load("run-q"))
+    assert stopped is not None
+    assert stopped.kind == "lane"
+    assert f"session:{session.id}" in stopped.text
+
+    agent.release.set()
+    assert (await first).status == "completed"
+    resumed = await runner.resume("run-q", "later")
+    assert resumed.status == "completed"
+    assert resumed.state.error is None  # the reason went with the pause

@@ -57,6 +57,7 @@ from statekeeper.runs.step import StepPaused, account, ask, said
 from statekeeper.runs.store import RunStore
 from statekeeper.runs.tools import ToolBox
 from statekeeper.runs.writer import CheckpointWriter
+from statekeeper.runtime.lane_types import LaneClearedError, LanesClosedError
 from statekeeper.runtime.lanes import LANES_CLOSED_REASON, closed_by_lanes
 from statekeeper.runtime.profiles import AuthProfile, AuthProfiles
 from statekeeper.sessions import SessionManager
@@ -64,6 +65,11 @@ from statekeeper.sessions.view import message_of
 from statekeeper.stores.base import SessionRecord, Store
 
 __all__ = ["ActiveRun", "RunLoop", "find_agent"]
+
+LANE_ERRORS = (LaneClearedError, LanesClosedError)
+"""Why a run's turn in its lane never came (kept as its ``error`` while it is paused)."""
+PAUSE_REASONS = frozenset({"RateLimited", *(kind.__name__ for kind in LANE_ERRORS)})
+"""``error.type`` values that explain a pause and are cleared when the run goes on."""
 
 
 @dataclass
@@ -151,21 +157,24 @@ class RunLoop:
 
         try:
             return await self.coordination.exclusive(self.tenant, active.state, body)
-        except BaseException:
+        except BaseException as exc:
             if not started:
-                await self._never_started(active)
+                await self._never_started(active, exc)
             raise
 
-    async def _never_started(self, active: ActiveRun) -> None:
+    async def _never_started(self, active: ActiveRun, exc: BaseException) -> None:
         """Settle a run whose turn never came: a run never checkpointed becomes PAUSED
         (resumable, with input again, and cancellable; the input it was started with was
-        not written); any run's lease is released. Best effort: the error that stopped
-        it is what the caller needs to see."""
+        not written), its ``error`` saying why when its lane was cleared or closed (see
+        `statekeeper.runs.why`); any run's lease is released. Best effort: the error that
+        stopped it is what the caller needs to see."""
         state = active.state
         try:
             if state.revision == 0 and state.status == AgentStatus.INITIALIZING:
                 if self.lifecycle.transitions.allows(state.status, AgentStatus.PAUSED):
                     self.lifecycle.move(state, AgentStatus.PAUSED)
+                if isinstance(exc, LANE_ERRORS):
+                    state.error = ErrorDetails(type=type(exc).__name__, message=str(exc)[:2000])
                 await active.writer.save(state)
             await active.writer.flush(state, release=True)
             await self.lifecycle.flush()
@@ -215,8 +224,8 @@ class RunLoop:
             await self._commit(active, settled)
         elif state.status != AgentStatus.RUNNING:
             self.lifecycle.move(state, AgentStatus.RUNNING)
-            if state.error is not None and state.error.type == "RateLimited":
-                state.error = None  # it paused for a rate limit: over now
+            if state.error is not None and state.error.type in PAUSE_REASONS:
+                state.error = None  # it paused for a rate limit or its lane: over now
             await self.lifecycle.flush()  # "running" before anything the run does
         if resumed:
             await self.coordination.resume_child(state)  # a delegated run: running again
