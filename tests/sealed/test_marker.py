@@ -5,6 +5,7 @@ marker existed gets it when opened with its keyring."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode
 
@@ -97,3 +98,27 @@ async def test_a_plain_store_opens_as_before(tmp_path: Path) -> None:
         assert await read_marker(plain) is None
     async with open_store(url) as plain:
         assert (await plain.get_session("t", "s1")).title == "hi"
+
+
+def test_the_cli_refuses_a_sealed_store_without_its_keyring(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    ring = Keyring({"k1": Keyring.new_key()})
+    url = f"sqlite:///{tmp_path}/state.db"
+
+    async def write() -> None:
+        async with open_store(url, keyring=ring) as store:
+            await store.create_session(SessionRecord(id="s1", tenant="t", title="secret"))
+
+    asyncio.run(write())
+    done = subprocess.run(
+        [sys.executable, "-m", "statekeeper.cli", "--store", url, "--tenant", "t", "sessions",
+         "list"],
+        capture_output=True, text=True, timeout=120, check=False, env=dict(os.environ),
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "is sealed" in done.stderr
+    assert "?keyring=env:VARIABLE" in " ".join(done.stderr.split())
+    assert "secret" not in done.stdout
