@@ -254,6 +254,7 @@ class SealedStore(WrappingStore):
         self, tenant: str, session_id: str, *, kind: str, before_seq: int, id_prefix: str = ""
     ) -> int:
         """See `statekeeper.stores.base.TranscriptStore.prune_entries` (kinds stay clear)."""
+        self.heads.pop((tenant, session_id), None)  # it moves the head's version
         return await self.wrapped.prune_entries(
             tenant, session_id, kind=kind, before_seq=before_seq, id_prefix=id_prefix
         )
