@@ -35,7 +35,15 @@ class _Body(BaseModel):
 class Decision(_Body):
     call_id: str = Field(min_length=1, max_length=256)
     always: bool = False
-    reason: str | None = Field(default=None, max_length=4096)
+    reason: str | None = Field(
+        default=None,
+        max_length=4096,
+        description="why; on a rejection, a message to the model (the call's result)",
+    )
+    arguments: dict[str, JsonValue] | None = Field(
+        default=None,
+        description="approve only: run the tool with these edited arguments (a JSON object)",
+    )
     resume: bool = False
 
 
@@ -232,18 +240,21 @@ async def _decide(
                 f"tool call {body.call_id!r} of run {run_id} was already {verdict} "
                 f"by {earlier.decided_by or 'someone'}"
             )
-        record_decision(
+        decision = record_decision(
             state,
             body.call_id,
             approved=approved,
             always=body.always,
             reason=body.reason,
             decided_by=caller.decided_by,
+            arguments=body.arguments,
         )
         await runner.runs.save(state, index_version=index_version, session_version=session_version)
     # The checkpoint keeps the decision until the run settles it; the log keeps it for good.
-    payload = {"call_id": body.call_id, "approved": approved, "always": body.always}
-    payload |= {"reason": body.reason, "decided_by": caller.decided_by}
+    payload = {"call_id": body.call_id, "tool": decision.tool, "approved": approved}
+    payload |= {"always": body.always, "reason": body.reason, "decided_by": caller.decided_by}
+    if decision.edited_arguments is not None:  # approved with edits: what runs instead
+        payload["edited_arguments"] = body.arguments
     await EventBus(context.store, caller.tenant).publish(
         run_id, "approval", "approved" if approved else "rejected", payload
     )

@@ -89,7 +89,10 @@ def _arguments(text: str) -> Any:
 
 
 def _decision_json(decision: ApprovalDecision) -> dict[str, Any]:
-    return decision.model_dump(mode="json", exclude={"arguments"})
+    out = decision.model_dump(mode="json", exclude={"arguments"})
+    if decision.edited_arguments is not None:  # what ran instead of the call's arguments
+        out["edited_arguments"] = _arguments(decision.edited_arguments)
+    return out
 
 
 def _pending_json(call: Interruption, state: RunState) -> dict[str, Any]:
