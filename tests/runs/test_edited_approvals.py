@@ -8,11 +8,15 @@ model's call as made and a result that says what ran.
 
 from __future__ import annotations
 
+import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
+from statekeeper.cli import app as cli_app
 from statekeeper.core.messages import Message, ToolCallBlock
 from statekeeper.errors import ConflictError, InvalidInputError
 from statekeeper.runs import Finish, Respond, Runner, Tool, ToolContext
@@ -20,7 +24,7 @@ from statekeeper.runs.agent import StepInput
 from statekeeper.runs.approvals import MAX_EDITED_ARGUMENTS, settle
 from statekeeper.runs.scripted import ScriptedAgent
 from statekeeper.runs.state import ApprovalDecision
-from statekeeper.stores import Store
+from statekeeper.stores import Store, open_store
 
 RAN: list[dict[str, Any]] = []
 
@@ -169,3 +173,42 @@ async def test_decisions_that_disagree_on_the_edit_fail_closed(store: Store) -> 
     assert settled.approved == []
     assert settled.edits == {}
     assert "ambiguous" in settled.rejected[0][1]
+
+
+def test_the_cli_approves_with_edited_arguments_and_runs_show_prints_the_edit(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path}/state.db"
+
+    async def started() -> str:
+        async with await open_store(url) as store:
+            return (await make_runner(store, Seen()).start("payer", "pay")).run_id
+
+    async def resumed(run_id: str) -> None:
+        async with await open_store(url) as store:
+            await make_runner(store, Seen()).resume(run_id)
+
+    run_id = asyncio.run(started())
+    base = ["--store", url, "--tenant", "t", "runs"]
+    invoke = CliRunner().invoke
+    bad = invoke(cli_app, [*base, "approve", run_id, "pay-1", "--arguments", "[1]"])
+    assert bad.exit_code != 0
+    assert "JSON object" in bad.output
+    edited = '{"amount": 50, "to": "acme"}'
+    approved = invoke(
+        cli_app, [*base, "approve", run_id, "pay-1", "--arguments", edited, "--by", "carol"]
+    )
+    assert approved.exit_code == 0, approved.output
+    assert "edited arguments" in approved.stdout
+    waiting = invoke(cli_app, [*base, "show", run_id])
+    assert "approved with edited arguments" in waiting.stdout
+    asyncio.run(resumed(run_id))
+    assert RAN == [{"amount": 50, "to": "acme"}]
+
+    shown = invoke(cli_app, [*base, "show", run_id])
+    assert shown.exit_code == 0, shown.output
+    assert "approved with edits" in shown.stdout
+    assert '"amount": 50' in shown.stdout
+    as_json = invoke(cli_app, ["--store", url, "--tenant", "t", "--json", "runs", "show", run_id])
+    [kept] = json.loads(as_json.stdout)["state"]["settled_decisions"]
+    assert (kept["decided_by"], kept["edited_arguments"]) == ("carol", edited)

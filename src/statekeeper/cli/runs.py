@@ -56,6 +56,21 @@ RunId = Annotated[str, typer.Argument(help="The run id.", show_default=False)]
 CallId = Annotated[str, typer.Argument(help="The pending tool call id.", show_default=False)]
 Reason = Annotated[str | None, typer.Option(help="Why (kept with the decision).")]
 DecidedBy = Annotated[str | None, typer.Option("--by", help="Who decides (default: cli).")]
+RejectReason = Annotated[
+    str | None,
+    typer.Option(
+        "--reason",
+        help="A message to the model: it gets 'Tool call rejected: <reason>' as the result.",
+    ),
+]
+EditedArguments = Annotated[
+    str | None,
+    typer.Option(
+        "--arguments",
+        metavar="JSON",
+        help="Approve with these edited arguments (a JSON object): the tool runs with them.",
+    ),
+]
 
 
 @app.command("list")
@@ -127,6 +142,9 @@ def _decided(state: RunState, run_id: str, call_id: str, verb: str) -> None:
     out = console()
     tool = next((i.tool for i in state.interruptions if i.call_id == call_id), "?")
     out.print(Text(f"{verb} tool call {call_id} ({tool}) of run {run_id}"))
+    edit = next((d.edited_arguments for d in state.decisions if d.call_id == call_id), None)
+    if edit is not None:
+        out.print(Text(f"it will run with the edited arguments {edit}"))
     pending = settle(state).pending
     if pending:
         ids = ", ".join(i.call_id for i in pending)
@@ -147,12 +165,13 @@ def approve(
     ] = False,
     reason: Reason = None,
     by: DecidedBy = None,
+    arguments: EditedArguments = None,
 ) -> None:
-    """Approve a tool call a run is waiting on."""
+    """Approve a tool call a run is waiting on (``--arguments``: with edited arguments)."""
 
     async def work(store: Store, tenant: str) -> RunState:
         return await _runner(store, tenant).approve(
-            run_id, call_id, always=always, reason=reason, by=by or "cli"
+            run_id, call_id, always=always, reason=reason, by=by or "cli", arguments=arguments
         )
 
     _decided(run(ctx, work), run_id, call_id, "approved")
@@ -163,13 +182,14 @@ def reject(
     ctx: typer.Context,
     run_id: RunId,
     call_id: CallId,
-    reason: Reason = None,
+    reason: RejectReason = None,
     always: Annotated[
         bool, typer.Option("--always", help="Also reject every later call of this tool.")
     ] = False,
     by: DecidedBy = None,
 ) -> None:
-    """Reject a tool call a run is waiting on (the agent sees the rejection as its result)."""
+    """Reject a tool call a run is waiting on (the model gets the rejection, with
+    ``--reason``, as the call's result)."""
 
     async def work(store: Store, tenant: str) -> RunState:
         return await _runner(store, tenant).reject(

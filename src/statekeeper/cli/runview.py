@@ -49,6 +49,8 @@ def _decision_of(state: RunState, call_id: str) -> str:
     for decision in state.decisions:
         if decision.call_id == call_id:
             verdict = "approved" if decision.approved else "rejected"
+            if decision.edited_arguments is not None:
+                verdict += f" with edited arguments {decision.edited_arguments}"
             return verdict + (f" ({decision.reason})" if decision.reason else "")
     rule = state.always.get(next((i.tool for i in state.interruptions if i.call_id == call_id), ""))
     if rule is not None:
@@ -179,18 +181,25 @@ def _decisions(state: RunState) -> Table | None:
     if not state.settled_decisions:
         return None
     table = Table(title="Approval decisions")
-    for column in ("call id", "tool", "decision", "by", "at (UTC)", "reason"):
+    edited = any(d.edited_arguments is not None for d in state.settled_decisions)
+    columns = ("call id", "tool", "decision", "by", "at (UTC)", "reason")
+    for column in (*columns, "ran with (edited)") if edited else columns:
         table.add_column(column, overflow="fold")
     for decision in state.settled_decisions:
         verdict = "approved" if decision.approved else "rejected"
-        table.add_row(
+        if decision.edited_arguments is not None:
+            verdict += " with edits"
+        row: list[Text | str] = [
             Text(decision.call_id),
             Text(decision.tool),
-            verdict + (" (always)" if decision.always else ""),
+            Text(verdict + (" (always)" if decision.always else "")),
             Text(decision.decided_by or ""),
             stamp(decision.decided_at),
             Text(decision.reason or ""),
-        )
+        ]
+        if edited:
+            row.append(Text(decision.edited_arguments or ""))
+        table.add_row(*row)
     return ids_whole(table)
 
 
