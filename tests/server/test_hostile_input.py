@@ -115,3 +115,31 @@ async def test_a_filter_nested_too_deep_is_bad_input_in_the_library_and_the_serv
         shallow = '{"a":' * 150 + "1" + "}" * 150  # parses, but deeper than any value
         answer = await client.get("/api/v1/memories", params={"filter": shallow})
         assert answer.status_code == 422, answer.text[:300]
+
+
+@pytest.mark.parametrize("url", ["memory://", "sqlite:///{tmp}/s.db"])
+async def test_token_counts_past_what_a_store_holds_raise_and_store_nothing(
+    url: str, tmp_path: Path
+) -> None:
+    # Found by the OpenAPI fuzz: a message claiming 10**20 tokens overflowed SQLite's
+    # INTEGER (OverflowError, a 500); two appends of 2**62 each overflow the total too.
+    async with open_store(url.format(tmp=tmp_path)) as store:
+        session = await SessionManager(store, "t").create()
+        await session.append(Message.user("before", tokens=2**62))
+        for tokens in (10**20, 2**62):
+            with pytest.raises(InvalidPayloadError, match="total_tokens"):
+                await session.append(Message.user("huge", tokens=tokens))
+        again = await SessionManager(store, "t").get(session.id)
+        assert [m.content for m in await again.messages()] == ["before"]
+        assert again.record.total_tokens == 2**62
+
+
+async def test_the_server_answers_422_for_a_token_count_past_2_63(live: Live) -> None:
+    async with live.client("operate") as client:
+        await client.post("/api/v1/sessions", json={"session_id": "ses-t"})
+        huge = {"role": "user", "content": "x", "tokens": 10**20}
+        answer = await client.post("/api/v1/sessions/ses-t/messages", json={"messages": [huge]})
+        assert answer.status_code == 422, answer.text
+        assert answer.json()["error"]["type"] == "InvalidPayloadError"
+        entries = await client.get("/api/v1/sessions/ses-t/entries")
+        assert entries.json()["items"] == []

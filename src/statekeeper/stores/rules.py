@@ -136,7 +136,12 @@ def apply_patch(
     stored = record.__dict__
     changes: dict[str, Any] = dict(internal) if internal else {}
     for name, n in patch.add.items():  # counters (SessionPatch refuses other names)
-        changes[name] = stored[name] + n
+        changes[name] = total = stored[name] + n
+        if not -_BOUND < total < _BOUND:  # a message's tokens: any int, until stored
+            raise InvalidPayloadError(
+                f"{name} of session {record.id!r} would be {total}, past 2**63 - 1 (what "
+                "a store holds); count a message's tokens, or leave them None"
+            )
     changes["version"] = stored["version"] + 1
     changes["last_active"] = now
     if patch.set:
