@@ -93,6 +93,15 @@ async def test_every_page_passes_an_accessibility_audit_at_both_widths(
             await page.goto(f"{ui_server.base}/ui/{path}")
             await expect(ready).to_be_visible(timeout=WAIT)
             problems[f"{name}@{size['width']}"] = await audit(page, source)
+        # Deciding a call: its arguments open for editing, with the message a bad edit gets.
+        await page.goto(f"{ui_server.base}/ui/#/runs/{made['waiting']}")
+        edit = page.get_by_role("button", name="Edit arguments of issue_refund (c-refund)")
+        await edit.click(timeout=WAIT)
+        await page.get_by_label("Edited arguments (a JSON object)").fill("[1]")
+        name = "Approve with edits: issue_refund (c-refund)"
+        await page.get_by_role("button", name=name).click()
+        await expect(page.locator(".field-error")).to_contain_text("JSON object")
+        problems[f"run edit arguments@{size['width']}"] = await audit(page, source)
         await page.close()
     found = {k: v for k, v in problems.items() if v}
     assert found == {}, json.dumps(found, indent=1)

@@ -110,7 +110,7 @@ async def test_board_updates_live_and_a_call_is_approved_from_the_browser(
         approval = page.locator(".timeline li", has_text="approval/approved")
         await expect(approval).to_contain_text(re.compile(r"call c-refund · by key:k\w+"))
         decisions = page.locator("#decisions-title + ul")
-        await expect(decisions).to_contain_text(re.compile("approved.*c-refund.*by key:"))
+        await expect(decisions).to_contain_text(re.compile("approved.*issue_refund.*by key:"))
         assert await page.evaluate("window.__notReloaded") is True
 
         # The other tab saw the same run finish, live.

@@ -5,7 +5,7 @@
 
 import { ApiError, api, follow, query } from "./api.js";
 import { namedMessages, placeMessages, runMessages, timelineFilters } from "./convo.js";
-import { pendingCard } from "./decide.js";
+import { editedText, pendingCard } from "./decide.js";
 import {
   announce, author, clear, h, keepFocus, money, pretty, problem, put, setLive, shortId, statusBadge,
   typingIn, when,
@@ -29,6 +29,7 @@ export function eventSummary(event) {
   // timeline shows those messages under the event (convo.js).
   if (d.message && !(type === "tool/result" && d.output === undefined)) parts.push(String(d.message).slice(0, 160));
   if (d.always) parts.push("always");
+  if (editedText(d)) parts.push(editedText(d));
   if (d.reason) parts.push(`reason: ${d.reason}`);
   if (d.decided_by) parts.push(`by ${String(d.decided_by).replace(/ \(key:[^)]+\)$/, "")}`);
   return parts.join(" · ");
@@ -92,6 +93,7 @@ function decisionsList(logged, pending) {
     h("span", { class: `badge ${d.approved ? "ok" : "no"}` }, d.approved ? "approved" : "rejected"), " ",
     h("code", {}, d.tool || d.call_id), d.always ? " (always)" : "",
     h("span", { class: "muted" }, " by ", author(d.decided_by), ` ${when(d.decided_at || d.at)}`),
+    editedText(d) ? h("div", { class: "edited" }, editedText(d)) : null,
     d.reason ? h("div", { class: "muted" }, `reason: ${d.reason}`) : null)));
 }
 
