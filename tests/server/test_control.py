@@ -249,3 +249,37 @@ async def test_without_app_start_and_follow_ups_name_app(db: tuple[str, Store]) 
     for answer in answers:
         assert answer.status_code == 422, answer.text
         assert "--app" in json.dumps(answer.json())
+
+
+def test_cli_starts_a_run_and_sends_follow_ups(tmp_path: Any) -> None:
+    from typer.testing import CliRunner
+
+    from statekeeper.cli._app import app
+
+    store = ["--store", f"sqlite:///{tmp_path}/cli.db", "--json"]
+    cli = CliRunner()
+    started = cli.invoke(app, [*store, "runs", "start", "listener", "ask", "--app", APP])
+    assert started.exit_code == 0, started.output
+    run = json.loads(started.output)
+    assert (run["outcome"], run["status"]) == ("started", "waiting_for_input")
+    sent = cli.invoke(app, [*store, "runs", "followup", run["run_id"], "stop", "--app", APP])
+    assert sent.exit_code == 0, sent.output
+    done = json.loads(sent.output)
+    assert (done["outcome"], done["run_id"], done["status"]) == (
+        "resumed",
+        run["run_id"],
+        "completed",
+    )
+    assert done["output"] == {"heard": ["ask", "stop"]}
+    forked = cli.invoke(app, [*store, "runs", "followup", run["run_id"], "ask", "--app", APP])
+    assert json.loads(forked.output)["outcome"] == "forked"
+    waiting = cli.invoke(app, [*store, "runs", "start", "support", "Refund 1042.", "--app", APP])
+    waiting_id = json.loads(waiting.output)["run_id"]
+    refused = cli.invoke(app, [*store, "runs", "followup", waiting_id, "hurry", "--app", APP])
+    assert refused.exit_code == 1
+    assert "approve or reject" in refused.output
+    bad = cli.invoke(
+        app, [*store, "runs", "followup", waiting_id, "x", "--app", APP, "--mode", "x"]
+    )
+    assert bad.exit_code != 0
+    assert "steer, queue" in bad.output

@@ -93,6 +93,16 @@ async def test_every_page_passes_an_accessibility_audit_at_both_widths(
             await page.goto(f"{ui_server.base}/ui/{path}")
             await expect(ready).to_be_visible(timeout=WAIT)
             problems[f"{name}@{size['width']}"] = await audit(page, source)
+        # Start and steer: the board's New run form, and a checkpoint's fork with input.
+        await page.goto(f"{ui_server.base}/ui/#/")
+        await page.get_by_role("button", name="New run").click()
+        await expect(page.locator("#new-input")).to_be_visible(timeout=WAIT)
+        problems[f"board new run@{size['width']}"] = await audit(page, source)
+        await page.goto(f"{ui_server.base}/ui/#/runs/{made['done']}")
+        opener = page.get_by_role("button", name="With input: fork from step 1 with new input")
+        await opener.click(timeout=WAIT)
+        await expect(page.get_by_label("New input for a fork from step 1")).to_be_visible()
+        problems[f"run fork with input@{size['width']}"] = await audit(page, source)
         # Deciding a call: its arguments open for editing, with the message a bad edit gets.
         await page.goto(f"{ui_server.base}/ui/#/runs/{made['waiting']}")
         edit = page.get_by_role("button", name="Edit arguments of issue_refund (c-refund)")

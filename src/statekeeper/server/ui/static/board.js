@@ -107,6 +107,41 @@ function row({ run, depth }) {
   );
 }
 
+/** The "New run" form: the app's agents, an input, an optional title; Start posts the
+ * run and opens its page. `agents` is GET /agents (a server without --app has none). */
+function newRunForm(agents) {
+  const agent = h("select", { id: "new-agent", required: true },
+    agents.map((a) => h("option", { value: a.name }, a.description ? `${a.name} — ${a.description}` : a.name)));
+  const input = h("textarea", { id: "new-input", rows: "3", required: true, autocomplete: "off" });
+  const title = h("input", { id: "new-title", type: "text", autocomplete: "off", placeholder: "optional" });
+  const go = h("button", { type: "submit", class: "primary" }, "Start");
+  const form = h("form", { class: "card new-run", id: "new-run", "aria-labelledby": "new-run-title", hidden: true },
+    h("h2", { id: "new-run-title" }, "New run"),
+    h("div", { class: "new-run-fields" },
+      h("label", { for: "new-agent" }, "Agent to run", agent),
+      h("label", { for: "new-title" }, "Title", title)),
+    h("label", { for: "new-input" }, "Input"), input,
+    h("div", { class: "followup-actions" }, go));
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    if (!input.value.trim()) {
+      input.focus();
+      return;
+    }
+    go.disabled = true;
+    try {
+      const run = await api("/runs", { method: "POST", body: { agent: agent.value, input: input.value, title: title.value || undefined } });
+      announce(`Started run ${shortId(run.run_id)}`);
+      window.location.hash = `#/runs/${encodeURIComponent(run.run_id)}`;
+    } catch (err) {
+      form.querySelector(".error")?.remove();
+      problem(form, err);
+      go.disabled = false;
+    }
+  });
+  return { form, first: agent };
+}
+
 export function renderBoard(main) {
   const runs = new Map();
   const timers = new Map();
@@ -128,16 +163,37 @@ export function renderBoard(main) {
       ["Status", "Run", "Agent", "Step", "Cost / budget", "Approvals", "Session", "Updated"]
         .map((t) => h("th", { scope: "col" }, t)))),
     body);
+  const newRun = h("button", { type: "button", id: "new-run-open", class: "primary", hidden: true,
+    "aria-expanded": "false" }, "New run");
+  const formSlot = h("div", {});
   main.append(
     h("div", { class: "page-head" },
-      h("h1", {}, "Runs"),
+      h("div", { class: "board-title" }, h("h1", {}, "Runs"), newRun),
       h("div", { class: "filters", role: "search", "aria-label": "Filter runs" },
         h("label", { for: "run-search" }, "Search ", searchBox),
         h("label", { for: "status-filter" }, "Status ", select),
         h("label", { for: "agent-filter" }, "Agent ", agents))),
+    formSlot,
     counts,
     h("div", { class: "card table-wrap" }, table),
   );
+
+  // Offered only when the server can run agents (it has an --app).
+  api("/agents").then(({ items }) => {
+    if (!items || !items.length) return;
+    newRun.hidden = false;
+    let made = null; // built when first opened: the board stays as it was until then
+    newRun.addEventListener("click", () => {
+      if (!made) {
+        made = newRunForm(items);
+        formSlot.append(made.form);
+        newRun.setAttribute("aria-controls", "new-run");
+      }
+      made.form.hidden = !made.form.hidden;
+      newRun.setAttribute("aria-expanded", String(!made.form.hidden));
+      if (!made.form.hidden) made.first.focus();
+    });
+  }, () => {});
 
   function drawAgents() {
     const names = [...new Set([...runs.values()].map((r) => r.agent).filter(Boolean))].sort();
@@ -160,7 +216,7 @@ export function renderBoard(main) {
       clear(body).append(...shown.map(row));
       if (!shown.length) {
         body.append(h("tr", {}, h("td", { colspan: "8", class: "muted empty" },
-          narrowed ? "No run matches." : "No runs yet. Start one with the library, the CLI or the API.")));
+          narrowed ? "No run matches." : "No runs yet. Start one here (New run), with the library, the CLI or the API.")));
       }
     });
     const waiting = [...runs.values()].filter((r) => (r.pending_approvals || 0) > 0).length;

@@ -13,6 +13,14 @@ import {
 
 const TERMINAL = new Set(["completed", "error", "cancelled"]);
 const runPath = (id) => `/runs/${encodeURIComponent(id)}`;
+const FOLLOWED = {
+  steered: "Steered: the run reads your message at its next step.",
+  queued: "Queued: the run goes on with your message once it stops.",
+  deduplicated: "Already queued: the same message is waiting.",
+  dropped: "Dropped: the run's follow-up queue is full.",
+  resumed: "Sent: the run resumed with your message.",
+  forked: "The finished run goes on in a new run with your message.",
+};
 
 /** One line saying what an event is about. */
 export function eventSummary(event) {
@@ -43,23 +51,49 @@ function eventType(event) {
 function limitsTable(run, act) {
   const limits = run.limits || [];
   if (!limits.length) return h("p", { class: "muted" }, "No limits set.");
+  const raising = !TERMINAL.has(run.status); // a finished run has nothing left to raise for
   return h("table", { class: "compact" },
-    h("thead", {}, h("tr", {}, ["Limit", "Used", "Max", "Raise to"].map((t) => h("th", { scope: "col" }, t)))),
+    h("thead", {}, h("tr", {}, ["Limit", "Used", "Max", raising ? "Raise to" : null].filter(Boolean)
+      .map((t) => h("th", { scope: "col" }, t)))),
     h("tbody", {}, limits.map((lim) => {
-      const input = h("input", {
-        type: "number", min: "0", step: "any", class: "narrow", "aria-label": `new maximum for ${lim.name}`,
-      });
-      const raise = h("button", { type: "button", "aria-label": `Raise ${lim.name}` }, "Raise");
-      raise.addEventListener("click", () => {
-        if (input.value) act("limits", { name: lim.name, limit: Number(input.value) }, [raise]);
-      });
       const over = lim.limit !== null && lim.limit !== undefined && Number(lim.current) >= Number(lim.limit);
-      return h("tr", { class: over ? "over" : "" },
+      const cells = [
         h("th", { scope: "row" }, lim.name),
         h("td", { class: "num" }, fmt(lim.current)),
         h("td", { class: "num" }, lim.limit === null || lim.limit === undefined ? "∞" : fmt(lim.limit)),
-        h("td", {}, input, " ", raise));
+      ];
+      if (raising) {
+        const input = h("input", {
+          type: "number", min: "0", step: "any", class: "narrow", "aria-label": `new maximum for ${lim.name}`,
+        });
+        const raise = h("button", { type: "button", "aria-label": `Raise ${lim.name}` }, "Raise");
+        raise.addEventListener("click", () => {
+          if (input.value) act("limits", { name: lim.name, limit: Number(input.value) }, [raise]);
+        });
+        cells.push(h("td", {}, input, " ", raise));
+      }
+      return h("tr", { class: over ? "over" : "" }, cells);
     })));
+}
+
+/** The limit a run stopped at, if any (its name). */
+export function atLimit(run) {
+  const lim = (run.limits || []).find((l) => l.limit !== null && l.limit !== undefined
+    && Number(l.current) >= Number(l.limit));
+  return lim ? lim.name : null;
+}
+
+/** Why Resume cannot be used now (null: it can). */
+export function resumeBlocked(run, canRun) {
+  if (!canRun) return "This server has no --app to run agents: resume the run from a worker.";
+  if (run.status === "running" || run.status === "initializing") return "The run is running.";
+  if ((run.pending || []).length || run.status === "waiting_for_approval") {
+    return "A tool call waits for a decision: approve or reject it, and the run goes on.";
+  }
+  if (run.status === "waiting_for_input") return "The run waits for input: send it a follow-up below.";
+  const limit = atLimit(run);
+  if (limit) return `The run is at its ${limit} limit: raise it first (Limits).`;
+  return null;
 }
 
 function fmt(value) {
@@ -97,31 +131,70 @@ function decisionsList(logged, pending) {
     d.reason ? h("div", { class: "muted" }, `reason: ${d.reason}`) : null)));
 }
 
-function checkpointsTable(items, act) {
+function checkpointsTable(items, act, canRun) {
   if (!items.length) return h("p", { class: "muted" }, "No checkpoints yet.");
   return h("div", { class: "scroll short" }, h("table", { class: "compact cps" },
     h("thead", {}, h("tr", {}, ["Step", "Status", "At", ""].map((t) => h("th", { scope: "col" }, t)))),
-    h("tbody", {}, items.map((cp) => {
+    h("tbody", {}, items.flatMap((cp) => {
       const ref = cp.step ?? cp.seq;
       const fork = h("button", { type: "button", class: "small", "aria-label": `Fork a new run from step ${ref}` }, "Fork");
-      fork.title = "Start a new run from this checkpoint";
+      fork.title = "Start a new run from this checkpoint (paused, for you to resume)";
       fork.addEventListener("click", () => act("fork", { at: ref }, [fork]));
-      return h("tr", {},
+      const row = h("tr", { "data-seq": String(ref) },
         h("td", { class: "num", title: `turn ${cp.turn ?? "?"}` }, String(cp.step ?? "")),
         h("td", {}, statusBadge(cp.status)),
         h("td", { class: "muted" }, h("time", { datetime: cp.at || "" }, when(cp.at || cp.created_at))),
-        h("td", {}, fork));
+        h("td", { class: "cp-actions" }, fork, canRun && cp.status !== "corrupt" ? forkWithInput(ref, act) : null));
+      return [row];
     }))));
 }
 
-function header(run, act) {
-  const resume = h("button", { type: "button" }, "Resume");
-  const cancel = h("button", { type: "button", class: "danger" }, "Cancel run");
-  resume.addEventListener("click", () => act("resume", {}, [resume]));
-  cancel.addEventListener("click", () => act("cancel", {}, [cancel]));
+/** "With input…" next to a checkpoint's Fork: a text box and "Fork and run", which forks
+ * the checkpoint into a new run that goes on at once with that input. */
+function forkWithInput(ref, act) {
+  const id = `fork-input-${ref}`;
+  const input = h("input", { type: "text", id, autocomplete: "off", placeholder: "new input" });
+  const go = h("button", { type: "submit", class: "small primary", "aria-label": `Fork and run from step ${ref}` }, "Fork and run");
+  const form = h("form", { class: "fork-input", hidden: true },
+    h("label", { for: id, class: "visually-hidden" }, `New input for a fork from step ${ref}`), input, go);
+  const open = h("button", {
+    type: "button", class: "small", "aria-expanded": "false", "aria-controls": `${id}-form`,
+    "aria-label": `With input: fork from step ${ref} with new input`,
+  }, "With input");
+  form.id = `${id}-form`;
+  open.title = "Fork this checkpoint into a new run that goes on with new input";
+  open.addEventListener("click", () => {
+    form.hidden = !form.hidden;
+    open.setAttribute("aria-expanded", String(!form.hidden));
+    if (!form.hidden) input.focus();
+  });
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    if (!input.value.trim()) return input.focus();
+    act("fork", { at: ref, input: input.value, run: true }, [go, open]);
+  });
+  return h("span", { class: "fork-more" }, open, form);
+}
+
+function header(run, act, canRun) {
   const done = TERMINAL.has(run.status);
-  resume.disabled = done || run.status === "running";
-  cancel.disabled = done;
+  const actions = [];
+  if (!done) { // a finished run is neither resumed nor cancelled: it goes on in a fork
+    const resume = h("button", { type: "button", id: "resume-run" }, "Resume");
+    const blocked = resumeBlocked(run, canRun);
+    if (blocked) {
+      // Focusable, so the keyboard reaches the reason too; a click does nothing.
+      resume.setAttribute("aria-disabled", "true");
+      resume.title = blocked;
+      resume.setAttribute("aria-describedby", "resume-why");
+    }
+    resume.addEventListener("click", () => {
+      if (!resumeBlocked(run, canRun)) act("resume", {}, [resume]);
+    });
+    const cancel = h("button", { type: "button", class: "danger", id: "cancel-run" }, "Cancel run");
+    cancel.addEventListener("click", () => act("cancel", {}, [cancel]));
+    actions.push(resume, cancel, blocked ? h("span", { id: "resume-why", class: "visually-hidden" }, blocked) : null);
+  }
   return h("div", { class: "page-head" },
     h("div", {},
       h("p", { class: "crumbs" }, h("a", { href: "#/" }, "Runs"), " / ", run.run_id),
@@ -135,7 +208,28 @@ function header(run, act) {
         run.forked_from ? [" · forked from ", h("a", { href: `#${runPath(run.forked_from.run_id)}`, class: "forked-from" },
           shortId(run.forked_from.run_id)), ` at step ${run.forked_from.step}`] : "",
         ` · updated ${when(run.updated_at)}`)),
-    h("div", { class: "actions" }, resume, cancel));
+    h("div", { class: "actions" }, actions));
+}
+
+/** What the follow-up box offers for a run's status: its buttons (label, mode, hint) or
+ * why it cannot take a follow-up now. */
+export function followupOffer(run) {
+  const status = run.status;
+  if ((run.pending || []).length || status === "waiting_for_approval") {
+    return { blocked: "A tool call waits for a decision: approve or reject it first; a message now would land between the call and its result." };
+  }
+  if (status === "running" || status === "initializing") {
+    return {
+      hint: "Steer: the run reads it at its next step. Queue: it goes on with it once it stops.",
+      buttons: [["Steer", "steer", "primary"], ["Queue", "queue", ""]],
+    };
+  }
+  const limit = atLimit(run);
+  if (limit && !TERMINAL.has(status)) return { blocked: `The run is at its ${limit} limit: raise it first (Limits), then send.` };
+  if (TERMINAL.has(status)) {
+    return { hint: "The run is finished: its last checkpoint is forked into a new run that goes on with your message.", buttons: [["Continue in a new run", "queue", "primary"]] };
+  }
+  return { hint: "The run is stopped: it resumes with your message as its input.", buttons: [["Send", "steer", "primary"]] };
 }
 
 export function renderRun(main, runId) {
@@ -149,13 +243,21 @@ export function renderRun(main, runId) {
   const top = h("div", {});
   const side = h("div", { class: "side" });
   const pendingBox = h("section", { "aria-labelledby": "pending-title" });
+  const followBox = h("section", { class: "card followup", "aria-labelledby": "followup-title", hidden: true });
+  const followText = h("textarea", { id: "followup-text", rows: "2", autocomplete: "off", "aria-describedby": "followup-hint" });
+  const followButtons = h("div", { class: "followup-actions" });
+  const followHint = h("p", { class: "muted", id: "followup-hint" });
+  followBox.append(h("h2", { id: "followup-title" }, "Follow-up"),
+    h("label", { for: "followup-text" }, "Message to the run"), followText, followButtons, followHint);
   main.append(top, h("div", { class: "run-grid" },
-    h("div", {}, pendingBox,
+    h("div", {}, pendingBox, followBox,
       h("section", { class: "card", "aria-labelledby": "timeline-title" },
         h("div", { class: "card-head" }, h("h2", { id: "timeline-title" }, "Timeline and conversation"),
           filters.controls), timelineBox)),
     side));
   let run = null;
+  let canRun = false; // the server has an --app: it can run agents
+  let followKey = null;
   let notice = "";
   let pendingKey = null;
   let timer = null;
@@ -220,7 +322,13 @@ export function renderRun(main, runId) {
     try {
       const result = await post(action, body);
       announce(`${action} done for run ${shortId(runId)}`);
-      if (action === "fork" && result && result.run_id && result.run_id !== runId) {
+      if (action === "followups" && result) {
+        followText.value = "";
+        for (const b of buttons) b.disabled = false; // kept when the offer is the same
+        notice = FOLLOWED[result.outcome] || `Follow-up ${result.outcome}.`;
+        announce(notice);
+      }
+      if ((action === "fork" || action === "followups") && result && result.run_id && result.run_id !== runId) {
         window.location.hash = `#${runPath(result.run_id)}`;
         return;
       }
@@ -231,7 +339,36 @@ export function renderRun(main, runId) {
     }
   }
 
+  // The follow-up box keeps its text box (and what is typed) across live updates; its
+  // buttons change with what the run can take now.
+  function drawFollowup() {
+    followBox.hidden = !canRun;
+    if (!canRun) return;
+    const offer = followupOffer(run);
+    const key = JSON.stringify(offer);
+    if (key === followKey) return;
+    followKey = key;
+    keepFocus(followButtons, () => {
+      clear(followButtons);
+      followText.disabled = Boolean(offer.blocked);
+      followHint.textContent = offer.blocked || offer.hint;
+      const buttons = (offer.buttons || []).map(([label, mode, cls]) => {
+        const b = h("button", { type: "button", class: cls || undefined, "data-mode": mode }, label);
+        b.addEventListener("click", () => {
+          if (!followText.value.trim()) {
+            followText.focus();
+            return;
+          }
+          act("followups", { text: followText.value, mode }, buttons);
+        });
+        return b;
+      });
+      followButtons.append(...buttons);
+    });
+  }
+
   function draw() {
+    drawFollowup();
     keepFocus(top, () => drawTop());
     // The pending cards are redrawn only when the calls change, so a reason being typed
     // survives the live updates of a run that goes on.
@@ -247,7 +384,7 @@ export function renderRun(main, runId) {
   }
 
   function drawTop() {
-    clear(top).append(header(run, act));
+    clear(top).append(header(run, act, canRun));
     if (run.stopped && run.stopped.kind !== "error") {
       top.append(h("p", { class: `why-card stop-${run.stopped.kind}`, id: "why-stopped" },
         h("strong", {}, "Why it stopped: "), run.stopped.text));
@@ -267,7 +404,7 @@ export function renderRun(main, runId) {
         h("h2", { id: "limits-title" }, "Limits"), limitsTable(run, act),
         h("h2", {}, "Metrics"), metricsList(run.metrics)),
       h("section", { class: "card", "aria-labelledby": "cp-title" },
-        h("h2", { id: "cp-title" }, "Checkpoints"), checkpointsTable(checkpoints.items || [], act)),
+        h("h2", { id: "cp-title" }, "Checkpoints"), checkpointsTable(checkpoints.items || [], act, canRun)),
       h("section", { class: "card", "aria-labelledby": "children-title" },
         h("h2", { id: "children-title" }, "Delegated runs"),
         childTree(run.children) || h("p", { class: "muted" }, "No child runs.")),
@@ -292,6 +429,7 @@ export function renderRun(main, runId) {
 
   (async () => {
     try {
+      canRun = await api("/agents").then(() => true, () => false);
       const items = await allEvents();
       addEvents(items.map((e) => ({ id: e.id === undefined ? null : String(e.id), type: e.type, data: e })));
       await refresh();
