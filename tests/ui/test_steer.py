@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from playwright.async_api import expect
 
+from statekeeper.core.limits import IterationFlag, Limits
 from statekeeper.stores import open_store
 
 from .conftest import ROOT, UIServer, _cli, _free_port, _wait_ready, create_key
@@ -85,6 +86,9 @@ async def test_start_from_the_board_then_steer_and_queue_by_keyboard(
     resume = page.locator("#resume-run")
     await expect(resume).to_have_attribute("aria-disabled", "true")
     await expect(resume).to_have_attribute("title", "The run is running.")
+    # Limits are not raised while a process drives the run (nor an unlimited one).
+    await expect(page.get_by_role("button", name=re.compile("^Raise"))).to_have_count(0)
+    await expect(page.locator("#raise-later")).to_be_visible()
     box = page.get_by_label("Message to the run")
     await box.focus()
     await page.keyboard.type("go left")
@@ -133,7 +137,8 @@ async def _waiting_and_finished(server: UIServer) -> tuple[str, str]:
 
     async with await open_store(server.store_url) as store:
         runner = make_runner(store, server.tenant)
-        waiting = await runner.start("support", "Refund order 1042.", headless=False)
+        limits = Limits(iterations=IterationFlag(maximum=10))
+        waiting = await runner.start("support", "Refund order 1042.", headless=False, limits=limits)
         done = await runner.start("listener", "stop", headless=False)
     assert waiting.status == "waiting_for_approval"
     assert done.status == "completed"
@@ -155,6 +160,7 @@ async def test_only_what_works_is_offered_and_a_checkpoint_forks_with_input(
     await expect(page.get_by_label("Message to the run")).to_be_disabled()
     await expect(page.locator("#followup-hint")).to_have_text(re.compile("approve or reject"))
     await expect(page.get_by_role("button", name="Raise iterations")).to_be_visible()
+    await expect(page.get_by_role("button", name=re.compile("^Raise"))).to_have_count(1)
     await shot(page, shots, "run-waiting-offers")
 
     await page.goto(f"{ui_server.base}/ui/#/runs/{done}")

@@ -51,8 +51,12 @@ function eventType(event) {
 function limitsTable(run, act) {
   const limits = run.limits || [];
   if (!limits.length) return h("p", { class: "muted" }, "No limits set.");
-  const raising = !TERMINAL.has(run.status); // a finished run has nothing left to raise for
-  return h("table", { class: "compact" },
+  // The API raises a stopped run's limits only: not a finished one's, not while a process
+  // drives the run (its next checkpoint would undo it), and never an unlimited one.
+  const going = run.status === "running" || run.status === "initializing";
+  const raising = !TERMINAL.has(run.status) && !going
+    && limits.some((l) => l.limit !== null && l.limit !== undefined);
+  const table = h("table", { class: "compact" },
     h("thead", {}, h("tr", {}, ["Limit", "Used", "Max", raising ? "Raise to" : null].filter(Boolean)
       .map((t) => h("th", { scope: "col" }, t)))),
     h("tbody", {}, limits.map((lim) => {
@@ -62,7 +66,9 @@ function limitsTable(run, act) {
         h("td", { class: "num" }, fmt(lim.current)),
         h("td", { class: "num" }, lim.limit === null || lim.limit === undefined ? "∞" : fmt(lim.limit)),
       ];
-      if (raising) {
+      if (raising && (lim.limit === null || lim.limit === undefined)) {
+        cells.push(h("td", { class: "muted" }, "unlimited"));
+      } else if (raising) {
         const input = h("input", {
           type: "number", min: "0", step: "any", class: "narrow", "aria-label": `new maximum for ${lim.name}`,
         });
@@ -74,6 +80,7 @@ function limitsTable(run, act) {
       }
       return h("tr", { class: over ? "over" : "" }, cells);
     })));
+  return going ? h("div", {}, table, h("p", { class: "muted", id: "raise-later" }, "Limits can be raised once the run stops.")) : table;
 }
 
 /** The limit a run stopped at, if any (its name). */
