@@ -49,6 +49,9 @@ def test_resume_at_a_limit_fails_until_the_limit_is_raised(cli: Cli, cli_app: Mo
     assert "budget 1.2/1" in shown
     assert "time " in shown
     assert "limit reached" in shown
+    # Why it stopped, by how much, in one line (statekeeper.runs.why).
+    why = next(line for line in shown.splitlines() if line.startswith("why stopped"))
+    assert "budget limit reached: $1.2000 of $1.0000, over by $0.2000" in why
 
     refused = cli("runs", "resume", run_id, *RESUME, code=1)
     assert refused.stderr.startswith("error: budget limit reached: 1.2 of 1;")

@@ -15,6 +15,7 @@ from statekeeper.runs.operations import timeline
 from statekeeper.runs.recovery import CORRUPT_EVENT_TYPE
 from statekeeper.runs.state import RunState
 from statekeeper.runs.store import RunIndex
+from statekeeper.runs.why import why_stopped
 from statekeeper.stores.base import Event
 
 __all__ = ["RunView", "print_run", "recoveries", "runs_table", "timeline"]
@@ -65,6 +66,7 @@ def print_run(view: RunView) -> None:
     rows: list[tuple[str, object]] = [
         ("run", index.run_id),
         ("status", Text(index.status, style="bold")),
+        ("why stopped", None if (why := why_stopped(index, state)) is None else why.text),
         ("agent", index.agent),
         ("session", index.session_id),
         ("turn", index.turn),
