@@ -3,6 +3,7 @@ server (issue 22)."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -142,4 +143,30 @@ async def test_the_server_answers_422_for_a_token_count_past_2_63(live: Live) ->
         assert answer.status_code == 422, answer.text
         assert answer.json()["error"]["type"] == "InvalidPayloadError"
         entries = await client.get("/api/v1/sessions/ses-t/entries")
+        assert entries.json()["items"] == []
+
+
+@pytest.mark.parametrize("url", ["memory://", "sqlite:///{tmp}/s.db"])
+async def test_a_message_time_without_a_zone_raises_typed_and_stores_nothing(
+    url: str, tmp_path: Path
+) -> None:
+    # Found by probing after the OpenAPI fuzz: EntryDraft refused it with pydantic's own
+    # ValidationError, which the server answered with a 500.
+    async with open_store(url.format(tmp=tmp_path)) as store:
+        session = await SessionManager(store, "t").create()
+        await session.append(Message.user("before"))
+        naive = Message.user("no zone", created_at=datetime(2026, 1, 2, 3, 4, 5))
+        with pytest.raises(InvalidPayloadError, match="timezone"):
+            await session.append(Message.user("fine"), naive)
+        assert [m.content for m in await session.messages()] == ["before"]
+
+
+async def test_the_server_answers_422_for_a_message_time_without_a_zone(live: Live) -> None:
+    async with live.client("operate") as client:
+        await client.post("/api/v1/sessions", json={"session_id": "ses-z"})
+        naive = {"role": "user", "content": "x", "created_at": "0001-01-01T00:00:00"}
+        answer = await client.post("/api/v1/sessions/ses-z/messages", json={"messages": [naive]})
+        assert answer.status_code == 422, answer.text
+        assert answer.json()["error"]["type"] == "InvalidPayloadError"
+        entries = await client.get("/api/v1/sessions/ses-z/entries")
         assert entries.json()["items"] == []

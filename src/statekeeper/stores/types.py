@@ -180,12 +180,13 @@ class Entry(NamedTuple):
     payload: dict[str, Any]
 
 
-class EntryDraft(BaseModel):
+class EntryDraft(TypedModel):
     """An entry to append. ``parent`` is "head" (the active tip), a seq, or None (a root).
 
     A ``side`` entry (a run checkpoint, say) hangs off the branch: its parent is the tip
     when it is written, but it never becomes the head and nothing chains onto it, so it
-    is never part of a branch and can be pruned later.
+    is never part of a branch and can be pruned later. A bad field (a time without a
+    zone, say) is an `InvalidPayloadError`.
     """
 
     model_config = _FROZEN
