@@ -225,11 +225,13 @@ async def test_a_run_driven_by_another_process_is_not_steered(
             refused = await client.post(
                 f"/api/v1/runs/{run['run_id']}/followups", json={"text": "hi"}
             )
+            owner = (await client.get("/api/v1/agents")).json()["owner"]
             await client.post(f"/api/v1/runs/{run['run_id']}/cancel")
     finally:
         await work
     assert refused.status_code == 409
     assert "another process" in refused.json()["error"]["message"]
+    assert run["owner"] == elsewhere.owner != owner  # what the page compares
 
 
 async def test_without_app_start_and_follow_ups_name_app(db: tuple[str, Store]) -> None:

@@ -210,3 +210,31 @@ async def test_new_run_and_follow_up_fit_in_700_px(
     assert box is not None
     assert box["x"] + box["width"] <= NARROW["width"]
     await shot(page, shots, "run-followup-700", full=True)
+
+
+async def test_a_run_another_process_drives_is_not_offered_a_follow_up(
+    browser: Any, ui_server: UIServer, shots: Path | None
+) -> None:
+    from server.steer_app import make_runner
+
+    async with await open_store(ui_server.store_url) as store:
+        elsewhere = make_runner(store, ui_server.tenant)
+        work = asyncio.create_task(elsewhere.start("listener", "hello", headless=False))
+        try:
+            page = await signed_in_page(browser, ui_server)
+            row = page.locator("tbody tr[data-run]")
+            await expect(row).to_have_count(1, timeout=WAIT)
+            await row.get_by_role("link").first.click()
+            box = page.get_by_label("Message to the run")
+            await expect(box).to_be_disabled(timeout=WAIT)
+            await expect(page.locator("#followup-hint")).to_have_text(
+                re.compile(f"Another process \\({re.escape(elsewhere.owner)}\\) drives this run")
+            )
+            await expect(page.get_by_role("button", name="Steer")).to_have_count(0)
+            await shot(page, shots, "run-other-process")
+            await page.locator("#cancel-run").focus()  # cancelling works from anywhere
+            await press(page, "Enter")
+            badge = page.locator(".page-head h1 .badge")
+            await expect(badge).to_have_text("cancelled", timeout=WAIT)
+        finally:
+            await work

@@ -71,12 +71,13 @@ def _limits(runner: Runner, given: StartLimits | None) -> Limits | None:
 
 @router.get("/agents")
 async def agents(caller: Reader, context: Context) -> dict[str, Any]:
-    """The agents of the server's ``--app``: what ``POST /runs`` can start."""
+    """The agents of the server's ``--app``: what ``POST /runs`` can start; ``owner`` is
+    the lease owner of the runs this server drives (the runs it can steer)."""
     runner = await context.runner(caller.tenant, agents=True)
     items = [
         {"name": name, "description": _describe(agent)} for name, agent in runner.agents.items()
     ]
-    return {"items": sorted(items, key=lambda item: item["name"])}
+    return {"items": sorted(items, key=lambda item: item["name"]), "owner": runner.owner}
 
 
 def _describe(agent: Any) -> str | None:

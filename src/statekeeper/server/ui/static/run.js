@@ -144,14 +144,17 @@ function checkpointsTable(items, act, canRun) {
     h("thead", {}, h("tr", {}, ["Step", "Status", "At", ""].map((t) => h("th", { scope: "col" }, t)))),
     h("tbody", {}, items.flatMap((cp) => {
       const ref = cp.step ?? cp.seq;
-      const fork = h("button", { type: "button", class: "small", "aria-label": `Fork a new run from step ${ref}` }, "Fork");
-      fork.title = "Start a new run from this checkpoint (paused, for you to resume)";
-      fork.addEventListener("click", () => act("fork", { at: ref }, [fork]));
+      const corrupt = cp.status === "corrupt"; // nothing to fork from
+      const fork = corrupt ? null : h("button", { type: "button", class: "small", "aria-label": `Fork a new run from step ${ref}` }, "Fork");
+      if (fork) {
+        fork.title = "Start a new run from this checkpoint (paused, for you to resume)";
+        fork.addEventListener("click", () => act("fork", { at: ref }, [fork]));
+      }
       const row = h("tr", { "data-seq": String(ref) },
         h("td", { class: "num", title: `turn ${cp.turn ?? "?"}` }, String(cp.step ?? "")),
         h("td", {}, statusBadge(cp.status)),
         h("td", { class: "muted" }, h("time", { datetime: cp.at || "" }, when(cp.at || cp.created_at))),
-        h("td", { class: "cp-actions" }, fork, canRun && cp.status !== "corrupt" ? forkWithInput(ref, act) : null));
+        h("td", { class: "cp-actions" }, fork, canRun && !corrupt ? forkWithInput(ref, act) : null));
       return [row];
     }))));
 }
@@ -220,12 +223,15 @@ function header(run, act, canRun) {
 
 /** What the follow-up box offers for a run's status: its buttons (label, mode, hint) or
  * why it cannot take a follow-up now. */
-export function followupOffer(run) {
+export function followupOffer(run, owner) {
   const status = run.status;
   if ((run.pending || []).length || status === "waiting_for_approval") {
     return { blocked: "A tool call waits for a decision: approve or reject it first; a message now would land between the call and its result." };
   }
   if (status === "running" || status === "initializing") {
+    if (run.owner && owner && run.owner !== owner) {
+      return { blocked: `Another process (${run.owner}) drives this run: only it can take a follow-up now. Cancel it, or send one when it stops.` };
+    }
     return {
       hint: "Steer: the run reads it at its next step. Queue: it goes on with it once it stops.",
       buttons: [["Steer", "steer", "primary"], ["Queue", "queue", ""]],
@@ -264,6 +270,7 @@ export function renderRun(main, runId) {
     side));
   let run = null;
   let canRun = false; // the server has an --app: it can run agents
+  let serverOwner = null; // the lease owner of the runs it drives (and can steer)
   let followKey = null;
   let notice = "";
   let pendingKey = null;
@@ -351,7 +358,7 @@ export function renderRun(main, runId) {
   function drawFollowup() {
     followBox.hidden = !canRun;
     if (!canRun) return;
-    const offer = followupOffer(run);
+    const offer = followupOffer(run, serverOwner);
     const key = JSON.stringify(offer);
     if (key === followKey) return;
     followKey = key;
@@ -436,7 +443,9 @@ export function renderRun(main, runId) {
 
   (async () => {
     try {
-      canRun = await api("/agents").then(() => true, () => false);
+      const app = await api("/agents").catch(() => null);
+      canRun = Boolean(app);
+      serverOwner = app && app.owner;
       const items = await allEvents();
       addEvents(items.map((e) => ({ id: e.id === undefined ? null : String(e.id), type: e.type, data: e })));
       await refresh();
