@@ -14,7 +14,7 @@ from statekeeper.errors import InvalidIdError
 from statekeeper.ids import validate_id
 from statekeeper.longterm.rules import check_label
 from statekeeper.server import ServerConfig, create_app
-from statekeeper.server.links import ID_PATTERN, LABEL_PATTERN, LINKS
+from statekeeper.server.links import ID_PATTERN, LABEL_PATTERN, LINKS, MAX_WHOLE
 
 ID_CHARS = st.text(alphabet="aZ09._:@-/ \u00e9\x00\n", max_size=12)
 
@@ -101,3 +101,16 @@ def test_the_other_statuses_of_resume_and_fork_are_declared(description: dict[st
     runs = description["paths"]
     assert {"200", "202"} <= set(runs["/api/v1/runs/{run_id}/resume"]["post"]["responses"])
     assert {"201", "202"} <= set(runs["/api/v1/runs/{run_id}/fork"]["post"]["responses"])
+
+
+def test_every_integer_of_the_input_declares_the_largest_whole_number(
+    description: dict[str, Any],
+) -> None:
+    # So a fuzzer's invalid input tries 2**63 (10**20 tokens in a message was a 500).
+    seq = description["paths"]["/api/v1/sessions/{session_id}/entries"]["get"]["parameters"][1]
+    assert seq["name"] == "after_seq"
+    assert seq["schema"]["maximum"] == MAX_WHOLE
+    message = description["components"]["schemas"]["Append"]["properties"]["messages"]["items"]
+    assert message["properties"]["tokens"]["anyOf"][0]["maximum"] == MAX_WHOLE
+    limit = description["paths"]["/api/v1/runs"]["get"]["parameters"][2]
+    assert (limit["name"], limit["schema"]["maximum"]) == ("limit", 500)  # its own kept

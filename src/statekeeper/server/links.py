@@ -9,7 +9,15 @@ from typing import Any, Final
 
 from statekeeper.ids import MAX_ID_LENGTH
 
-__all__ = ["ID_PARAMETERS", "ID_PATTERN", "LINKS", "add_id_patterns", "add_links"]
+__all__ = [
+    "ID_PARAMETERS",
+    "ID_PATTERN",
+    "LABEL_PATTERN",
+    "LINKS",
+    "MAX_WHOLE",
+    "add_id_patterns",
+    "add_links",
+]
 
 ID_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_:@-]*(\.[A-Za-z0-9_:@-]+)*\.?$"
 """`validate_id`'s rule as a JSON Schema pattern: letters, digits and ``. _ : @ -``,
@@ -44,6 +52,8 @@ _RUN_USES: Final = [
     ("post", f"{_RUN}/cancel"),
     ("post", f"{_RUN}/limits"),
     ("post", f"{_RUN}/fork"),
+    ("post", f"{_RUN}/followups"),
+    ("get", _RUN + "/checkpoints/{step}"),
     ("post", "/api/v1/subagents/{run_id}/kill"),
     ("post", "/api/v1/subagents/{run_id}/steer"),
 ]
@@ -68,6 +78,7 @@ LINKS: Final[list[tuple[str, str, str, Uses, dict[str, Any]]]] = [
     ("post", "/api/v1/sessions/import", "201", _SESSION_USES, _MADE),
     ("get", _RUN, "200", [("get", _SESSION)], _MADE),
     ("get", _RUN, "200", [("post", f"{_RUN}/approve"), ("post", f"{_RUN}/reject")], _PENDING),
+    ("post", "/api/v1/runs", "202", _RUN_USES, {"run_id": "$response.body#/run_id"}),
     ("get", "/api/v1/runs", "200", _RUN_USES, {"run_id": "$response.body#/items/0/run_id"}),
     ("post", f"{_RUN}/fork", "201", _RUN_USES, {"run_id": "$response.body#/run_id"}),
     ("post", f"{_RUN}/fork", "202", _RUN_USES, {"run_id": "$response.body#/run_id"}),
@@ -131,9 +142,27 @@ def _labels(schema: dict[str, Any]) -> None:
         schema["items"].setdefault("pattern", LABEL_PATTERN)
 
 
+_ANSWERS: Final = frozenset({"SubagentStatus", "ErrorBody", "ErrorDetail"})
+"""The components that are answers, not input."""
+MAX_WHOLE: Final = 2**63 - 1
+"""The largest whole number the API takes (every backend's integers hold it)."""
+
+
+def _bounded(schema: Any) -> None:
+    """Every integer in ``schema`` (at any depth) with `MAX_WHOLE` as its maximum."""
+    if isinstance(schema, dict):
+        if schema.get("type") == "integer":
+            schema.setdefault("maximum", MAX_WHOLE)
+        for value in schema.values():
+            _bounded(value)
+    elif isinstance(schema, list):
+        for value in schema:
+            _bounded(value)
+
+
 def add_id_patterns(description: dict[str, Any]) -> dict[str, Any]:
-    """``description`` with `ID_PATTERN` on the `ID_PARAMETERS` and `LABEL_PATTERN` on a
-    memory's namespace labels, in place."""
+    """``description`` with `ID_PATTERN` on the `ID_PARAMETERS`, `LABEL_PATTERN` on a
+    memory's namespace labels and `MAX_WHOLE` on every integer of the input, in place."""
     for path, operations in description.get("paths", {}).items():
         if path.endswith("/stream"):  # its `key` is the API key, its ids are checked
             continue
@@ -146,10 +175,13 @@ def add_id_patterns(description: dict[str, Any]) -> dict[str, Any]:
                     _id_form(parameter.get("schema", {}))
                 elif name == "namespace" and where == "query":  # a memory's labels
                     _labels(parameter.get("schema", {}))
+                _bounded(parameter.get("schema"))
     for title, schema in description.get("components", {}).get("schemas", {}).items():
         for name, field in schema.get("properties", {}).items():
             if name in ID_PARAMETERS and title != "SubagentStatus":  # an answer, not input
                 _id_form(field)
             elif name == "namespace" and title == "MemoryWrite":
                 _labels(field)
+        if title not in _ANSWERS:
+            _bounded(schema)
     return description
