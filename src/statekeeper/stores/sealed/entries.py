@@ -20,15 +20,33 @@ import asyncio
 import random
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple, Protocol
 
 from statekeeper.errors import ConflictError, NotFoundError
-from statekeeper.stores.base import AppendResult, Entry, EntryDraft, SessionRecord
+from statekeeper.stores.base import AppendResult, Entry, EntryDraft, SessionRecord, Store
 from statekeeper.stores.rules import corrupt_entry
 from statekeeper.stores.sealed.keyring import bindings
 
-if TYPE_CHECKING:
-    from statekeeper.stores.sealed.store import SealedStore
+
+class SealedStore(Protocol):
+    """What the appends of this module use of `statekeeper.stores.sealed.store.SealedStore`
+    (a protocol, so that module imports this one and not the other way round)."""
+
+    wrapped: Store
+    heads: dict[tuple[str, str], Head]
+    appending: dict[tuple[int, str, str], tuple[asyncio.Lock, list[int]]]
+
+    def seal_entry(
+        self,
+        tenant: str,
+        session_id: str,
+        entry_id: str,
+        kind: str,
+        payload: Any,
+        seq: int,
+        parent: int | None,
+    ) -> tuple[str, dict[str, Any]]: ...
+
 
 __all__ = ["MISSING_ID", "Head", "entry_bindings", "missing_parents", "positions"]
 
