@@ -238,3 +238,29 @@ async def test_a_run_another_process_drives_is_not_offered_a_follow_up(
             await expect(badge).to_have_text("cancelled", timeout=WAIT)
         finally:
             await work
+
+
+async def test_a_checkpoint_at_a_limit_is_not_forked_to_run(
+    browser: Any, ui_server: UIServer, shots: Path | None
+) -> None:
+    from server.steer_app import make_runner
+
+    async with await open_store(ui_server.store_url) as store:
+        runner = make_runner(store, ui_server.tenant)
+        limits = Limits(iterations=IterationFlag(maximum=1))
+        paused = await runner.start("listener", "ask", headless=False, limits=limits)
+        steps = await runner.runs.history(paused.run_id)
+    assert paused.status == "waiting_for_input"
+    last = steps[-1].step
+    page = await signed_in_page(browser, ui_server, f"#/runs/{paused.run_id}")
+    opener = page.get_by_role("button", name=f"With input: fork from step {last} with new input")
+    await opener.focus(timeout=WAIT)
+    await press(page, "Enter")
+    await page.keyboard.type("more")
+    await press(page, "Enter")
+    alert = page.get_by_role("alert")
+    await expect(alert).to_contain_text(f"step {last} is at its iterations limit (1 of 1)")
+    assert paused.run_id in page.url
+    async with await open_store(ui_server.store_url) as store:
+        assert len(await make_runner(store, ui_server.tenant).runs.list()) == 1  # no fork
+    await shot(page, shots, "run-fork-at-limit")

@@ -331,9 +331,24 @@ export function renderRun(main, runId) {
     return items;
   }
 
+  // A fork that is to run at once from a checkpoint at a limit would stop before its
+  // first step (the fork API creates it anyway): refused here, saying what works.
+  async function checkForkRoom(body) {
+    const cp = await api(`${runPath(runId)}/checkpoints/${body.at}`).catch(() => null);
+    if (!cp || cp.status === "waiting_for_approval") return;
+    const full = (cp.limits || []).find((l) => l.limit !== null && l.limit !== undefined
+      && Number(l.current) >= Number(l.limit));
+    if (full) {
+      throw new ApiError(409, "LimitReachedError", `step ${body.at} is at its ${full.name} limit `
+        + `(${fmt(full.current)} of ${fmt(full.limit)}), so a fork of it cannot run: use Fork (the new run `
+        + "waits, paused), raise its limit there, then resume it; or fork an earlier step");
+    }
+  }
+
   async function act(action, body, buttons) {
     for (const b of buttons) b.disabled = true;
     try {
+      if (action === "fork" && body.run) await checkForkRoom(body);
       const result = await post(action, body);
       announce(`${action} done for run ${shortId(runId)}`);
       if (action === "followups" && result) {
