@@ -165,6 +165,23 @@ async def test_a_run_waiting_for_input_resumes_with_the_follow_up(steer: Live) -
     assert done["output"] == {"heard": ["ask", "stop"]}
 
 
+async def test_a_run_starts_on_a_session_only_when_no_run_is_going_on_it(steer: Live) -> None:
+    async with steer.client() as client:
+        first = await start(client, "listener", "ask")
+        await until(client, first["run_id"], lambda r: r["status"] == "waiting_for_input")
+        busy = await client.post(
+            "/api/v1/runs",
+            json={"agent": "listener", "input": "hi", "session_id": first["session_id"]},
+        )
+        await client.post(f"/api/v1/runs/{first['run_id']}/cancel")
+        second = await start(client, "listener", "stop", session_id=first["session_id"])
+        done = await until(client, second["run_id"], lambda r: r["status"] == "completed")
+    assert busy.status_code == 409
+    assert "followups" in busy.json()["error"]["message"]
+    assert second["session_id"] == first["session_id"]
+    assert done["output"] == {"heard": ["ask", "stop"]}  # the conversation went on
+
+
 async def test_follow_ups_that_cannot_be_taken_are_refused_saying_why(steer: Live) -> None:
     async with steer.client() as client:
         waiting = await start(client, "support", "Refund order 1042.")
