@@ -294,6 +294,12 @@ def test_cli_starts_a_run_and_sends_follow_ups(tmp_path: Any) -> None:
     assert json.loads(forked.output)["outcome"] == "forked"
     waiting = cli.invoke(app, [*store, "runs", "start", "support", "Refund 1042.", "--app", APP])
     waiting_id = json.loads(waiting.output)["run_id"]
+    session = json.loads(waiting.output)["session_id"]
+    busy = cli.invoke(
+        app, [*store, "runs", "start", "listener", "hi", "--session", session, "--app", APP]
+    )
+    assert busy.exit_code == 1
+    assert "has a run that has not finished" in busy.output
     refused = cli.invoke(app, [*store, "runs", "followup", waiting_id, "hurry", "--app", APP])
     assert refused.exit_code == 1
     assert "approve or reject" in refused.output

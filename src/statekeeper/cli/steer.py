@@ -17,7 +17,7 @@ from statekeeper.cli.runs import AppSpec, RunId, load_app, make_runner
 from statekeeper.core.limits import BudgetFlag, IterationFlag, Limits, TimeFlag, TokenFlag
 from statekeeper.errors import StatekeeperError
 from statekeeper.runs.results import RunResult
-from statekeeper.runs.steering import plan_followup
+from statekeeper.runs.steering import check_session_idle, plan_followup
 from statekeeper.stores import Store
 
 __all__ = ["followup", "start"]
@@ -66,6 +66,7 @@ def _report(done: _Outcome, json_output: bool, ctx: typer.Context) -> None:
                 "outcome": done.outcome,
                 "mode": done.mode,
                 "run_id": result.run_id,
+                "session_id": result.state.session_id,
                 "status": result.status,
                 "output": result.output,
                 "new_messages": [m.to_dict() for m in result.new_messages],
@@ -109,6 +110,8 @@ def start(
     async def work(store: Store, tenant: str) -> _Outcome:
         runner = await make_runner(factory, app_spec, store, tenant)
         limits = _limits(iterations, budget, tokens, seconds)
+        if session_id is not None:
+            await check_session_idle(runner, session_id)
         started = runner.start(agent, input_text, session_id=session_id, title=title, limits=limits)
         return _Outcome("started", None, await _drive(started, f"the run of {agent}"))
 

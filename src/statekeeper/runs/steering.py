@@ -34,7 +34,13 @@ from statekeeper.runs.results import RunResult
 from statekeeper.runs.runner import Runner
 from statekeeper.runtime.followups import FollowupMode, FollowupQueue
 
-__all__ = ["FollowupPlan", "attach_followups", "continue_session", "plan_followup"]
+__all__ = [
+    "FollowupPlan",
+    "attach_followups",
+    "check_session_idle",
+    "continue_session",
+    "plan_followup",
+]
 
 _ALL = 100_000  # runs of one session scanned for its newest
 
@@ -74,6 +80,20 @@ async def continue_session(runner: Runner, session_id: str, message: Message) ->
     plan = await plan_followup(runner, runs[-1].run_id, message.text, "queue")
     if plan.work is not None:
         await plan.work
+
+
+async def check_session_idle(runner: Runner, session_id: str) -> None:
+    """`ConflictError` when a run that has not finished uses the session: a new run on it
+    would interleave its messages with that run's (send that run a follow-up instead)."""
+    runs = await runner.runs.list(session_id=session_id, limit=_ALL)
+    live = [index for index in runs if index.status not in FINISHED]
+    if live:
+        named = ", ".join(f"{i.run_id} ({i.status})" for i in live[:3])
+        raise ConflictError(
+            f"session {session_id!r} has a run that has not finished: {named}; send it a "
+            f"follow-up (`statekeeper runs followup {live[0].run_id} TEXT`, POST "
+            f"/api/v1/runs/{live[0].run_id}/followups), or let it finish or cancel it first"
+        )
 
 
 def _mode(mode: str) -> FollowupMode:

@@ -13,12 +13,11 @@ from fastapi import APIRouter, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from statekeeper.core.limits import BudgetFlag, IterationFlag, Limits, TimeFlag, TokenFlag
-from statekeeper.errors import ConflictError, NotFoundError
+from statekeeper.errors import NotFoundError
 from statekeeper.ids import new_id
-from statekeeper.runs.lifecycle import FINISHED
 from statekeeper.runs.loop import find_agent
 from statekeeper.runs.runner import Runner
-from statekeeper.runs.steering import attach_followups, plan_followup
+from statekeeper.runs.steering import attach_followups, check_session_idle, plan_followup
 from statekeeper.server.auth import Context, Operator, Reader
 from statekeeper.server.routes_runs import detail
 
@@ -26,7 +25,6 @@ __all__ = ["router"]
 
 router = APIRouter(tags=["control"])
 _STARTING = 500  # at most this many yields of the loop waiting for a new run's index
-_ALL = 100_000  # runs of one session scanned
 
 
 class _Body(BaseModel):
@@ -87,20 +85,6 @@ def _describe(agent: Any) -> str | None:
     return text if isinstance(text, str) and text else None
 
 
-async def _check_idle(runner: Runner, session_id: str) -> None:
-    """`ConflictError` when a run that has not finished uses the session: two runs on one
-    conversation would interleave their messages."""
-    runs = await runner.runs.list(session_id=session_id, limit=_ALL)
-    live = [index for index in runs if index.status not in FINISHED]
-    if live:
-        named = ", ".join(f"{i.run_id} ({i.status})" for i in live[:3])
-        raise ConflictError(
-            f"session {session_id!r} has a run that has not finished: {named}; send it a "
-            f"follow-up (POST /api/v1/runs/{live[0].run_id}/followups), or let it finish or "
-            "cancel it, then start another"
-        )
-
-
 async def _await(work: asyncio.Future[Any]) -> Any:
     return await work
 
@@ -113,7 +97,7 @@ async def start_run(body: Start, caller: Operator, context: Context) -> Any:
     find_agent(runner.agents, body.agent)
     if body.session_id is not None:
         await runner.sessions.get(body.session_id)  # a missing session: 404 before anything
-        await _check_idle(runner, body.session_id)
+        await check_session_idle(runner, body.session_id)
     run_id = new_id("run")
     task = asyncio.ensure_future(
         runner.start(
