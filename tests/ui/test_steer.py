@@ -68,7 +68,10 @@ async def test_start_from_the_board_then_steer_and_queue_by_keyboard(
     agent = page.get_by_label("Agent to run")
     await expect(agent).to_be_focused()
     await agent.select_option("listener")
-    await press(page, "Tab", 2)  # title, input
+    await press(page, "Tab", 2)  # title, most steps
+    await expect(page.get_by_label("Most steps")).to_be_focused()
+    await page.keyboard.type("50")
+    await press(page, "Tab", 2)  # budget, input
     await expect(page.locator("#new-input")).to_be_focused()
     await page.keyboard.type("hello")
     await shot(page, shots, "board-new-run")
@@ -82,6 +85,9 @@ async def test_start_from_the_board_then_steer_and_queue_by_keyboard(
     timeline = page.locator(".timeline")
     await expect(timeline.get_by_text("heard: hello")).to_be_visible(timeout=WAIT)
     run_id = page.url.rsplit("/", 1)[-1]
+    await expect(
+        page.locator(".card", has_text="Limits").locator("tbody tr").first
+    ).to_contain_text(re.compile("iterations.*50"))
     # Running: Resume is offered disabled, saying why; the box steers or queues.
     resume = page.locator("#resume-run")
     await expect(resume).to_have_attribute("aria-disabled", "true")

@@ -114,12 +114,16 @@ function newRunForm(agents) {
     agents.map((a) => h("option", { value: a.name }, a.description ? `${a.name} — ${a.description}` : a.name)));
   const input = h("textarea", { id: "new-input", rows: "3", required: true, autocomplete: "off" });
   const title = h("input", { id: "new-title", type: "text", autocomplete: "off", placeholder: "optional" });
+  const steps = h("input", { id: "new-steps", type: "number", min: "1", step: "1", placeholder: "default", class: "narrow" });
+  const budget = h("input", { id: "new-budget", type: "number", min: "0", step: "any", placeholder: "default", class: "narrow" });
   const go = h("button", { type: "submit", class: "primary" }, "Start");
   const form = h("form", { class: "card new-run", id: "new-run", "aria-labelledby": "new-run-title", hidden: true },
     h("h2", { id: "new-run-title" }, "New run"),
     h("div", { class: "new-run-fields" },
       h("label", { for: "new-agent" }, "Agent to run", agent),
-      h("label", { for: "new-title" }, "Title", title)),
+      h("label", { for: "new-title" }, "Title", title),
+      h("label", { for: "new-steps" }, "Most steps", steps),
+      h("label", { for: "new-budget" }, "Budget", budget)),
     h("label", { for: "new-input" }, "Input"), input,
     h("div", { class: "followup-actions" }, go));
   form.addEventListener("submit", async (event) => {
@@ -130,7 +134,12 @@ function newRunForm(agents) {
     }
     go.disabled = true;
     try {
-      const run = await api("/runs", { method: "POST", body: { agent: agent.value, input: input.value, title: title.value || undefined } });
+      const limits = {};
+      if (steps.value) limits.iterations = Number(steps.value);
+      if (budget.value) limits.budget = Number(budget.value);
+      const body = { agent: agent.value, input: input.value, title: title.value || undefined };
+      if (Object.keys(limits).length) body.limits = limits;
+      const run = await api("/runs", { method: "POST", body });
       announce(`Started run ${shortId(run.run_id)}`);
       window.location.hash = `#/runs/${encodeURIComponent(run.run_id)}`;
     } catch (err) {
