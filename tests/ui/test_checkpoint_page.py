@@ -24,7 +24,10 @@ async def test_a_checkpoint_is_shown_then_edited_and_forked_from_the_keyboard(
         started = await runner.start("support", "Refund order 1042.", headless=False)
         steps = [c.step for c in await runner.runs.history(started.run_id)]
     last = steps[-1]
-    page = await signed_in_page(browser, ui_server, f"#/runs/{started.run_id}/checkpoints/{last}")
+    page = await signed_in_page(browser, ui_server, f"#/runs/{started.run_id}")
+    # The run page's checkpoints link to each one's page.
+    await page.get_by_role("link", name=f"State at step {last}: view, edit and rerun").click()
+    await expect(page).to_have_url(re.compile(f"#/runs/{started.run_id}/checkpoints/{last}$"))
     heading = page.get_by_role("heading", level=1)
     await expect(heading).to_contain_text(f"Step {last}", timeout=WAIT)
     await expect(heading.locator(".badge")).to_have_text("waiting for approval")

@@ -138,7 +138,7 @@ function decisionsList(logged, pending) {
     d.reason ? h("div", { class: "muted" }, `reason: ${d.reason}`) : null)));
 }
 
-function checkpointsTable(items, act, canRun) {
+function checkpointsTable(runId, items, act, canRun) {
   if (!items.length) return h("p", { class: "muted" }, "No checkpoints yet.");
   return h("div", { class: "scroll short" }, h("table", { class: "compact cps" },
     h("thead", {}, h("tr", {}, ["Step", "Status", "At", ""].map((t) => h("th", { scope: "col" }, t)))),
@@ -151,7 +151,9 @@ function checkpointsTable(items, act, canRun) {
         fork.addEventListener("click", () => act("fork", { at: ref }, [fork]));
       }
       const row = h("tr", { "data-seq": String(ref) },
-        h("td", { class: "num", title: `turn ${cp.turn ?? "?"}` }, String(cp.step ?? "")),
+        h("td", { class: "num", title: `turn ${cp.turn ?? "?"}` }, corrupt ? String(cp.step ?? "")
+          : h("a", { href: `#${runPath(runId)}/checkpoints/${ref}`, "aria-label": `State at step ${ref}: view, edit and rerun` },
+            String(cp.step ?? ""))),
         h("td", {}, statusBadge(cp.status)),
         h("td", { class: "muted" }, h("time", { datetime: cp.at || "" }, when(cp.at || cp.created_at))),
         h("td", { class: "cp-actions" }, fork, canRun && !corrupt ? forkWithInput(ref, act) : null));
@@ -433,7 +435,7 @@ export function renderRun(main, runId) {
         h("h2", { id: "limits-title" }, "Limits"), limitsTable(run, act),
         h("h2", {}, "Metrics"), metricsList(run.metrics)),
       h("section", { class: "card", "aria-labelledby": "cp-title" },
-        h("h2", { id: "cp-title" }, "Checkpoints"), checkpointsTable(checkpoints.items || [], act, canRun)),
+        h("h2", { id: "cp-title" }, "Checkpoints"), checkpointsTable(runId, checkpoints.items || [], act, canRun)),
       h("section", { class: "card", "aria-labelledby": "children-title" },
         h("h2", { id: "children-title" }, "Delegated runs"),
         childTree(run.children) || h("p", { class: "muted" }, "No child runs.")),
