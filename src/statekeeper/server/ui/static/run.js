@@ -120,7 +120,7 @@ function metricsList(metrics) {
 function childTree(children) {
   if (!children || !children.length) return null;
   return h("ul", { class: "tree" }, children.map((c) => h("li", {},
-    h("a", { href: `#${runPath(c.run_id)}`, title: c.run_id }, shortId(c.run_id)), " ",
+    h("a", { href: `#${runPath(c.run_id)}`, class: "id" }, c.run_id), " ",
     statusBadge(c.status), " ", h("span", { class: "muted" }, `${c.agent || ""} · step ${c.step ?? 0} · ${money(c.cost_usd)}`),
     childTree(c.children))));
 }
@@ -215,10 +215,10 @@ function header(run, act, canRun) {
         `step ${run.step ?? 0} · ${money(run.cost_usd)}`,
         run.budget_usd !== null && run.budget_usd !== undefined ? ` of ${money(run.budget_usd)}` : "",
         " · session ",
-        h("a", { href: `#/sessions/${encodeURIComponent(run.session_id)}` }, shortId(run.session_id)),
-        run.parent_run_id ? [" · child of ", h("a", { href: `#${runPath(run.parent_run_id)}` }, shortId(run.parent_run_id))] : "",
+        h("a", { href: `#/sessions/${encodeURIComponent(run.session_id)}`, class: "id" }, run.session_id),
+        run.parent_run_id ? [" · child of ", h("a", { href: `#${runPath(run.parent_run_id)}`, class: "id" }, run.parent_run_id)] : "",
         run.forked_from ? [" · forked from ", h("a", { href: `#${runPath(run.forked_from.run_id)}`, class: "forked-from" },
-          shortId(run.forked_from.run_id)), ` at step ${run.forked_from.step}`] : "",
+          run.forked_from.run_id), ` at step ${run.forked_from.step}`] : "",
         ` · updated ${when(run.updated_at)}`)),
     h("div", { class: "actions" }, actions));
 }

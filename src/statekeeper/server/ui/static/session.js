@@ -9,7 +9,7 @@ import { announce, clear, h, keepFocus, pretty, problem, put, s, setLive, shortI
 const ROW = 60;
 const LANE = 22;
 const CATEGORIES = ["system", "context", "dialog", "system_output"];
-const sessionLink = (id, text) => h("a", { href: `#/sessions/${encodeURIComponent(id)}`, title: id }, text || shortId(id));
+const sessionLink = (id, text) => h("a", { href: `#/sessions/${encodeURIComponent(id)}`, class: text ? undefined : "id" }, text || id);
 
 const POLL_MS = 5000; // sessions written outside a run make no event: look again this often
 
@@ -341,5 +341,5 @@ function runsLine(session) {
   const runs = session.runs || [];
   if (!runs.length) return null;
   return h("p", { class: "runs-line" }, "Runs on this session: ", runs.map((r) => h("span", { class: "run-ref" },
-    h("a", { href: `#/runs/${encodeURIComponent(r.run_id)}`, title: r.run_id }, shortId(r.run_id)), " ", statusBadge(r.status))));
+    h("a", { href: `#/runs/${encodeURIComponent(r.run_id)}`, class: "id" }, r.run_id), " ", statusBadge(r.status))));
 }
