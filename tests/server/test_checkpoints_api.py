@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from statekeeper.core.limits import IterationFlag, Limits
+from statekeeper.demo_app import make_runner
 from statekeeper.stores import Store
 
 from .conftest import Live
@@ -42,3 +44,28 @@ async def test_a_checkpoint_shows_its_state_and_forks_with_edits(
         again = (await reader.get(f"/api/v1/runs/{fork_id}/checkpoints/1")).json()
     assert again["state"]["metadata"]["note"] == "edited"
     assert again["state"]["metadata"]["forked_from"] == {"run_id": run_id, "step": steps[-1]}
+
+
+async def test_a_fork_to_run_with_no_room_is_refused_and_leaves_nothing(
+    live: Live, db: tuple[str, Store]
+) -> None:
+    runner = make_runner(db[1], "acme")
+    paused = await runner.start(
+        "support",
+        "Where is it?",
+        headless=False,
+        limits=Limits(iterations=IterationFlag(maximum=1)),
+    )
+    assert paused.status == "paused"
+    last = (await runner.runs.history(paused.run_id))[-1].step
+    before = {r.run_id for r in await runner.runs.list()}
+    async with live.client("operate") as operator:
+        refused = await operator.post(
+            f"/api/v1/runs/{paused.run_id}/fork", json={"at": last, "run": True, "input": "go"}
+        )
+        made = await operator.post(f"/api/v1/runs/{paused.run_id}/fork", json={"at": last})
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["error"]["type"] == "LimitReachedError"
+    assert "no room under its limits" in refused.json()["error"]["message"]
+    after = {r.run_id for r in await runner.runs.list()}
+    assert after - before == {made.json()["run_id"]}  # only the fork not asked to run

@@ -269,6 +269,36 @@ class Runner:
             active.new_input = new_input
             return await self.loop.drive(active)
 
+    async def create_fork(
+        self,
+        run_id: str,
+        *,
+        at: int | None = None,
+        state_update: Mapping[str, Any] | None = None,
+        new_run_id: str | None = None,
+        title: str | None = None,
+    ) -> RunState:
+        """`RunStore.fork` for a fork that is to run at once: refused with
+        `LimitReachedError`, leaving nothing behind, when the new run has no room under
+        its limits to take a step (`fork` and the server's ``fork`` with ``run`` use it)."""
+        state = await self.runs.fork(
+            run_id, at=at, state_update=state_update, new_run_id=new_run_id, title=title
+        )
+        found = None if state.status in _DECIDING else reached(state.limits)
+        if found is not None:
+            # Refused before it ran: the new run and its session go, leaving no orphan.
+            await self.runs.delete(state.run_id)
+            with contextlib.suppress(NotFoundError):
+                await self.sessions.delete(state.session_id)
+            _, flag = found
+            hint = (
+                f"the fork of run {run_id} has no room under its limits, so it was not "
+                f"created; fork with more room, e.g. state_update={{'limits': ...}}, or "
+                f"fork at an earlier step"
+            )
+            raise LimitReachedError(flag.name, flag.current, flag.maximum or 0.0, hint=hint)
+        return state
+
     async def fork(
         self,
         run_id: str,
@@ -287,22 +317,9 @@ class Runner:
         copied), the checkpoint's state edited by ``state_update``, and ``input`` as new
         input; the original run is untouched. `RunStore.fork` only creates the new run.
         """
-        state = await self.runs.fork(
+        state = await self.create_fork(
             run_id, at=at, state_update=state_update, new_run_id=new_run_id, title=title
         )
-        found = None if state.status in _DECIDING else reached(state.limits)
-        if found is not None:
-            # Refused before it ran: the new run and its session go, leaving no orphan.
-            await self.runs.delete(state.run_id)
-            with contextlib.suppress(NotFoundError):
-                await self.sessions.delete(state.session_id)
-            _, flag = found
-            hint = (
-                f"the fork of run {run_id} has no room under its limits, so it was not "
-                f"created; fork with more room, e.g. state_update={{'limits': ...}}, or "
-                f"fork at an earlier step"
-            )
-            raise LimitReachedError(flag.name, flag.current, flag.maximum or 0.0, hint=hint)
         return await self.resume(state.run_id, input, context=context)
 
     async def _open(

@@ -357,7 +357,9 @@ async def fork(
 ) -> Any:
     """A new run from a checkpoint of this one (``run``: resumed in the background)."""
     runner = await context.runner(caller.tenant, agents=body.run)
-    state = await runner.runs.fork(
+    # A fork to run at once is refused, leaving nothing, when it has no room to step.
+    create = runner.create_fork if body.run else runner.runs.fork
+    state = await create(
         run_id,
         at=body.at,
         state_update=body.state_update,
