@@ -2,12 +2,14 @@
 
 python -m bench              # all of them
 python -m bench sessions redis ...  # the named ones (see SUITES below)
+python -m bench load --sessions 200 --seconds 15  # options after the name go to that suite
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib
+import itertools
 import sys
 
 SUITES = {
@@ -29,12 +31,18 @@ SUITES = {
     "floor": "the SQL floor of an append: raw insert, our statements alone, Session.append",
     "instructions": "instructions per append (callgrind): Session.append vs raw sqlite3",
     "threads": "one store from 8 threads with their own loops vs 8 tasks on one loop",
+    "load": "many agent sessions through 2 server processes vs the library and raw psycopg",
 }
+TAKE_OPTIONS = {"load"}  # suites with a `configure(argv)`: `python -m bench load --sessions 200`
 
 
 def main(argv: list[str]) -> int:
     """Run the chosen suites, report, and exit non-zero if a target was missed."""
-    chosen = argv or list(SUITES)
+    names = list(itertools.takewhile(lambda arg: not arg.startswith("-"), argv))
+    chosen, options = names or list(SUITES), argv[len(names) :]
+    if options and not (len(names) == 1 and names[0] in TAKE_OPTIONS):
+        print(f"options {' '.join(options)!r} go after one suite that takes them (load)")
+        return 2
     failed: list[str] = []
     for name in chosen:
         if name not in SUITES:
@@ -45,6 +53,8 @@ def main(argv: list[str]) -> int:
         except ModuleNotFoundError:
             print(f"\n== {SUITES[name]} ==\n(not available in this checkout)")
             continue
+        if options:  # only a suite with a `configure(argv)` takes options
+            module.configure(options)
         print(f"\n== {SUITES[name]} ==")
         failed += [f"{name}: {m}" for m in module.report(asyncio.run(module.run()))]
     if failed:
