@@ -72,6 +72,14 @@ def serve(
         int,
         typer.Option(min=1024, help="The largest request body taken; larger ones get a 413."),
     ] = 32 * 1024 * 1024,
+    shutdown_grace: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            help="On SIGTERM, seconds to let the runs this server drives finish; then they "
+            "stop with their leases released, for another server to resume at once.",
+        ),
+    ] = 10.0,
 ) -> None:
     """Serve the HTTP API, live events and the control UI over the store."""
     _server()
@@ -91,6 +99,7 @@ def serve(
         cors_origins=tuple(cors_origin or ()),
         poll_interval=poll_interval,
         max_body_bytes=max_body_bytes,
+        shutdown_grace=shutdown_grace,
     )
     _run_server(config, host, port)
 
@@ -113,7 +122,7 @@ def _run_server(config: Any, host: str, port: int) -> None:
         port=port,
         log_level="warning",
         access_log=False,  # a stream URL may carry ?key=: never log request lines
-        timeout_graceful_shutdown=2,
+        timeout_graceful_shutdown=2,  # open requests and streams; then runs get their grace
     )
 
 

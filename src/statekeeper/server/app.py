@@ -50,6 +50,8 @@ class ServerConfig:
     poll_interval: float = 0.25
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     """A request body over this is a 413, refused before it is read (and before auth)."""
+    shutdown_grace: float = 10.0
+    """Seconds a stopping server lets the runs it drives finish before it releases them."""
 
 
 def check_host(host: str, dev_anonymous: bool) -> None:
@@ -112,6 +114,7 @@ def create_app(config: ServerConfig) -> FastAPI:
     from statekeeper.server import (
         routes_checkpoints,
         routes_control,
+        routes_health,
         routes_memories,
         routes_runs,
         routes_runtime,
@@ -132,6 +135,7 @@ def create_app(config: ServerConfig) -> FastAPI:
             config.app,
             anonymous=config.dev_anonymous,
             locations=locations,
+            shutdown_grace=config.shutdown_grace,
         )
         app.state.context = context
         try:
@@ -152,7 +156,7 @@ def create_app(config: ServerConfig) -> FastAPI:
     # Requests are matched against the routes in order: the sessions' (a conversation's
     # appends and reads, the busiest) come first.
     modules = (routes_sessions, routes_runs, routes_checkpoints, routes_control, routes_runtime)
-    for module in (*modules, routes_memories, routes_stream):
+    for module in (*modules, routes_memories, routes_stream, routes_health):
         app.include_router(module.router, prefix=API_PREFIX, responses=ERROR_RESPONSES)
     app.add_middleware(BodyLimit, limit=config.max_body_bytes)  # inside CORS: errors readable
     if config.cors_origins:

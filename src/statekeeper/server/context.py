@@ -35,6 +35,11 @@ class ServerContext:
     anonymous: bool = False
     locations: Sequence[str] = ()
     """Spellings of the store's location, kept out of what clients read (`reported`)."""
+    shutdown_grace: float = 10.0
+    """Seconds `aclose` lets background runs finish before it stops them (their leases
+    released, so another server can resume them at once)."""
+    closing: bool = False
+    """Set when shutdown begins: ``/readyz`` answers 503 from then on."""
     keys: ApiKeys = field(init=False)
     _runners: dict[str, Runner] = field(default_factory=dict)
     _plain: dict[str, Runner] = field(default_factory=dict)
@@ -85,13 +90,30 @@ class ServerContext:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def aclose(self) -> None:
-        """Stop background resumes, follow-ups and streams, then close the store."""
+    @property
+    def in_flight(self) -> int:
+        """Background runs (starts, resumes, forks, follow-ups) this server drives now."""
+        return sum(1 for task in self._tasks if not task.done())
+
+    async def aclose(self, grace: float | None = None) -> None:
+        """Graceful shutdown: let background runs finish for up to ``grace`` seconds
+        (`shutdown_grace`), then stop the rest (each run's lease is released as it stops,
+        so any server can resume it at once), stop follow-ups and streams, close the store."""
+        self.closing = True
+        grace = self.shutdown_grace if grace is None else grace
+        pending = {task for task in self._tasks if not task.done()}
+        if pending and grace > 0:
+            _log.warning("shutting down: letting %d running run(s) finish", len(pending))
+            await asyncio.wait(pending, timeout=grace)
         for runner in self._runners.values():
             if runner.coordination.followups is not None:
                 with contextlib.suppress(Exception):
                     await runner.coordination.followups.close(cancel=True)
-        for task in list(self._tasks):
+        left = [task for task in self._tasks if not task.done()]
+        if left:
+            names = ", ".join(sorted(task.get_name().partition(":")[2] for task in left))
+            _log.warning("shutting down: stopping run(s) %s; their leases are released", names)
+        for task in left:
             with contextlib.suppress(Exception):
                 await cancel_and_wait(task)
         await self.hub.aclose()
