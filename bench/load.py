@@ -68,6 +68,7 @@ APP = "statekeeper.demo_app:make_runner"
 TENANT = "load"
 PAGE = 20
 RUN_EVERY = 10  # one turn in RUN_EVERY also runs an agent that stops for approval
+POLL = 0.25  # seconds between reads of a run until it waits for approval (HTTP side)
 RAW_SESSIONS = 200
 POOL = 10  # PostgreSQL pool size: each server's, the library's and raw psycopg's
 TIMEOUT = 60.0
@@ -96,6 +97,8 @@ class Tally:
         self.errors = 0
         self.samples: list[str] = []
         self.elapsed = 0.0
+        self.cpu = 0.0  # CPU seconds of this process (the client; on the library side, all)
+        self.server_cpu = 0.0  # CPU seconds of the server processes
 
     def error(self, exc: BaseException) -> None:
         self.errors += 1
@@ -109,6 +112,8 @@ class Tally:
         self.errors += other.errors
         self.samples += other.samples[: 3 - len(self.samples)]
         self.elapsed += other.elapsed
+        self.cpu += other.cpu
+        self.server_cpu += other.server_cpu
 
     @property
     def rate(self) -> float:
@@ -156,7 +161,7 @@ async def _session(agent: Agent, number: int, deadline: float, runs: bool, tally
 
 async def _drive(agents: list[Agent], seconds: float, runs: bool) -> Tally:
     tally = Tally()
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     deadline = started + seconds
     tasks = [
         asyncio.create_task(_session(agent, n, deadline, runs, tally))
@@ -167,6 +172,7 @@ async def _drive(agents: list[Agent], seconds: float, runs: bool) -> Tally:
         task.cancel()
         tally.error(TimeoutError("a session did not stop"))
     tally.elapsed = time.perf_counter() - started
+    tally.cpu = time.process_time() - cpu
     return tally
 
 
@@ -235,6 +241,14 @@ class Server:
                 await asyncio.sleep(0.05)  # waiting for the server, not timing anything
         raise RuntimeError("the server did not answer within 30 s")
 
+    def cpu(self) -> float:
+        """CPU seconds the server has used (Linux ``/proc``; 0 elsewhere)."""
+        try:
+            fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.terminate()
@@ -275,10 +289,10 @@ class HttpAgent(Agent):
             await self.client.post("/runs", json={"agent": "support", "input": "refund?"}), 202
         )
         path = f"/runs/{run['run_id']}"
-        for _ in range(int(TIMEOUT / 0.05)):
+        for _ in range(int(TIMEOUT / POLL)):
             if run["status"] == "waiting_for_approval":
                 break
-            await asyncio.sleep(0.05)  # the run goes on in the server's background
+            await asyncio.sleep(POLL)  # the run goes on in the server's background
             run = _ok(await self.client.get(path))
         else:
             raise RuntimeError(f"run {path} never waited for approval: {run['status']}")
@@ -299,7 +313,11 @@ async def http_side(store_url: str, servers: int, sessions: int, tmp: Path) -> S
             p.stop()
         raise
     per_server = sessions // servers + 1
-    limits = httpx.Limits(max_connections=per_server, max_keepalive_connections=per_server)
+    # Idle connections are dropped before uvicorn's 5 s keep-alive timeout closes them
+    # (with the same 5 s on both ends, a request can go out on a connection being closed).
+    limits = httpx.Limits(
+        max_connections=per_server, max_keepalive_connections=per_server, keepalive_expiry=2.0
+    )
     clients = [
         httpx.AsyncClient(
             base_url=f"{p.url}/api/v1",
@@ -317,7 +335,10 @@ async def http_side(store_url: str, servers: int, sessions: int, tmp: Path) -> S
         agents.append(HttpAgent(client, session_id))
 
     async def side(seconds: float) -> Tally:
-        return await _drive(agents, seconds, runs=True)
+        before = sum(p.cpu() for p in procs)
+        tally = await _drive(agents, seconds, runs=True)
+        tally.server_cpu = sum(p.cpu() for p in procs) - before
+        return tally
 
     async def close() -> None:
         for c in clients:
@@ -507,12 +528,13 @@ def report(rows: dict[str, Any]) -> list[str]:
     """Print the figures; return the missed targets."""
     verdicts = Verdicts()
     head = f"{'side':<40} {'appends/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'read p50':>8}"
-    print(head + f" {'runs':>5} {'run p50':>8} {'errors':>6}")
+    print(head + f" {'runs':>5} {'run p50':>8} {'errors':>6} {'cpu %':>6} {'srv cpu %':>9}")
     errors = 0
     for name, t in rows.items():
         print(
             f"{name:<40} {t.rate:>9.0f} {_ms(t.appends, 0.5):>8.1f} {_ms(t.appends, 0.99):>8.1f}"
             f" {_ms(t.reads, 0.5):>8.1f} {len(t.runs):>5} {_ms(t.runs, 0.5):>8.1f} {t.errors:>6}"
+            f" {100 * t.cpu / t.elapsed:>6.0f} {100 * t.server_cpu / t.elapsed:>9.0f}"
         )
         for sample in t.samples:
             print(f"    {sample}")
