@@ -11,7 +11,7 @@ import pytest
 
 from statekeeper.core.limits import BudgetFlag, IterationFlag, Limits, TokenFlag
 from statekeeper.core.messages import Message
-from statekeeper.errors import LimitReachedError
+from statekeeper.errors import LimitReachedError, NotFoundError
 from statekeeper.runs import (
     AskInput,
     Finish,
@@ -229,3 +229,15 @@ async def test_a_reservation_whose_child_never_came_is_released_in_time(
     assert freed.state.limits.budget.maximum == pytest.approx(1.0)
     live, _ = await rollup.live_children(runner.runs, parent.run_id)
     assert live.children == {}
+
+
+async def test_deleting_a_parent_deletes_its_childrens_reservations(store: Store) -> None:
+    runner = Runner(
+        store, "alice", [ScriptedAgent("parent", [spend(0.0)]), ScriptedAgent("kid", [spend(0.1)])]
+    )
+    parent = await parent_of(runner)
+    await runner.delegate(parent, "kid", "sub-task", headless=False, limits=budget(0.5, 1))
+    assert await store.get_record("alice", rollup.CHILDREN_NAMESPACE, parent.run_id)
+    await runner.runs.delete(parent.run_id)
+    with pytest.raises(NotFoundError):
+        await store.get_record("alice", rollup.CHILDREN_NAMESPACE, parent.run_id)

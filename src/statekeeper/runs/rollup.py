@@ -49,7 +49,7 @@ from statekeeper.errors import (
 from statekeeper.ids import validate_id
 from statekeeper.runs.lifecycle import FINISHED
 from statekeeper.runs.state import RunState
-from statekeeper.runs.store import RunStore, check_not_held
+from statekeeper.runs.store import CHILDREN_NAMESPACE, RunStore, check_not_held
 
 __all__ = [
     "ABANDONED_AFTER",
@@ -65,8 +65,6 @@ __all__ = [
     "settle_children",
 ]
 
-CHILDREN_NAMESPACE: Final = "run-children"
-"""Record namespace of each parent's live children (key: the parent's run id)."""
 
 _ATTEMPTS = 20
 

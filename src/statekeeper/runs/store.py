@@ -64,6 +64,9 @@ from statekeeper.stores.base import (
 __all__ = ["CHECKPOINT_KIND", "RUNS_NAMESPACE", "Loaded", "RunIndex", "RunStore", "Saved"]
 
 RUNS_NAMESPACE = "runs"
+CHILDREN_NAMESPACE = "run-children"
+"""Record namespace of each parent's live children (key: the parent's run id; see
+`statekeeper.runs.rollup`)."""
 _LIST_PAGE = 200
 CHECKPOINT_KIND = "checkpoint"
 
@@ -463,6 +466,8 @@ class RunStore:
                     id_prefix=f"{run_id}.c",
                 )
         await self.store.delete_event_log(self.tenant, run_id)
+        with contextlib.suppress(NotFoundError):  # its children's reservations, if any
+            await self.store.delete_record(self.tenant, CHILDREN_NAMESPACE, run_id)
         await self.store.delete_record(self.tenant, RUNS_NAMESPACE, run_id)
 
     async def delete_before(self, when: datetime) -> builtins.list[str]:
