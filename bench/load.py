@@ -73,7 +73,8 @@ RAW_SESSIONS = 200
 POOL = 10  # PostgreSQL pool size: each server's, the library's and raw psycopg's
 TIMEOUT = 60.0
 TARGET_RAW = 0.7
-OPTIONS = {"sessions": 1_000, "seconds": 30.0}
+STORES = ("sqlite", "postgresql", "redis")
+OPTIONS: dict[str, Any] = {"sessions": 1_000, "seconds": 30.0, "stores": STORES}
 
 
 def configure(argv: list[str]) -> None:
@@ -81,10 +82,14 @@ def configure(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench load")
     parser.add_argument("--sessions", type=int, default=OPTIONS["sessions"])
     parser.add_argument("--seconds", type=float, default=OPTIONS["seconds"])
+    parser.add_argument("--stores", default=",".join(STORES), help="a comma-separated subset")
     args = parser.parse_args(argv)
+    stores = tuple(args.stores.split(","))
     if not 1 <= args.sessions <= 10_000 or not 1 <= args.seconds <= 600:
         parser.error("--sessions must be 1..10000 and --seconds 1..600")
-    OPTIONS.update(sessions=args.sessions, seconds=args.seconds)
+    if not stores or not set(stores) <= set(STORES):
+        parser.error(f"--stores takes a comma-separated subset of {','.join(STORES)}")
+    OPTIONS.update(sessions=args.sessions, seconds=args.seconds, stores=stores)
 
 
 class Tally:
@@ -312,24 +317,21 @@ async def http_side(store_url: str, servers: int, sessions: int, tmp: Path) -> S
         for p in procs:
             p.stop()
         raise
-    per_server = sessions // servers + 1
-    # Idle connections are dropped before uvicorn's 5 s keep-alive timeout closes them
-    # (with the same 5 s on both ends, a request can go out on a connection being closed).
-    limits = httpx.Limits(
-        max_connections=per_server, max_keepalive_connections=per_server, keepalive_expiry=2.0
-    )
+    # One client (one keep-alive connection) per session, as separate agents have; idle
+    # connections are dropped before uvicorn's 5 s keep-alive timeout closes them (with
+    # the same 5 s on both ends, a request can go out on a connection being closed).
+    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1, keepalive_expiry=2.0)
     clients = [
         httpx.AsyncClient(
-            base_url=f"{p.url}/api/v1",
+            base_url=f"{procs[n % servers].url}/api/v1",
             headers={"Authorization": f"Bearer {key}"},
             timeout=TIMEOUT,
             limits=limits,
         )
-        for p in procs
+        for n in range(sessions)
     ]
     agents: list[Agent] = []
-    for n in range(sessions):
-        client = clients[n % servers]
+    for n, client in enumerate(clients):
         session_id = f"http-{n}"
         _ok(await client.post("/sessions", json={"session_id": session_id}), 201)
         agents.append(HttpAgent(client, session_id))
@@ -501,13 +503,17 @@ async def run() -> dict[str, Any]:
     print(f"{OPTIONS['sessions']:,} sessions, {OPTIONS['seconds']:g} s per side", flush=True)
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
-        rows.update(await _store_rows("sqlite (1 server)", f"sqlite:///{tmp}/load.db", 1, tmp))
+        if "sqlite" in OPTIONS["stores"]:
+            sqlite = f"sqlite:///{tmp}/load.db"
+            rows.update(await _store_rows("sqlite (1 server)", sqlite, 1, tmp))
         why = await reachable()
-        if why is None:
-            await _postgres(rows, tmp)
-        else:
+        if why is not None:
             print(f"(postgresql rows skipped: {why})")
+        elif "postgresql" in OPTIONS["stores"]:
+            await _postgres(rows, tmp)
         prefix = f"skload{uuid.uuid4().hex[:8]}"
+        if "redis" not in OPTIONS["stores"]:
+            return rows
         try:
             rows.update(await _store_rows("redis (2 servers)", f"{REDIS}?prefix={prefix}", 2, tmp))
         except (OSError, ConnectionError) as exc:
