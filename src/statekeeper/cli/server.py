@@ -31,6 +31,16 @@ keys_app = typer.Typer(
 )
 
 
+_Grace = Annotated[
+    float,
+    typer.Option(
+        min=0,
+        help="On SIGTERM, seconds to let the runs this server drives finish; then they "
+        "stop with their leases released, for another server to resume at once.",
+    ),
+]
+
+
 def _server() -> None:
     try:
         import statekeeper.server  # noqa: F401
@@ -72,14 +82,7 @@ def serve(
         int,
         typer.Option(min=1024, help="The largest request body taken; larger ones get a 413."),
     ] = 32 * 1024 * 1024,
-    shutdown_grace: Annotated[
-        float,
-        typer.Option(
-            min=0,
-            help="On SIGTERM, seconds to let the runs this server drives finish; then they "
-            "stop with their leases released, for another server to resume at once.",
-        ),
-    ] = 10.0,
+    shutdown_grace: _Grace = 10.0,
 ) -> None:
     """Serve the HTTP API, live events and the control UI over the store."""
     _server()

@@ -11,6 +11,7 @@ from statekeeper.core.lifecycle import AgentStatus
 from statekeeper.errors import ConflictError, InvalidInputError, NotFoundError, StatekeeperError
 from statekeeper.ids import validate_id
 from statekeeper.runs.approvals import record_decision, settle
+from statekeeper.runs.index import check_not_held
 from statekeeper.runs.lifecycle import FINISHED
 from statekeeper.runs.operations import status_filter
 from statekeeper.runs.runner import Runner
@@ -286,6 +287,8 @@ async def _start_resume(
         raise ConflictError(f"run {run_id} is {state.status}; nothing to resume")
     if state.status == AgentStatus.WAITING_FOR_INPUT and not body.input:
         raise InvalidInputError(f'run {run_id} is waiting for input; pass "input" to resume it')
+    if not body.take_over:  # a run another live server drives: 409 now, not a 202 that fails
+        check_not_held((await runner.runs.index(run_id))[0], runner.owner)
     work = runner.resume(run_id, body.input or (), take_over=body.take_over)
     if not body.wait:
         context.background(work, tenant=caller.tenant, run_id=run_id)
