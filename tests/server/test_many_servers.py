@@ -175,7 +175,14 @@ def _status(*wanted: str) -> Callable[[dict[str, Any]], bool]:
 async def test_started_on_one_approved_on_another_streamed_on_a_third(cluster: Cluster) -> None:
     a, b, c = (cluster.start(name) for name in "abc")
     await asyncio.gather(ready(a), ready(b), ready(c))
-    async with cluster.client(a) as on_a, cluster.client(b) as on_b, cluster.client(c) as on_c:
+    async with (
+        cluster.client(a) as on_a,
+        cluster.client(b) as on_b,
+        cluster.client(c) as on_c,
+        on_c.stream("GET", "/api/v1/stream") as tenant_answer,  # every run, from now on
+    ):
+        assert tenant_answer.status_code == 200
+        tenant = SseReader(tenant_answer)
         started = await on_a.post(
             "/api/v1/runs", json={"agent": "support", "input": "Where is order 1042?"}
         )
@@ -193,13 +200,24 @@ async def test_started_on_one_approved_on_another_streamed_on_a_third(cluster: C
             done = await until(on_c, run_id, _status("completed", "error", "cancelled"))
             assert done["status"] == "completed", done
             log = await log_of(cluster.store_url, run_id)
-            seen: list[tuple[int, str]] = []
-            while not seen or seen[-1][0] < log[-1][0]:
-                message = await reader.next()
-                seen.append((message["data"]["seq"], message["data"]["type"]))
-        assert seen == log  # every event of the run, once, in order, on a third server
+            seen = await _read_until(reader, run_id, log[-1][0])
+        seen_by_tenant = await _read_until(tenant, run_id, log[-1][0])
+    # Every event of the run, once, in order, on a third server, on both kinds of stream.
+    assert seen == log
+    assert seen_by_tenant == log
     refunds = await tool_results(cluster.store_url, done["session_id"], "c-refund")
     assert len(refunds) == 1
+
+
+async def _read_until(reader: SseReader, run_id: str, last: int) -> list[tuple[int, str]]:
+    """The (seq, type) of the run's messages off ``reader`` up to seq ``last``."""
+    reader.QUIET = BOUND  # a quiet stream fails the test within the bound
+    seen: list[tuple[int, str]] = []
+    while not seen or seen[-1][0] < last:
+        data = (await reader.next())["data"]
+        if data["run_id"] == run_id:
+            seen.append((data["seq"], data["type"]))
+    return seen
 
 
 async def _holding(cluster: Cluster, server: Server) -> tuple[str, str]:
