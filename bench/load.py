@@ -51,6 +51,7 @@ import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from bench.common import Verdicts, spread
 from bench.load_sides import Tally, abba, http_side, lib_side, raw_side
@@ -126,6 +127,19 @@ async def _postgres(rows: dict[str, Any], tmp: Path) -> None:
             await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'.encode())
 
 
+async def _redis_reachable() -> str | None:
+    """None if the Redis server answers, else why not."""
+    parts = urlsplit(REDIS)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 6379
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 2.0)
+    except (OSError, TimeoutError) as exc:
+        return f"no Redis server at {host}:{port} ({exc.__class__.__name__})"
+    writer.close()
+    await writer.wait_closed()
+    return None
+
+
 async def _drop_keys(prefix: str) -> None:
     from redis.asyncio import Redis
 
@@ -152,14 +166,15 @@ async def run() -> dict[str, Any]:
         elif "postgresql" in OPTIONS["stores"]:
             await _postgres(rows, tmp)
         prefix = f"skload{uuid.uuid4().hex[:8]}"
-        if "redis" not in OPTIONS["stores"]:
-            return rows
-        try:
-            rows.update(await _store_rows("redis (2 servers)", f"{REDIS}?prefix={prefix}", 2, tmp))
-        except (OSError, ConnectionError) as exc:
-            print(f"(redis rows skipped: {exc})")
-        finally:
-            await _drop_keys(prefix)
+        why = await _redis_reachable()
+        if why is not None:
+            print(f"(redis rows skipped: {why})")
+        elif "redis" in OPTIONS["stores"]:
+            try:
+                url = f"{REDIS}?prefix={prefix}"
+                rows.update(await _store_rows("redis (2 servers)", url, 2, tmp))
+            finally:
+                await _drop_keys(prefix)
     return rows
 
 
