@@ -105,7 +105,7 @@ async def _postgres(rows: dict[str, Any], tmp: Path) -> None:
     from psycopg_pool import AsyncConnectionPool
 
     schema = f"skload_{uuid.uuid4().hex[:10]}"
-    url = f"{POSTGRES}?schema={schema}&max_size={POOL}"
+    url = f"{POSTGRES}?schema={schema}&min_size={POOL}&max_size={POOL}"
     try:
         rows.update(await _store_rows("postgresql (2 servers)", url, 2, tmp))
         pool = AsyncConnectionPool(
