@@ -707,3 +707,18 @@ async def test_damaged_live_fields_are_reported_and_the_session_can_be_deleted(
             await other.get_session(TENANT, "s1")
     finally:
         await other.close()
+
+
+async def test_more_commands_in_flight_than_connections_wait_instead_of_failing(
+    store: RedisStore,
+) -> None:
+    # 300 at once through one store (a server under load): the pool holds 100
+    # connections, and the rest wait for one ("Too many connections" before).
+    from statekeeper.stores.redis.base import MAX_CONNECTIONS
+
+    made = await store.create_session(SessionRecord(tenant="t", id="s-many"))
+    assert made.version >= 0
+    reads = await asyncio.gather(
+        *(store.get_session("t", "s-many") for _ in range(3 * MAX_CONNECTIONS))
+    )
+    assert {r.id for r in reads} == {"s-many"}

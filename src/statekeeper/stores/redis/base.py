@@ -38,7 +38,7 @@ from statekeeper.stores.rules import corrupt_entry, from_micros, to_micros
 
 try:
     import redis.exceptions as rx
-    from redis.asyncio import ConnectionPool, Redis
+    from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
 except ImportError:  # pragma: no cover - depends on the environment
@@ -62,6 +62,10 @@ __all__ = [
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 DEFAULT_SOCKET_TIMEOUT = 5.0
+MAX_CONNECTIONS = 100
+"""Connections a store's client opens at most (per event loop); more commands wait."""
+_OWN_POOLS = (ConnectionPool, BlockingConnectionPool)
+"""Pools of the kinds `connect` makes (scripts get connections of their own from them)."""
 
 
 us = to_micros
@@ -122,7 +126,7 @@ class RedisBase(HomeLoop, ClosingStore):
         # Own connections for scripts only with a pool of our own making (see the module).
         scripts = (
             ScriptConnections(client.connection_pool, self._where)
-            if self._owns_client and type(client.connection_pool) is ConnectionPool
+            if self._owns_client and type(client.connection_pool) in _OWN_POOLS
             else None
         )
         return _LoopParts(client, scripts)
@@ -223,14 +227,21 @@ async def run_script(
 
 def connect(location: str, *, socket_timeout: float) -> Redis:
     """A client for the URL's unquoted netloc + path: ``[[user]:password@]host[:port][/db]``
-    or a unix socket path. Commands are never retried (see the module docstring)."""
-    return Redis(
+    or a unix socket path. Commands are never retried (see the module docstring).
+
+    Its pool holds at most `MAX_CONNECTIONS`; a command that finds them all busy waits
+    for one (up to ``socket_timeout``) instead of failing: redis-py's default pool
+    raised "Too many connections" past 100 commands in flight."""
+    pool = BlockingConnectionPool(
+        max_connections=MAX_CONNECTIONS,
+        timeout=socket_timeout,
         **_address(location),
         socket_timeout=socket_timeout,
         socket_connect_timeout=socket_timeout,
         retry=Retry(NoBackoff(), 0),
         protocol=2,
     )
+    return Redis.from_pool(pool)
 
 
 def _address(location: str) -> dict[str, Any]:
