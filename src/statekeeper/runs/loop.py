@@ -56,8 +56,8 @@ from statekeeper.runs.state import ErrorDetails, RunState
 from statekeeper.runs.step import StepPaused, account, ask, said
 from statekeeper.runs.store import RunStore
 from statekeeper.runs.tools import ToolBox
+from statekeeper.runs.why import LANE_ERRORS, PAUSE_REASONS
 from statekeeper.runs.writer import CheckpointWriter
-from statekeeper.runtime.lane_types import LaneClearedError, LanesClosedError
 from statekeeper.runtime.lanes import LANES_CLOSED_REASON, closed_by_lanes
 from statekeeper.runtime.profiles import AuthProfile, AuthProfiles
 from statekeeper.sessions import SessionManager
@@ -65,11 +65,6 @@ from statekeeper.sessions.view import message_of
 from statekeeper.stores.base import SessionRecord, Store
 
 __all__ = ["ActiveRun", "RunLoop", "find_agent"]
-
-LANE_ERRORS = (LaneClearedError, LanesClosedError)
-"""Why a run's turn in its lane never came (kept as its ``error`` while it is paused)."""
-PAUSE_REASONS = frozenset({"RateLimited", *(kind.__name__ for kind in LANE_ERRORS)})
-"""``error.type`` values that explain a pause and are cleared when the run goes on."""
 
 
 @dataclass

@@ -20,8 +20,9 @@ from statekeeper.runs.agent import RateLimited
 from statekeeper.runs.approvals import settle
 from statekeeper.runs.index import RunIndex, held
 from statekeeper.runs.state import RunState
+from statekeeper.runtime.lane_types import LaneClearedError, LanesClosedError
 
-__all__ = ["StopKind", "StopReason", "why_stopped"]
+__all__ = ["LANE_ERRORS", "PAUSE_REASONS", "StopKind", "StopReason", "why_stopped"]
 
 StopKind = Literal[
     "approval",
@@ -36,8 +37,11 @@ StopKind = Literal[
     "paused",
 ]
 
-_LANE_ERRORS = frozenset({"LaneClearedError", "LanesClosedError"})
-"""``error.type`` of a run whose turn in its lane never came (see `RunLoop.drive`)."""
+LANE_ERRORS = (LaneClearedError, LanesClosedError)
+"""Why a run's turn in its lane never came: kept as its ``error`` (the type's name) while
+it is paused (see `RunLoop.drive`)."""
+PAUSE_REASONS = frozenset({RateLimited.__name__, *(kind.__name__ for kind in LANE_ERRORS)})
+"""``error.type`` values that explain a pause, cleared when the run goes on."""
 
 
 @dataclass(frozen=True)
@@ -110,7 +114,7 @@ def _from_state(state: RunState, status: str) -> StopReason | None:
         until = _when(error.data.get("available_at"))
         after = f" until {until:%Y-%m-%d %H:%M:%S} UTC" if until else ""
         return StopReason("rate_limited", f"rate limited{after}: {error.message}", until=until)
-    if error is not None and error.type in _LANE_ERRORS:
+    if error is not None and error.type in PAUSE_REASONS:
         return StopReason("lane", f"its turn never came: {error.message}; resume it")
     reached = state.limits.reached()
     if reached:
