@@ -11,10 +11,9 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path
 
-from statekeeper.runs.approvals import settle
 from statekeeper.runs.history import FIXED_FIELDS, checkpoint_state
 from statekeeper.server.auth import Context, Reader
-from statekeeper.server.views import metrics_json
+from statekeeper.server.views import limits_json, metrics_json, pending_json
 
 __all__ = ["router"]
 
@@ -44,14 +43,9 @@ async def checkpoint(
         "agent": info.agent,
         "at": info.at.isoformat(),
         "added": list(info.added),
-        "limits": [
-            {"name": f.name, "current": f.current, "limit": f.maximum} for f in state.limits.flags()
-        ],
+        "limits": limits_json(state.limits),
         "metrics": metrics_json(state.local_metrics),
-        "pending": [
-            {"call_id": c.call_id, "tool": c.tool, "arguments": c.arguments, "prompt": c.prompt}
-            for c in settle(state).pending
-        ],
+        "pending": pending_json(state),
         "editable": {name: data.get(name) for name in _EDITABLE},
         "fixed": sorted(FIXED_FIELDS),
         "state": data,

@@ -10,6 +10,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from statekeeper.core.limits import Limits
 from statekeeper.core.messages import (
     Message,
     MessageCategory,
@@ -29,7 +30,9 @@ from statekeeper.stores.base import Entry, Event, SessionRecord
 __all__ = [
     "entry_json",
     "event_json",
+    "limits_json",
     "metrics_json",
+    "pending_json",
     "run_detail",
     "run_summary",
     "session_summary",
@@ -95,6 +98,16 @@ def _decision_json(decision: ApprovalDecision) -> dict[str, Any]:
     return out
 
 
+def limits_json(limits: Limits) -> list[dict[str, Any]]:
+    """Each limit that is set: its name, how much is used, its maximum (null: none)."""
+    return [{"name": f.name, "current": f.current, "limit": f.maximum} for f in limits.flags()]
+
+
+def pending_json(state: RunState) -> list[dict[str, Any]]:
+    """The calls ``state`` waits on a decision for (see `settle`), with any decision."""
+    return [_pending_json(call, state) for call in settle(state).pending]
+
+
 def _pending_json(call: Interruption, state: RunState) -> dict[str, Any]:
     decision = next((d for d in state.decisions if d.call_id == call.call_id), None)
     return {
@@ -125,17 +138,14 @@ def run_detail(
         return out
     error = state.error
     origin = state.metadata.get("forked_from")
-    pending = settle(state).pending
     out |= {
         "headless": state.headless,
-        "limits": [
-            {"name": f.name, "current": f.current, "limit": f.maximum} for f in state.limits.flags()
-        ],
+        "limits": limits_json(state.limits),
         "metrics": metrics_json(state.local_metrics),
         "tool_use": dict(state.tool_use),
         "error": None if error is None else f"{error.type}: {error.message}",
         "error_detail": None if error is None else error.model_dump(mode="json"),
-        "pending": [_pending_json(call, state) for call in pending],
+        "pending": pending_json(state),
         "decisions": [_decision_json(d) for d in state.decision_history],
         "output": state.output,
         "forked_from": (
