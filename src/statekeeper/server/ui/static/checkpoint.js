@@ -3,9 +3,8 @@
 // state's editable fields (JSON), give new input, and fork a new run from this step.
 
 import { api } from "./api.js";
-import { clear, h, money, pretty, problem, statusBadge, when } from "./dom.js";
+import { clear, h, money, pretty, problem, runPath, statusBadge, when } from "./dom.js";
 
-const runPath = (id) => `/runs/${encodeURIComponent(id)}`;
 
 function limitsList(limits) {
   if (!limits.length) return h("p", { class: "muted" }, "No limits set.");

@@ -137,7 +137,16 @@ export function typingIn(container) {
 /** Who made a decision, as a person reads it: a key's label (its id stays in `title`),
  * from `decided_by` = "Label (key:k…)"; other authors ("key:k…", "cli", "ops") as they are. */
 export function author(decidedBy) {
+  const { name, key } = authorOf(decidedBy);
+  return h("span", { title: key ? `key ${key}` : undefined }, name);
+}
+
+/** `decided_by` split into the name a person reads and the key id, if any. */
+export function authorOf(decidedBy) {
   const text = String(decidedBy || "?");
   const found = /^(.*) \(key:([^)]+)\)$/.exec(text);
-  return found ? h("span", { title: `key ${found[2]}` }, found[1]) : h("span", {}, text);
+  return found ? { name: found[1], key: found[2] } : { name: text, key: null };
 }
+
+/** The API path of a run. */
+export const runPath = (id) => `/runs/${encodeURIComponent(id)}`;

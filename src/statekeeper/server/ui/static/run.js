@@ -7,12 +7,11 @@ import { ApiError, api, follow, query } from "./api.js";
 import { namedMessages, placeMessages, runMessages, timelineFilters } from "./convo.js";
 import { editedText, pendingCard } from "./decide.js";
 import {
-  announce, author, clear, h, keepFocus, money, pretty, problem, put, setLive, shortId, statusBadge,
-  typingIn, when,
+  announce, author, authorOf, clear, h, keepFocus, money, pretty, problem, put, runPath, setLive, shortId,
+  statusBadge, typingIn, when,
 } from "./dom.js";
 
 const TERMINAL = new Set(["completed", "error", "cancelled"]);
-const runPath = (id) => `/runs/${encodeURIComponent(id)}`;
 const FOLLOWED = {
   steered: "Steered: the run reads your message at its next step.",
   queued: "Queued: the run goes on with your message once it stops.",
@@ -39,7 +38,7 @@ export function eventSummary(event) {
   if (d.always) parts.push("always");
   if (editedText(d)) parts.push(editedText(d));
   if (d.reason) parts.push(`reason: ${d.reason}`);
-  if (d.decided_by) parts.push(`by ${String(d.decided_by).replace(/ \(key:[^)]+\)$/, "")}`);
+  if (d.decided_by) parts.push(`by ${authorOf(d.decided_by).name}`);
   return parts.join(" · ");
 }
 
