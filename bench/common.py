@@ -10,10 +10,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from urllib.parse import urlsplit
 
 from bench.sessions import as_message, message_dict
 
@@ -117,3 +119,18 @@ def _shown(values: float | list[float]) -> str:
     if isinstance(values, list):
         return f"{spread(values):>20}"
     return f"{values:>20.2f}"
+
+
+async def reachable(url: str, default_port: int, what: str = "") -> str | None:
+    """None if a server answers at the URL's host and port, else why not (``what``
+    names the server in the reason: "no PostgreSQL server at ...")."""
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or default_port
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 2.0)
+    except (OSError, TimeoutError) as exc:
+        server = f"{what} server" if what else "server"
+        return f"no {server} at {host}:{port} ({exc.__class__.__name__})"
+    writer.close()
+    await writer.wait_closed()
+    return None

@@ -51,9 +51,9 @@ import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from bench.common import Verdicts, spread
+from bench.common import reachable as common_reachable
 from bench.load_sides import Tally, abba, http_side, lib_side, raw_side
 from bench.postgres import URL as POSTGRES
 from bench.postgres import reachable
@@ -127,19 +127,6 @@ async def _postgres(rows: dict[str, Any], tmp: Path) -> None:
             await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'.encode())
 
 
-async def _redis_reachable() -> str | None:
-    """None if the Redis server answers, else why not."""
-    parts = urlsplit(REDIS)
-    host, port = parts.hostname or "127.0.0.1", parts.port or 6379
-    try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 2.0)
-    except (OSError, TimeoutError) as exc:
-        return f"no Redis server at {host}:{port} ({exc.__class__.__name__})"
-    writer.close()
-    await writer.wait_closed()
-    return None
-
-
 async def _drop_keys(prefix: str) -> None:
     from redis.asyncio import Redis
 
@@ -166,7 +153,7 @@ async def run() -> dict[str, Any]:
         elif "postgresql" in OPTIONS["stores"]:
             await _postgres(rows, tmp)
         prefix = f"skload{uuid.uuid4().hex[:8]}"
-        why = await _redis_reachable()
+        why = await common_reachable(REDIS, 6379, "Redis")
         if why is not None:
             print(f"(redis rows skipped: {why})")
         elif "redis" in OPTIONS["stores"]:

@@ -37,7 +37,6 @@ import json
 import os
 import uuid
 from typing import Any
-from urllib.parse import urlsplit
 
 from bench.common import (
     Ratios,
@@ -48,6 +47,7 @@ from bench.common import (
     payload_bytes,
     spread,
 )
+from bench.common import reachable as common_reachable
 from statekeeper.sessions import Session, SessionManager
 from statekeeper.stores import open_store
 
@@ -70,15 +70,7 @@ TARGETS = {"append": 1.3, "flat": 1.5, "head_size": 1.5}  # append: issue 21
 
 async def reachable() -> str | None:
     """None if the server answers, else why not."""
-    parts = urlsplit(URL)
-    host, port = parts.hostname or "127.0.0.1", parts.port or 5432
-    try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 2.0)
-    except (OSError, TimeoutError) as exc:
-        return f"no PostgreSQL server at {host}:{port} ({exc.__class__.__name__})"
-    writer.close()
-    await writer.wait_closed()
-    return None
+    return await common_reachable(URL, 5432, "PostgreSQL")
 
 
 class Raw:

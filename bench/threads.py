@@ -56,9 +56,8 @@ import uuid
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
-from bench.common import Verdicts, message_dict, spread
+from bench.common import Verdicts, message_dict, reachable, spread
 from statekeeper.loops import background_loop, hand_off
 from statekeeper.stores import Store, open_store
 from statekeeper.stores.base import EntryDraft, SessionRecord
@@ -326,19 +325,6 @@ async def handoff_cost(probe: Probe) -> dict[str, list[float]]:
 
 
 # -- backends -----------------------------------------------------------------------------
-
-
-async def reachable(url: str, default_port: int) -> str | None:
-    """None if something answers at the URL's host and port, else why not."""
-    parts = urlsplit(url)
-    host, port = parts.hostname or "127.0.0.1", parts.port or default_port
-    try:
-        _, stream = await asyncio.wait_for(asyncio.open_connection(host, port), 2.0)
-    except (OSError, TimeoutError) as exc:
-        return f"no server at {host}:{port} ({exc.__class__.__name__})"
-    stream.close()
-    await stream.wait_closed()
-    return None
 
 
 async def on_sqlite(folder: Path, durability: str) -> dict[str, Any]:
