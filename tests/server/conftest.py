@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,14 @@ import uvicorn
 
 from statekeeper.server import ApiKeys, ServerConfig, create_app
 from statekeeper.stores import Store, open_store
+from statekeeper.testing.schemes import (
+    POSTGRES_URL,
+    REDIS_URL,
+    delete_prefix,
+    drop_schema,
+    postgres_reachable,
+)
+from statekeeper.testing.services import require_service
 
 SRC = Path(__file__).parents[2] / "src"
 DEMO_APP = "statekeeper.demo_app:make_runner"
@@ -167,3 +176,24 @@ class SseReader:
             name, _, value = line.partition(":")
             self.current[name] = value[1:] if value.startswith(" ") else value
         raise EOFError("the stream ended")
+
+
+@pytest.fixture(params=["postgres", "redis"])
+async def feed_store_url(request: pytest.FixtureRequest) -> AsyncIterator[str]:
+    """A store several servers can share, with its event feed: a fresh PostgreSQL schema
+    and LISTEN/NOTIFY channel, or a fresh Redis key prefix (removed afterwards)."""
+    unique = f"feed{uuid.uuid4().hex[:10]}"
+    if request.param == "redis":
+        url = f"{REDIS_URL}?prefix={unique}"
+        try:
+            async with await open_store(url):
+                pass
+        except Exception as exc:
+            require_service("redis", str(exc))
+        yield url
+        await delete_prefix(REDIS_URL, unique)
+    else:
+        if not await postgres_reachable():
+            require_service("postgres", "no PostgreSQL server at 127.0.0.1:5432")
+        yield f"{POSTGRES_URL}?schema={unique}&notify_channel={unique}"
+        await drop_schema(unique)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +19,6 @@ from statekeeper.server import ServerConfig
 from statekeeper.server.context import ServerContext
 from statekeeper.server.streams import EventHub
 from statekeeper.stores import Store, open_store
-from statekeeper.testing.schemes import (
-    POSTGRES_URL,
-    REDIS_URL,
-    delete_prefix,
-    drop_schema,
-    postgres_reachable,
-)
-from statekeeper.testing.services import require_service
 
 from .conftest import Live, ThreadServer
 
@@ -74,27 +65,8 @@ async def test_readyz_is_503_with_the_reason_when_the_store_fails(
     assert health.status_code == 200  # the process is still up
 
 
-@pytest.fixture(params=["postgres", "redis"])
-async def feed_url(request: pytest.FixtureRequest) -> AsyncIterator[str]:
-    unique = f"rdy{uuid.uuid4().hex[:10]}"
-    if request.param == "redis":
-        url = f"{REDIS_URL}?prefix={unique}"
-        try:
-            async with await open_store(url):
-                pass
-        except Exception as exc:
-            require_service("redis", str(exc))
-        yield url
-        await delete_prefix(REDIS_URL, unique)
-    else:
-        if not await postgres_reachable():
-            require_service("postgres", "no PostgreSQL server at 127.0.0.1:5432")
-        yield f"{POSTGRES_URL}?schema={unique}&notify_channel={unique}"
-        await drop_schema(unique)
-
-
-async def test_readyz_checks_the_feed(feed_url: str) -> None:
-    server = ThreadServer(ServerConfig(feed_url, poll_interval=60)).start()
+async def test_readyz_checks_the_feed(feed_store_url: str) -> None:
+    server = ThreadServer(ServerConfig(feed_store_url, poll_interval=60)).start()
     try:
         async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
             answer = await client.get("/api/v1/readyz")

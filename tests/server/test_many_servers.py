@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -29,14 +28,6 @@ from statekeeper.demo_app import make_runner
 from statekeeper.runs import Runner
 from statekeeper.server import ApiKeys
 from statekeeper.stores import open_store
-from statekeeper.testing.schemes import (
-    POSTGRES_URL,
-    REDIS_URL,
-    delete_prefix,
-    drop_schema,
-    postgres_reachable,
-)
-from statekeeper.testing.services import require_service
 
 from .conftest import Live, SseReader, free_port
 
@@ -45,25 +36,6 @@ SRC = TESTS.parent / "src"
 APP = "server.many_app:make_runner"
 TENANT = "acme"
 BOUND = 40.0  # seconds any one wait of these tests may take
-
-
-@pytest.fixture(params=["postgres", "redis"])
-async def store_url(request: pytest.FixtureRequest) -> AsyncIterator[str]:
-    unique = f"many{uuid.uuid4().hex[:10]}"
-    if request.param == "redis":
-        url = f"{REDIS_URL}?prefix={unique}"
-        try:
-            async with await open_store(url):
-                pass
-        except Exception as exc:
-            require_service("redis", str(exc))
-        yield url
-        await delete_prefix(REDIS_URL, unique)
-    else:
-        if not await postgres_reachable():
-            require_service("postgres", "no PostgreSQL server at 127.0.0.1:5432")
-        yield f"{POSTGRES_URL}?schema={unique}&notify_channel={unique}"
-        await drop_schema(unique)
 
 
 @dataclass
@@ -130,7 +102,8 @@ async def ready(server: Server) -> None:
 
 
 @pytest.fixture
-async def cluster(store_url: str, tmp_path: Path) -> AsyncIterator[Cluster]:
+async def cluster(feed_store_url: str, tmp_path: Path) -> AsyncIterator[Cluster]:
+    store_url = feed_store_url
     async with await open_store(store_url) as store:
         _, key = await ApiKeys(store).create(TENANT, "operate")
     made = Cluster(store_url, key, tmp_path)
