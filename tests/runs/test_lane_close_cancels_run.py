@@ -5,6 +5,7 @@ cancelled, with the reason, wherever it is read: its checkpoint, the runs index 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -71,7 +72,20 @@ class Lanes(CommandLanes):
         return task
 
 
-async def test_a_queued_run_dropped_at_close_is_paused_not_running(store: Store) -> None:
+@dataclass
+class Queued:
+    """A run blocked in its first step, and run ``run-q`` waiting in the lane behind it."""
+
+    runner: Runner
+    lanes: Lanes
+    agent: Blocking
+    session_id: str
+    first: asyncio.Task[Any]
+    queued: asyncio.Task[Any]
+
+
+async def queue_behind(store: Store) -> Queued:
+    """`Queued`: run ``run-q`` has reached its session's lane, behind a blocked run."""
     lanes = Lanes()
     agent = Blocking()
     runner = Runner(store, "alice", [agent], coordination=Coordination(lanes=lanes))
@@ -82,7 +96,13 @@ async def test_a_queued_run_dropped_at_close_is_paused_not_running(store: Store)
     queued = asyncio.create_task(
         runner.start("blocking", "later", session_id=session.id, run_id="run-q")
     )
-    await lanes.submitted.wait()  # it reached the lane, behind the first run
+    await lanes.submitted.wait()
+    return Queued(runner, lanes, agent, session.id, first, queued)
+
+
+async def test_a_queued_run_dropped_at_close_is_paused_not_running(store: Store) -> None:
+    made = await queue_behind(store)
+    lanes, runner, first, queued = made.lanes, made.runner, made.first, made.queued
 
     await lanes.close(cancel=True)
     for task in (first, queued):

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from test_lane_close_cancels_run import Blocking, Lanes
+from test_lane_close_cancels_run import queue_behind
 
 from statekeeper.core.limits import BudgetFlag, IterationFlag, Limits
 from statekeeper.demo_app import make_runner
-from statekeeper.runs import Coordination, Runner
 from statekeeper.runs.index import RunIndex
 from statekeeper.runs.state import ErrorDetails
 from statekeeper.runs.why import why_stopped
@@ -107,26 +105,17 @@ async def test_budget_rate_limit_and_lane_say_by_how_much_and_until_when(store: 
 
 
 async def test_a_run_whose_lane_was_cleared_says_so_until_it_goes_on(store: Store) -> None:
-    lanes = Lanes()
-    agent = Blocking()
-    runner = Runner(store, "alice", [agent], coordination=Coordination(lanes=lanes))
-    session = await runner.sessions.create()
-    first = asyncio.create_task(runner.start("blocking", "go", session_id=session.id))
-    await agent.in_step.wait()
-    lanes.submitted.clear()
-    queued = asyncio.create_task(
-        runner.start("blocking", "later", session_id=session.id, run_id="run-q")
-    )
-    await lanes.submitted.wait()  # it waits in the lane behind the first run
+    made = await queue_behind(store)  # run-q waits in the lane behind a blocked run
+    runner, agent, first, queued = made.runner, made.agent, made.first, made.queued
 
-    assert lanes.clear(f"session:{session.id}") == 1
+    assert made.lanes.clear(f"session:{made.session_id}") == 1
     with pytest.raises(LaneClearedError):
         await queued
     index, _ = await runner.runs.index("run-q")
     stopped = why_stopped(index, await runner.load("run-q"))
     assert stopped is not None
     assert stopped.kind == "lane"
-    assert f"session:{session.id}" in stopped.text
+    assert f"session:{made.session_id}" in stopped.text
 
     agent.release.set()
     assert (await first).status == "completed"
