@@ -5,6 +5,7 @@
     sqlite:////absolute/path.db       ... with an absolute path
     postgresql://user@host/db         PostgreSQL (extra: postgres)
     redis://host:6379/0               Redis (extra: redis)
+    redis+cluster://host:7000[,...]   Redis Cluster (extra: redis)
     files:///path/to/dir              plain JSON / JSONL files a person can read
 
 SQLite options go in the query string: ``durability=power|process``,
@@ -51,6 +52,7 @@ BACKENDS: dict[str, str] = {
     "postgresql": "statekeeper.stores.postgres:open_postgres",
     "postgres": "statekeeper.stores.postgres:open_postgres",
     "redis": "statekeeper.stores.redis:open_redis",
+    "redis+cluster": "statekeeper.stores.redis:open_redis_cluster",
     "files": "statekeeper.stores.files:open_files",
 }
 """URL scheme -> ``module:function`` that opens it (imported on first use)."""

@@ -9,7 +9,7 @@ or from Python, with `validate`, which returns a `Report`. A backend joins the r
 with `url_backend` (a URL whose scheme knows how to make fresh stores, see
 `register_scheme`) or with the `backend` decorator (an async generator yielding a fresh
 store). Tests check `BASE` behaviour, which every backend must have, or an extended
-capability (`SHARED`, `PROCESSES`, `DAMAGE`, `REWRITE`, `THREADS`), skipped with the
+capability (`SHARED`, `PROCESSES`, `DAMAGE`, `REWRITE`, `THREADS`, `JOINT`), skipped with the
 reason on backends without it.
 
 Importing this package does not import pytest; running the suite does. See
@@ -23,6 +23,7 @@ from statekeeper.testing.registry import (
     CAPABILITIES,
     DAMAGE,
     EXTENDED,
+    JOINT,
     PROCESSES,
     REWRITE,
     SCHEMES,
@@ -48,6 +49,7 @@ __all__ = [
     "CAPABILITIES",
     "DAMAGE",
     "EXTENDED",
+    "JOINT",
     "PROCESSES",
     "REWRITE",
     "SCHEMES",

@@ -47,6 +47,7 @@ __all__ = [
     "CAPABILITIES",
     "DAMAGE",
     "EXTENDED",
+    "JOINT",
     "PROCESSES",
     "REWRITE",
     "SCHEMES",
@@ -82,6 +83,11 @@ THREADS = "threads"
 """Capability: one store object serves any thread and any event loop at once (a loop of
 each thread, ``asyncio.run`` per call, the blocking facade), its callers cancelled or
 their loops closed mid-write: no call hangs, no write is lost, torn or interleaved."""
+JOINT = "joint"
+"""Capability: an append's events (``append_entries(events=...)``) are written in the
+same atomic step as its entries, so a crash leaves both or neither. Without it a crash
+may leave the entries of the last append without their events (never the reverse): the
+files backend (two files) and Redis Cluster (two slots)."""
 CAPABILITIES: Mapping[str, str] = {
     BASE: "the store protocol every backend must implement",
     SHARED: "a second handle on the same data, as another process would hold",
@@ -89,6 +95,7 @@ CAPABILITIES: Mapping[str, str] = {
     DAMAGE: "stored rows the suite can damage below the API (statekeeper.testing.damage)",
     REWRITE: "entry and event payloads rewritten in place (what statekeeper reseal uses)",
     THREADS: "one store object used from many threads and event loops at once",
+    JOINT: "an append's events written in the same atomic step as its entries",
 }
 """Every capability the suite knows, with a one-line description."""
 EXTENDED = frozenset(CAPABILITIES) - {BASE}

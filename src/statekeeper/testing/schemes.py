@@ -6,7 +6,10 @@ How each scheme gives every test a fresh store of its own, from a base URL:
 - ``sqlite:///<dir>/<name>`` and ``files:///<dir>``: a new temporary folder per store,
   keeping the URL's last path part (``state.db``, ``root``) and its query options;
 - ``postgresql://`` (or ``postgres://``): a schema per store (``schema=``), dropped after;
-- ``redis://``: a key prefix per store (``prefix=``), whose keys are deleted after.
+- ``redis://``: a key prefix per store (``prefix=``), whose keys are deleted after;
+- ``redis+cluster://``: the same on every master of a cluster. The suite's cluster
+  (``STATEKEEPER_TEST_REDIS_CLUSTER_URL``, default ``redis+cluster://127.0.0.1:7101``)
+  is started by `start_local_cluster` when nothing answers there.
 
 Each backend also runs sealed (``<name>-sealed``): the same URL with
 ``keyring=env:STATEKEEPER_TEST_KEYRING``, a keyring of one random key made for the test
@@ -28,6 +31,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from statekeeper.testing.registry import (
     DAMAGE,
+    JOINT,
     PROCESSES,
     REWRITE,
     SHARED,
@@ -36,10 +40,11 @@ from statekeeper.testing.registry import (
     register_scheme,
     url_backend,
 )
-from statekeeper.testing.services import require_service, tcp_reachable
+from statekeeper.testing.services import require_service, start_local_cluster, tcp_reachable
 
 __all__ = [
     "POSTGRES_URL",
+    "REDIS_CLUSTER_URL",
     "REDIS_URL",
     "TEST_KEYRING_VAR",
     "delete_prefix",
@@ -54,6 +59,10 @@ POSTGRES_URL = os.environ.get(
 """The PostgreSQL server statekeeper's own tests use."""
 REDIS_URL = os.environ.get("STATEKEEPER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 """The Redis server statekeeper's own tests use."""
+REDIS_CLUSTER_URL = os.environ.get(
+    "STATEKEEPER_TEST_REDIS_CLUSTER_URL", "redis+cluster://127.0.0.1:7101"
+)
+"""A node of the Redis Cluster statekeeper's own tests use (started if it does not answer)."""
 
 
 def _in_folder(url: str, ctx: BackendContext, default: str) -> str:
@@ -142,19 +151,52 @@ async def _require_redis(url: str) -> None:
     await _require_server("redis", "Redis", url, 6379)
 
 
+async def _require_redis_cluster(url: str) -> None:
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 7101
+    if not await tcp_reachable(host, port) and await start_local_cluster(port):
+        return
+    await _require_server("redis-cluster", "Redis Cluster", url, 7101)
+
+
+async def _drop_redis_cluster(url: str, ctx: BackendContext) -> None:
+    """Delete the store's keys on every master (one key per UNLINK: keys of different
+    slots never go in one command on a cluster)."""
+    from redis.asyncio import Redis
+    from redis.asyncio.cluster import RedisCluster
+
+    parts = urlsplit(url)
+    cluster = RedisCluster(host=parts.hostname or "127.0.0.1", port=parts.port or 7101)
+    try:
+        await cluster.initialize()
+        for node in cluster.get_primaries():
+            client = Redis(host=node.host, port=int(node.port))
+            try:
+                async with client.pipeline(transaction=False) as pipe:
+                    async for key in client.scan_iter(match=f"{ctx.unique}/*", count=1000):
+                        pipe.unlink(key)
+                    await pipe.execute()
+            finally:
+                await client.aclose()
+    finally:
+        await cluster.aclose()
+
+
 async def _drop_redis(url: str, ctx: BackendContext) -> None:
     await delete_prefix(url, ctx.unique)
 
 
 # -- registration -------------------------------------------------------------------------
 
-SERVED = (SHARED, PROCESSES, DAMAGE, REWRITE, THREADS)
+OUTSIDE = (SHARED, PROCESSES, DAMAGE, REWRITE, THREADS)
 """What every built-in backend that keeps its data outside the process can do (the suite
 damages its stored rows with `statekeeper.testing.damage`)."""
+SERVED = (*OUTSIDE, JOINT)
+"""... and, but for the files backend and Redis Cluster, entries and events in one step."""
 
-register_scheme("memory", lambda url, ctx: url, capabilities=(REWRITE, THREADS))
+register_scheme("memory", lambda url, ctx: url, capabilities=(REWRITE, THREADS, JOINT))
 register_scheme("sqlite", lambda url, ctx: _in_folder(url, ctx, "state.db"), capabilities=SERVED)
-register_scheme("files", lambda url, ctx: _in_folder(url, ctx, "root"), capabilities=SERVED)
+register_scheme("files", lambda url, ctx: _in_folder(url, ctx, "root"), capabilities=OUTSIDE)
 for _name in ("postgresql", "postgres"):
     register_scheme(
         _name,
@@ -170,6 +212,13 @@ register_scheme(
     prepare=_require_redis,
     drop=_drop_redis,
 )
+register_scheme(
+    "redis+cluster",
+    lambda url, ctx: _with_option(url, "prefix", ctx.unique),
+    capabilities=OUTSIDE,
+    prepare=_require_redis_cluster,
+    drop=_drop_redis_cluster,
+)
 
 # statekeeper's own matrix, in the order its tests run.
 url_backend("memory", "memory://")
@@ -179,6 +228,7 @@ url_backend("sqlite-process", "sqlite:///state.db?durability=process")  # synchr
 url_backend("files", "files:///root")
 url_backend("postgres", POSTGRES_URL)
 url_backend("redis", REDIS_URL)
+url_backend("redis-cluster", REDIS_CLUSTER_URL)
 
 # The same matrix with encryption at rest. The keyring is named in the URL, never written
 # in it: other processes the suite starts inherit the variable.
@@ -193,10 +243,10 @@ os.environ.setdefault(
 _SEALED = f"keyring=env:{TEST_KEYRING_VAR}"
 # Rewriting payloads is a primitive of the plain backend under the wrapper (reseal calls
 # it on `SealedStore.wrapped`, tests/sealed test it there): the sealed ones lack `REWRITE`.
-_SEALED_SERVED = (SHARED, PROCESSES, DAMAGE, THREADS)
-url_backend("memory-sealed", f"memory://?{_SEALED}", capabilities=(THREADS,))
+_SEALED_SERVED = (SHARED, PROCESSES, DAMAGE, THREADS, JOINT)
+url_backend("memory-sealed", f"memory://?{_SEALED}", capabilities=(THREADS, JOINT))
 url_backend("sqlite-sealed", f"sqlite:///state.db?{_SEALED}", capabilities=_SEALED_SERVED)
-url_backend("files-sealed", f"files:///root?{_SEALED}", capabilities=_SEALED_SERVED)
+url_backend("files-sealed", f"files:///root?{_SEALED}", capabilities=_SEALED_SERVED[:-1])
 url_backend(
     "postgres-sealed",
     f"{POSTGRES_URL}{'&' if '?' in POSTGRES_URL else '?'}{_SEALED}",

@@ -8,11 +8,16 @@ fails instead, so a CI run cannot go green without having tested the backend.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
+import shutil
+import subprocess
+import tempfile
 from collections.abc import Mapping
+from pathlib import Path
 from typing import NoReturn
 
-__all__ = ["require_service", "services_required", "tcp_reachable"]
+__all__ = ["require_service", "services_required", "start_local_cluster", "tcp_reachable"]
 
 _TRUE = {"1", "true", "yes", "on"}
 
@@ -58,3 +63,34 @@ async def tcp_reachable(host: str, port: int, *, seconds: float = 1.0) -> bool:
             await writer.wait_closed()
             _reachable[host, port] = True
     return _reachable[host, port]
+
+
+CLUSTER_SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "redis-cluster.sh"
+"""Starts the suite's local Redis Cluster (in a source checkout of statekeeper)."""
+
+
+async def start_local_cluster(port: int, host: str = "127.0.0.1") -> bool:
+    """Start the suite's Redis Cluster (3 masters, 3 replicas, ports ``port``..``port+5``)
+    with ``scripts/redis-cluster.sh`` when it exists and redis-server is installed;
+    whether the cluster now answers. Several test processes may call it at once: the
+    script runs under a file lock, and does nothing when the cluster already runs."""
+    bash = shutil.which("bash")
+    if not CLUSTER_SCRIPT.exists() or bash is None or shutil.which("redis-server") is None:
+        return False
+    lock_path = Path(tempfile.gettempdir()) / f"statekeeper-redis-cluster-{port}.lock"
+
+    def start() -> bool:
+        with open(lock_path, "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            done = subprocess.run(  # noqa: S603 (our own script, our own arguments)
+                [bash, str(CLUSTER_SCRIPT), "start", str(port - 1)],
+                capture_output=True,
+                timeout=120,
+                check=False,
+            )
+        return done.returncode == 0
+
+    started = await asyncio.to_thread(start)
+    if started:
+        _reachable[host, port] = True
+    return started

@@ -31,9 +31,10 @@ from statekeeper.ids import validate_id
 from statekeeper.jsoncodec import DEFAULT_MAX_PAYLOAD_BYTES, encode_json, loads
 from statekeeper.loops import HomeLoop, on_their_loops, per_loop, running_loop
 from statekeeper.stores.base import ClosingStore, Entry, Event
+from statekeeper.stores.redis.cluster import ClusterScripts, RedisCluster
 from statekeeper.stores.redis.keys import Keys
 from statekeeper.stores.redis.scripts import Script
-from statekeeper.stores.redis.wire import ScriptArg, ScriptConnections, translate
+from statekeeper.stores.redis.wire import Replicas, ScriptArg, ScriptConnections, translate
 from statekeeper.stores.rules import corrupt_entry, from_micros, to_micros
 
 try:
@@ -46,6 +47,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 __all__ = [
     "DEFAULT_SOCKET_TIMEOUT",
+    "AnyRedis",
     "Redis",
     "RedisBase",
     "connect",
@@ -60,6 +62,8 @@ __all__ = [
     "us",
 ]
 
+AnyRedis = Redis | RedisCluster
+"""A client of one server or of a cluster."""
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 DEFAULT_SOCKET_TIMEOUT = 5.0
 MAX_CONNECTIONS = 100
@@ -89,28 +93,35 @@ class RedisBase(HomeLoop, ClosingStore):
 
     def __init__(
         self,
-        client: Redis,
+        client: AnyRedis,
         *,
         prefix: str = "statekeeper",
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         owns_client: bool = False,
-        make: Callable[[], Redis] | None = None,
+        make: Callable[[], AnyRedis] | None = None,
+        wait: Replicas | None = None,
     ) -> None:
         validate_id(prefix, "key prefix")
         self.prefix = prefix
         self.max_payload_bytes = max_payload_bytes
-        self.keys = Keys(prefix)
-        self._given: Redis | None = client
+        self.cluster = isinstance(client, RedisCluster)
+        self.keys = Keys(prefix, spread=self.cluster)
+        self._given: AnyRedis | None = client
         self._owns_client = owns_client
         # A client belongs to one event loop: a store that made its client (``make``)
         # makes another for the background loop; a caller's client serves its own loop.
         self._make = make if owns_client else None
         self._given_loop = running_loop()  # the loop the given client's connections belong to
         self.movable = self._make is not None
-        info = client.connection_pool.connection_kwargs
-        where = info.get("path") or f"{info.get('host', 'localhost')}:{info.get('port', 6379)}"
-        self._where = f"{where}/{info.get('db', 0)}"
-        self.url = f"redis://{self._where}?prefix={prefix}"
+        self.wait = wait
+        if isinstance(client, RedisCluster):
+            self._where = ",".join(f"{n.host}:{n.port}" for n in client.startup_nodes)
+            self.url = f"redis+cluster://{self._where}?prefix={prefix}"
+        else:
+            info = client.connection_pool.connection_kwargs
+            where = info.get("path") or f"{info.get('host', 'localhost')}:{info.get('port', 6379)}"
+            self._where = f"{where}/{info.get('db', 0)}"
+            self.url = f"redis://{self._where}?prefix={prefix}"
 
     @per_loop
     def _parts(self) -> _LoopParts:
@@ -124,19 +135,19 @@ class RedisBase(HomeLoop, ClosingStore):
         elif self._make is not None and loop is not self._given_loop:
             client = self._make()
         # Own connections for scripts only with a pool of our own making (see the module).
-        scripts = (
-            ScriptConnections(client.connection_pool, self._where)
-            if self._owns_client and type(client.connection_pool) in _OWN_POOLS
-            else None
-        )
+        scripts: ScriptConnections | ClusterScripts | None = None
+        if isinstance(client, RedisCluster):
+            scripts = ClusterScripts(client, self._where, self.wait)
+        elif self._owns_client and type(client.connection_pool) in _OWN_POOLS:
+            scripts = ScriptConnections.of_pool(client.connection_pool, self._where, self.wait)
         return _LoopParts(client, scripts)
 
     @property
-    def _client(self) -> Redis | None:
+    def _client(self) -> AnyRedis | None:
         return None if self._given is None else self._parts.client
 
     @property
-    def _scripts(self) -> ScriptConnections | None:
+    def _scripts(self) -> ScriptConnections | ClusterScripts | None:
         return self._parts.scripts
 
     def __del__(self) -> None:
@@ -173,7 +184,7 @@ class RedisBase(HomeLoop, ClosingStore):
             raise
 
     @property
-    def client(self) -> Redis:
+    def client(self) -> AnyRedis:
         """The redis-py client (coordination features share its connection pool)."""
         return self._redis
 
@@ -183,7 +194,7 @@ class RedisBase(HomeLoop, ClosingStore):
         return self._where
 
     @property
-    def _redis(self) -> Redis:
+    def _redis(self) -> AnyRedis:
         if self._given is None:
             raise StoreUnavailableError("the store is closed; open a new one")
         return self._parts.client
@@ -206,12 +217,12 @@ class RedisBase(HomeLoop, ClosingStore):
 
 
 class _LoopParts(NamedTuple):
-    client: Redis
-    scripts: ScriptConnections | None
+    client: AnyRedis
+    scripts: ScriptConnections | ClusterScripts | None
 
 
 async def run_script(
-    client: Redis, script: Script, keys: Sequence[str], args: Sequence[Any], where: str
+    client: AnyRedis, script: Script, keys: Sequence[str], args: Sequence[Any], where: str
 ) -> Any:
     """EVALSHA, loading the script first if the server does not know it (after a restart),
     with errors translated (see `translate`)."""

@@ -25,7 +25,12 @@ from statekeeper.stores.redis.base import (
     us,
 )
 from statekeeper.stores.redis.records import EVENT_NOTICES_KEPT
-from statekeeper.stores.redis.scripts import COMMIT, COMMIT_EVENTS
+from statekeeper.stores.redis.scripts import (
+    APPEND_EVENTS,
+    COMMIT,
+    COMMIT_EVENTS,
+    SESSION_INDEX,
+)
 from statekeeper.stores.redis.wire import ScriptArg
 from statekeeper.stores.rules import (
     decode_session,
@@ -139,6 +144,8 @@ class RedisHeads:
         args += (us(head.last_active), session_id, len(extra), *extra, len(writes))
         for w in writes:
             args += (w.entry.seq, w.entry.id, encode_entry(w.entry, w.text))
+        if self._base.cluster:
+            return await self._commit_spread(tenant, session_id, head, args, events)
         if not events:
             return await self._commit(tenant, session_id, args)
         names = self._base.keys
@@ -154,6 +161,30 @@ class RedisHeads:
                 log.stored(int(first))
             return None
         return self._current(tenant, session_id, reply)
+
+    async def _commit_spread(
+        self,
+        tenant: str,
+        session_id: str,
+        head: SessionRecord,
+        args: list[ScriptArg],
+        events: Sequence[EventWrite],
+    ) -> Snapshot | None:
+        """A commit on a cluster: the entries and head in their slot, then the events and
+        the index in the tenant's, in that order (`statekeeper.stores.redis.cluster`)."""
+        current = await self._commit(tenant, session_id, args)
+        if current is not None:
+            return current
+        names = self._base.keys
+        for log in events:
+            logged: list[ScriptArg] = [log.log_id, EVENT_NOTICES_KEPT]
+            for draft, text in zip(log.drafts, log.texts, strict=True):
+                logged += (draft.stream, draft.kind, us(draft.ts), text)
+            keys = [names.events(tenant, log.log_id), names.event_notices(tenant)]
+            log.stored(int(await self._base._run(APPEND_EVENTS, keys, logged)))
+        index = names.sessions(tenant)
+        await self._base._run(SESSION_INDEX, [index], ["touch", us(head.last_active), session_id])
+        return None
 
     def _session_keys(self, tenant: str, session_id: str) -> tuple[str, ...]:
         keys = self._keys.get((tenant, session_id))

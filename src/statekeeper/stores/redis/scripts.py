@@ -31,6 +31,7 @@ __all__ = [
     "READ_ENTRIES",
     "REWRITE_ENTRIES",
     "REWRITE_EVENTS",
+    "SESSION_INDEX",
     "Script",
 ]
 
@@ -41,6 +42,8 @@ class Script:
 
     name: str
     source: str
+    writes: bool = True
+    """Whether it may write (a store that waits for replicas waits after these)."""
     sha: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -77,18 +80,18 @@ end
 _SAVE_HEAD = """
 redis.call('HSET', KEYS[1], 'doc', ARGV[4], 'v', ARGV[3])
 redis.call('HDEL', KEYS[1], 'live')
-redis.call('ZADD', KEYS[4], ARGV[5], ARGV[6])
+if KEYS[4] then redis.call('ZADD', KEYS[4], ARGV[5], ARGV[6]) end
 """
 
 CREATE_SESSION = Script(
     "create_session",
     """
--- KEYS: head, entries, entry ids, sessions index
+-- KEYS: head, entries, entry ids, sessions index (absent on a cluster: see keys.Keys)
 -- ARGV: generation, doc, score, session id
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('UNLINK', KEYS[2], KEYS[3])
 redis.call('HSET', KEYS[1], 'doc', ARGV[2], 'v', '1', 'g', ARGV[1])
-redis.call('ZADD', KEYS[4], ARGV[3], ARGV[4])
+if KEYS[4] then redis.call('ZADD', KEYS[4], ARGV[3], ARGV[4]) end
 return 1
 """,
 )
@@ -100,7 +103,7 @@ DELETE_SESSION = Script(
 -- KEYS: head, entries, entry ids, sessions index;  ARGV: session id
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('UNLINK', KEYS[1], KEYS[2], KEYS[3])
-redis.call('ZREM', KEYS[4], ARGV[1])
+if KEYS[4] then redis.call('ZREM', KEYS[4], ARGV[1]) end
 return 1
 """,
 )
@@ -159,7 +162,7 @@ if string.byte(ARGV[4]) == 123 then  -- '{': a whole new document
 else  -- '[': only the live fields moved; the stored document stays
   redis.call('HSET', KEYS[1], 'live', ARGV[4], 'v', ARGV[3])
 end
-redis.call('ZADD', KEYS[4], ARGV[5], ARGV[6])
+if KEYS[4] then redis.call('ZADD', KEYS[4], ARGV[5], ARGV[6]) end
 """
 
 COMMIT = Script("commit", _COMMIT_CHECK + _COMMIT_WRITE + "return 1\n")
@@ -221,6 +224,7 @@ for i = 1, #rows, 2 do
 end
 return out
 """,
+    writes=False,
 )
 """The head and every entry's header (no payloads): what pruning decides on."""
 
@@ -260,6 +264,7 @@ end
 table.insert(rows, 1, 1)
 return rows
 """,
+    writes=False,
 )
 """A window of entries, with a check that the session exists (one snapshot)."""
 
@@ -275,6 +280,7 @@ local rows = redis.call('ZRANGEBYSCORE', KEYS[2], seq, seq)
 if not rows[1] then return {1} end
 return {2, rows[1], seq}
 """,
+    writes=False,
 )
 """One entry by id."""
 
@@ -296,6 +302,7 @@ for i = 1, #rows, 2 do
 end
 return out
 """,
+    writes=False,
 )
 """One batch of session heads in list order, read in one snapshot."""
 
@@ -365,6 +372,7 @@ for _, key in ipairs(keys) do
 end
 return out
 """,
+    writes=False,
 )
 """One batch of a namespace's records in key order."""
 
@@ -431,3 +439,19 @@ return n
 """,
 )
 """Replace events' payloads (same seq, stream, kind, ts) if they are still as read."""
+
+SESSION_INDEX = Script(
+    "session_index",
+    """
+-- KEYS: a tenant's sessions index;  ARGV: 'add' | 'touch' | 'drop', score, session id
+-- On a cluster the session scripts leave the index (another slot) to this one: 'add'
+-- before a session is created (never moves an existing member), 'touch' after a write
+-- (only a member still there, only to a later time), 'drop' after a delete.
+if ARGV[1] == 'add' then return redis.call('ZADD', KEYS[1], 'NX', ARGV[2], ARGV[3]) end
+if ARGV[1] == 'touch' then
+  return redis.call('ZADD', KEYS[1], 'XX', 'GT', ARGV[2], ARGV[3])
+end
+return redis.call('ZREM', KEYS[1], ARGV[3])
+""",
+)
+"""Keep a cluster store's session index (see `statekeeper.stores.redis.cluster`)."""

@@ -55,6 +55,7 @@ from typing import Any
 from statekeeper.core.messages import utcnow
 from statekeeper.errors import (
     AlreadyExistsError,
+    InvalidInputError,
     NotFoundError,
     StoreCorruptError,
 )
@@ -73,13 +74,14 @@ from statekeeper.stores.engine_writes import EngineWrites
 from statekeeper.stores.options import StoreOptions
 from statekeeper.stores.redis.base import (
     DEFAULT_SOCKET_TIMEOUT,
-    Redis,
+    AnyRedis,
     connect,
     decode_entry,
     dt,
     to_bytes,
     us,
 )
+from statekeeper.stores.redis.cluster import RedisCluster, connect_cluster, listed_heads
 from statekeeper.stores.redis.heads import RedisHeads
 from statekeeper.stores.redis.records import RedisRecords
 from statekeeper.stores.redis.scripts import (
@@ -91,7 +93,9 @@ from statekeeper.stores.redis.scripts import (
     PRUNE,
     READ_ENTRIES,
     REWRITE_ENTRIES,
+    SESSION_INDEX,
 )
+from statekeeper.stores.redis.wire import Replicas
 from statekeeper.stores.rules import (
     apply_patch,
     check_prunable_kind,
@@ -107,7 +111,10 @@ from statekeeper.stores.rules import (
     session_not_found,
 )
 
-__all__ = ["RedisStore", "open_redis"]
+__all__ = ["RedisStore", "open_redis", "open_redis_cluster"]
+
+DEFAULT_WAIT_TIMEOUT = 1.0
+"""Seconds a write waits for its replicas (``wait_replicas``) by default."""
 
 _NO_PATCH = SessionPatch()
 
@@ -121,12 +128,13 @@ class RedisStore(EngineWrites, RedisRecords):
 
     def __init__(
         self,
-        client: Redis,
+        client: AnyRedis,
         *,
         prefix: str = "statekeeper",
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         owns_client: bool = False,
-        make: Callable[[], Redis] | None = None,
+        make: Callable[[], AnyRedis] | None = None,
+        wait: Replicas | None = None,
     ) -> None:
         super().__init__(
             client,
@@ -134,6 +142,7 @@ class RedisStore(EngineWrites, RedisRecords):
             max_payload_bytes=max_payload_bytes,
             owns_client=owns_client,
             make=make,
+            wait=wait,
         )
         self._heads = RedisHeads(self)
         self._cached: dict[tuple[str, str], Any] = {}
@@ -152,11 +161,17 @@ class RedisStore(EngineWrites, RedisRecords):
         prefix: str = "statekeeper",
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         socket_timeout: float = DEFAULT_SOCKET_TIMEOUT,
+        cluster: bool = False,
+        wait: Replicas | None = None,
     ) -> RedisStore:
         """Connect to ``[[user]:password@]host[:port][/db]`` (or a unix socket path),
-        check the server answers, and own the connection pool."""
+        or with ``cluster`` to the cluster of seeds ``host:port[,host:port...]``, check
+        the server answers, and own the connection pool. ``wait``: after each write,
+        wait for that many replicas to confirm it (see `Replicas`)."""
 
-        def make() -> Redis:
+        def make() -> AnyRedis:
+            if cluster:
+                return connect_cluster(location, socket_timeout=socket_timeout)
             return connect(location, socket_timeout=socket_timeout)
 
         client = make()
@@ -167,6 +182,7 @@ class RedisStore(EngineWrites, RedisRecords):
                 max_payload_bytes=max_payload_bytes,
                 owns_client=True,
                 make=make,
+                wait=wait,
             )
         except BaseException:
             await client.aclose()
@@ -180,6 +196,8 @@ class RedisStore(EngineWrites, RedisRecords):
     async def create_session(self, record: SessionRecord) -> SessionRecord:
         record = new_session_record(record, self.max_payload_bytes)
         generation = os.urandom(8).hex().encode()
+        if self.cluster:  # listed before it exists: a created session is always listed
+            await self._index(record.tenant, "add", record.id, record.last_active)
         created = await self._run(
             CREATE_SESSION,
             self.keys.session_keys(record.tenant, record.id),
@@ -218,11 +236,16 @@ class RedisStore(EngineWrites, RedisRecords):
         seen: set[str] = set()
         start = 0
         while len(rows) <= query.limit:
-            reply = await self._run(
-                LIST_SESSIONS,
-                [self.keys.sessions(tenant)],
-                [self.keys.heads(tenant), high, low, start, batch],
-            )
+            if self.cluster:
+                client = self._redis
+                assert isinstance(client, RedisCluster)
+                reply = await listed_heads(client, self.keys, tenant, high, low, start, batch)
+            else:
+                reply = await self._run(
+                    LIST_SESSIONS,
+                    [self.keys.sessions(tenant)],
+                    [self.keys.heads(tenant), high, low, start, batch],
+                )
             start += int(reply[0])
             with gc_paused():
                 for member in reply[1:]:
@@ -262,8 +285,17 @@ class RedisStore(EngineWrites, RedisRecords):
             DELETE_SESSION, self.keys.session_keys(tenant, session_id), [session_id]
         )
         self._engine.forget(tenant, session_id)
+        if self.cluster:
+            await self._index(tenant, "drop", session_id)
         if not deleted:
             raise session_not_found(session_id)
+
+    async def _index(
+        self, tenant: str, op: str, session_id: str, active: datetime | None = None
+    ) -> None:
+        """Keep a cluster's session index (its own slot; see `SESSION_INDEX`)."""
+        score = 0 if active is None else us(active)
+        await self._run(SESSION_INDEX, [self.keys.sessions(tenant)], [op, score, session_id])
 
     # -- transcripts ---------------------------------------------------------------------
 
@@ -335,6 +367,8 @@ class RedisStore(EngineWrites, RedisRecords):
                     raise session_not_found(session_id)
                 if done[0] == 1:
                     self._engine.remember(tenant, to_bytes(reply[0]), updated)
+                    if self.cluster:
+                        await self._index(tenant, "touch", session_id, updated.last_active)
                     return len(doomed)
 
     async def rewrite_entry_payloads(
@@ -363,14 +397,33 @@ class RedisStore(EngineWrites, RedisRecords):
 
 async def open_redis(location: str, options: StoreOptions) -> RedisStore:
     """``redis://[[user]:password@]host[:port][/db]`` or ``redis:///path/to/redis.sock``."""
+    return await _open(location or "localhost:6379/0", options, cluster=False)
+
+
+async def open_redis_cluster(location: str, options: StoreOptions) -> RedisStore:
+    """``redis+cluster://[[user]:password@]host:port[,host:port...]`` (any nodes of it)."""
+    return await _open(location or "localhost:7000", options, cluster=True)
+
+
+async def _open(location: str, options: StoreOptions, *, cluster: bool) -> RedisStore:
     prefix = options.take("prefix", str, "statekeeper")
     validate_id(prefix, "key prefix")
     limit = options.max_payload_bytes()
     timeout = options.take("socket_timeout", float, DEFAULT_SOCKET_TIMEOUT, positive=True)
+    replicas = options.take("wait_replicas", int, 0)
+    wait_for = options.take("wait_timeout", float, DEFAULT_WAIT_TIMEOUT, positive=True)
     options.done()
+    if replicas < 0:
+        raise InvalidInputError(f"wait_replicas must be 0 or more, not {replicas}")
+    if replicas and wait_for >= timeout:
+        raise InvalidInputError(
+            f"wait_timeout ({wait_for} s) must be below socket_timeout ({timeout} s)"
+        )
     return await RedisStore.open(
-        location or "localhost:6379/0",
+        location,
         prefix=prefix,
         max_payload_bytes=limit,
         socket_timeout=timeout,
+        cluster=cluster,
+        wait=Replicas(replicas, int(wait_for * 1000)) if replicas else None,
     )

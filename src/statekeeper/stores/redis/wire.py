@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 from statekeeper.errors import (
     MissingExtraError,
@@ -32,7 +32,7 @@ try:
 except ImportError:  # pragma: no cover - depends on the environment
     raise MissingExtraError("Redis store", "redis") from None
 
-__all__ = ["ScriptArg", "ScriptConnections", "pack", "translate"]
+__all__ = ["REDIRECTS", "Replicas", "ScriptArg", "ScriptConnections", "pack", "translate"]
 
 _UNAVAILABLE_REPLIES = ("LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS")
 
@@ -101,19 +101,43 @@ class ScriptConnections:
     PREFIXES = 4096
     """Packed command starts kept (all are dropped when there are more)."""
 
-    def __init__(self, pool: ConnectionPool, where: str) -> None:
-        settings = dict(pool.connection_kwargs)
+    def __init__(
+        self,
+        connection_class: type[AbstractConnection],
+        settings: dict[str, Any],
+        where: str,
+        *,
+        wait: Replicas | None = None,
+        redirects: bool = False,
+    ) -> None:
+        settings = dict(settings)
         self._timeout: float | None = settings.get("socket_timeout")
         settings["socket_timeout"] = None  # the calls' timer bounds them
-        self._make = partial(pool.connection_class, **settings)
+        self._make = partial(connection_class, **settings)
         self._where = where
+        self._wait = wait
+        self._redirects = redirects
         self._idle: list[AbstractConnection] = []
         self._prefixes: dict[tuple[str, tuple[str, ...]], bytes] = {}
         self._watchdog = _Watchdog(self._timeout) if self._timeout else None
         self._closed = False
 
-    async def run(self, script: Script, keys: Sequence[str], args: Sequence[ScriptArg]) -> Any:
-        """Run ``script``; errors translated (see `translate`)."""
+    @classmethod
+    def of_pool(cls, pool: ConnectionPool, where: str, wait: Replicas | None) -> ScriptConnections:
+        """Connections made like ``pool``'s."""
+        return cls(pool.connection_class, pool.connection_kwargs, where, wait=wait)
+
+    async def run(
+        self,
+        script: Script,
+        keys: Sequence[str],
+        args: Sequence[ScriptArg],
+        *,
+        asking: bool = False,
+    ) -> Any:
+        """Run ``script``; errors translated (see `translate`). With ``redirects``, a
+        cluster's redirections (`REDIRECTS`: nothing ran) are raised as they are, for
+        the caller to follow; ``asking`` sends ASKING first (after an ASK)."""
         conn = self._idle.pop() if self._idle else self._make()
         watched = None
         if self._watchdog is not None and (task := asyncio.current_task()) is not None:
@@ -125,7 +149,12 @@ class ScriptConnections:
                 await conn.disconnect(nowait=True)
                 await conn.connect()  # type: ignore[no-untyped-call]  # untyped in redis-py
             try:
+                if asking:
+                    await conn.send_packed_command(_ASKING, check_health=False)
+                    await conn.read_response()
                 reply = await self._call(conn, script, keys, args)
+                if self._wait is not None and script.writes:
+                    await self._wait.check(conn, self._where)
             except rx.ResponseError as exc:  # the server's whole answer: still in step
                 refused = exc
         except BaseException as exc:
@@ -143,6 +172,8 @@ class ScriptConnections:
             watched[0].end(watched[1], None)
         await self._give_back(conn)
         if refused is not None:
+            if self._redirects and isinstance(refused, REDIRECTS):
+                raise refused
             raise translate(refused, self._where) from refused
         return reply
 
@@ -179,6 +210,36 @@ class ScriptConnections:
         idle, self._idle = self._idle, []
         for conn in idle:
             await conn.disconnect()
+
+
+_ASKING = pack(["ASKING"])
+
+REDIRECTS = (rx.MovedError, rx.AskError, rx.TryAgainError, rx.ClusterDownError)
+"""A cluster's answers that nothing ran: the slot is elsewhere (now or for this call),
+or the cluster is between two states. Following them is always safe."""
+
+
+class Replicas(NamedTuple):
+    """Durability that waits for replicas: after each write, ``WAIT replicas timeout_ms``
+    on the connection that wrote. Fewer acknowledgements in time raise `StoreUnavailableError`
+    (the write is on the primary and may be lost if it fails now; repeating the same
+    call is safe: appends and updates replay as themselves)."""
+
+    replicas: int
+    timeout_ms: int
+
+    async def check(self, conn: AbstractConnection, where: str) -> None:
+        await conn.send_packed_command(
+            pack(["WAIT", self.replicas, self.timeout_ms]), check_health=False
+        )
+        acked = int(await conn.read_response())
+        if acked < self.replicas:
+            raise StoreUnavailableError(
+                f"Redis at {where} applied the write, but only {acked} of {self.replicas} "
+                f"replica(s) confirmed it within {self.timeout_ms} ms, so a failover now "
+                "could lose it; retry the same call (it is recognised as a replay), or "
+                "check the replicas"
+            )
 
 
 class _Watchdog:
@@ -260,6 +321,11 @@ def translate(exc: Exception, where: str) -> StoreError:
     ):
         return StoreUnavailableError(
             f"cannot reach Redis at {where} ({text or type(exc).__name__}); retry when it is back"
+        )
+    if text.startswith(("MOVED", "ASK ")):
+        return StoreUnavailableError(
+            f"Redis at {where} is a node of a Redis Cluster ({text}); open it with a "
+            "redis+cluster:// URL"
         )
     if text.startswith("WRONGTYPE"):
         return StoreCorruptError(
