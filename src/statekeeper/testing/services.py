@@ -77,7 +77,8 @@ async def start_local_cluster(port: int, host: str = "127.0.0.1") -> bool:
     bash = shutil.which("bash")
     if not CLUSTER_SCRIPT.exists() or bash is None or shutil.which("redis-server") is None:
         return False
-    lock_path = Path(tempfile.gettempdir()) / f"statekeeper-redis-cluster-{port}.lock"
+    # the lock tests/redis_cluster.py takes: DIR.lock beside the script's default DIR
+    lock_path = Path(tempfile.gettempdir()) / f"statekeeper-redis-cluster-{port - 1}.lock"
 
     def start() -> bool:
         with open(lock_path, "w") as lock:
