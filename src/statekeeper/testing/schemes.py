@@ -47,6 +47,7 @@ __all__ = [
     "REDIS_CLUSTER_URL",
     "REDIS_URL",
     "TEST_KEYRING_VAR",
+    "delete_cluster_prefix",
     "delete_prefix",
     "drop_schema",
     "postgres_reachable",
@@ -160,8 +161,12 @@ async def _require_redis_cluster(url: str) -> None:
 
 
 async def _drop_redis_cluster(url: str, ctx: BackendContext) -> None:
-    """Delete the store's keys on every master (one key per UNLINK: keys of different
-    slots never go in one command on a cluster)."""
+    await delete_cluster_prefix(url, ctx.unique)
+
+
+async def delete_cluster_prefix(url: str, prefix: str) -> None:
+    """Delete every key under ``prefix/`` on every master of the cluster a node of which
+    ``url`` names (one key per UNLINK: keys of different slots never share a command)."""
     from redis.asyncio import Redis
     from redis.asyncio.cluster import RedisCluster
 
@@ -173,7 +178,7 @@ async def _drop_redis_cluster(url: str, ctx: BackendContext) -> None:
             client = Redis(host=node.host, port=int(node.port))
             try:
                 async with client.pipeline(transaction=False) as pipe:
-                    async for key in client.scan_iter(match=f"{ctx.unique}/*", count=1000):
+                    async for key in client.scan_iter(match=f"{prefix}/*", count=1000):
                         pipe.unlink(key)
                     await pipe.execute()
             finally:
