@@ -24,9 +24,12 @@ always runs on a warmer or a cooler machine):
   (``SessionManager``, ``Session.append`` / ``entries``, ``Runner.start`` / ``approve`` /
   ``resume``): what the HTTP layer costs.
 
-Stores: SQLite (a temporary file), PostgreSQL (127.0.0.1:5432 db ``test``, a throw-away
-schema dropped at the end), Redis (single node 127.0.0.1:6379, a fresh key prefix deleted
-at the end). Redis Cluster is not available yet (issue 24, first part): not measured.
+Stores (``--stores sqlite,postgresql,redis,redis-cluster``, all by default): SQLite (a
+temporary file), PostgreSQL (127.0.0.1:5432 db ``test``, a throw-away schema dropped at
+the end), Redis (single node 127.0.0.1:6379, ``STATEKEEPER_BENCH_REDIS_URL``) and Redis
+Cluster (``redis+cluster://127.0.0.1:7101``, ``STATEKEEPER_BENCH_REDIS_CLUSTER_URL``;
+``bash scripts/redis-cluster.sh start 7100`` starts the local one), each on a fresh key
+prefix whose keys are deleted at the end (on a cluster, on every master).
 
 PostgreSQL against raw psycopg at ``RAW_SESSIONS`` concurrent sessions: the same turns
 without runs, ours through the library against the plainest raw code, a
@@ -60,10 +63,13 @@ from bench.postgres import reachable
 from statekeeper.stores import open_store
 
 REDIS = os.environ.get("STATEKEEPER_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+REDIS_CLUSTER = os.environ.get(
+    "STATEKEEPER_BENCH_REDIS_CLUSTER_URL", "redis+cluster://127.0.0.1:7101"
+)
 RAW_SESSIONS = 200
 POOL = 10  # PostgreSQL pool size: each server's, the library's and raw psycopg's
 TARGET_RAW = 0.7
-STORES = ("sqlite", "postgresql", "redis")
+STORES = ("sqlite", "postgresql", "redis", "redis-cluster")
 OPTIONS: dict[str, Any] = {"sessions": 1_000, "seconds": 30.0, "stores": STORES}
 
 
@@ -138,6 +144,53 @@ async def _drop_keys(prefix: str) -> None:
         await client.aclose()
 
 
+async def _drop_cluster_keys(prefix: str) -> None:
+    """Delete the prefix's keys on every master, one key per UNLINK (keys of different
+    slots never go in one command on a cluster)."""
+    from redis.asyncio import Redis
+    from redis.asyncio.cluster import RedisCluster
+
+    from statekeeper.stores.redis.cluster import seeds_of
+
+    settings, seeds = seeds_of(REDIS_CLUSTER.split("://", 1)[1].split("?", 1)[0])
+    cluster = RedisCluster(host=seeds[0][0], port=seeds[0][1], **settings)
+    try:
+        await cluster.initialize()
+        for node in cluster.get_primaries():
+            client = Redis(host=node.host, port=int(node.port), **settings)
+            try:
+                keys = [key async for key in client.scan_iter(match=f"{prefix}/*", count=1000)]
+                for start in range(0, len(keys), 1000):
+                    async with client.pipeline(transaction=False) as pipe:
+                        for key in keys[start : start + 1000]:
+                            pipe.unlink(key)
+                        await pipe.execute()
+            finally:
+                await client.aclose()
+    finally:
+        await cluster.aclose()
+
+
+async def _redis(rows: dict[str, Any], tmp: Path) -> None:
+    """The Redis rows: one node, then the cluster (each on a prefix of its own)."""
+    for store, what, base, port, drop in (
+        ("redis", "Redis", REDIS, 6379, _drop_keys),
+        ("redis-cluster", "Redis Cluster", REDIS_CLUSTER, 7101, _drop_cluster_keys),
+    ):
+        if store not in OPTIONS["stores"]:
+            continue
+        why = await common_reachable(base, port, what)
+        if why is not None:
+            print(f"({store} rows skipped: {why})")
+            continue
+        prefix = f"skload{uuid.uuid4().hex[:8]}"
+        try:
+            url = f"{base}{'&' if '?' in base else '?'}prefix={prefix}"
+            rows.update(await _store_rows(f"{store} (2 servers)", url, 2, tmp))
+        finally:
+            await drop(prefix)
+
+
 async def run() -> dict[str, Any]:
     """Every figure of the suite (a store that is not there is left out, with why)."""
     rows: dict[str, Any] = {}
@@ -152,16 +205,7 @@ async def run() -> dict[str, Any]:
             print(f"(postgresql rows skipped: {why})")
         elif "postgresql" in OPTIONS["stores"]:
             await _postgres(rows, tmp)
-        prefix = f"skload{uuid.uuid4().hex[:8]}"
-        why = await common_reachable(REDIS, 6379, "Redis")
-        if why is not None:
-            print(f"(redis rows skipped: {why})")
-        elif "redis" in OPTIONS["stores"]:
-            try:
-                url = f"{REDIS}?prefix={prefix}"
-                rows.update(await _store_rows("redis (2 servers)", url, 2, tmp))
-            finally:
-                await _drop_keys(prefix)
+        await _redis(rows, tmp)
     return rows
 
 
@@ -187,8 +231,12 @@ def report(rows: dict[str, Any]) -> list[str]:
         for sample in t.samples:
             print(f"    {sample}")
         errors += t.errors
-    print("redis cluster: not available yet (issue 24, first part); single node only")
-    for store in ("sqlite (1 server)", "postgresql (2 servers)", "redis (2 servers)"):
+    for store in (
+        "sqlite (1 server)",
+        "postgresql (2 servers)",
+        "redis (2 servers)",
+        "redis-cluster (2 servers)",
+    ):
         http, lib = rows.get(f"{store} http"), rows.get(f"{store} library")
         if http and lib and http.rate:
             name = store.split()[0]
