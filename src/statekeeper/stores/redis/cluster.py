@@ -72,6 +72,11 @@ def seeds_of(location: str) -> tuple[dict[str, Any], list[tuple[str, int]]]:
         username, colon, password = userinfo.partition(":")
         settings["username"] = username or None
         settings["password"] = password if colon else None
+    if "/" in rest.rstrip("/"):
+        raise InvalidInputError(
+            f"invalid Redis Cluster address {rest!r}: a cluster has no databases; "
+            "use redis+cluster://host:port[,host:port]"
+        )
     seeds: list[tuple[str, int]] = []
     for part in rest.rstrip("/").split(","):
         host, colon, port = part.strip().rpartition(":")
@@ -83,11 +88,6 @@ def seeds_of(location: str) -> tuple[dict[str, Any], list[tuple[str, int]]]:
             raise InvalidInputError(
                 f"invalid Redis Cluster node {part!r}; use redis+cluster://host:port[,host:port]"
             ) from None
-    if "/" in rest.rstrip("/") or not seeds:
-        raise InvalidInputError(
-            f"invalid Redis Cluster address {rest!r}: a cluster has no databases; "
-            "use redis+cluster://host:port[,host:port]"
-        )
     return settings, seeds
 
 

@@ -29,6 +29,7 @@ from statekeeper.stores.redis.scripts import (
     APPEND_EVENTS,
     COMMIT,
     COMMIT_EVENTS,
+    LOAD,
     SESSION_INDEX,
 )
 from statekeeper.stores.redis.wire import ScriptArg
@@ -114,9 +115,8 @@ class RedisHeads:
         """The stored head and the stored entries among ``ids`` (one atomic read)."""
         # Generation '' matches no head: the script only reads and answers the snapshot.
         args: list[ScriptArg] = [b"", 0, 0, "", 0, session_id, len(ids), *ids, 0]
-        found = await self._commit(tenant, session_id, args)
-        assert found is not None
-        return found
+        reply = await self._base._run(LOAD, self._session_keys(tenant, session_id), args)
+        return self._current(tenant, session_id, reply)
 
     async def commit_head(
         self,

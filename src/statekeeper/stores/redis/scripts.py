@@ -26,6 +26,7 @@ __all__ = [
     "LINKS",
     "LIST_RECORDS",
     "LIST_SESSIONS",
+    "LOAD",
     "PRUNE",
     "PUT_RECORD",
     "READ_ENTRIES",
@@ -167,6 +168,8 @@ if KEYS[4] then redis.call('ZADD', KEYS[4], ARGV[5], ARGV[6]) end
 
 COMMIT = Script("commit", _COMMIT_CHECK + _COMMIT_WRITE + "return 1\n")
 """Compare-and-set a head (generation and version) and append entries with it."""
+LOAD = Script("commit", COMMIT.source, writes=False)
+"""`COMMIT` called with a generation of '' to read the head and stored ids (no write)."""
 
 _LOG_EVENTS = """
 local function log_events(key, notices, log, kept, from, to)

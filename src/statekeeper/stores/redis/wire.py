@@ -322,7 +322,7 @@ def translate(exc: Exception, where: str) -> StoreError:
         return StoreUnavailableError(
             f"cannot reach Redis at {where} ({text or type(exc).__name__}); retry when it is back"
         )
-    if text.startswith(("MOVED", "ASK ")):
+    if isinstance(exc, rx.MovedError | rx.AskError) or text.startswith(("MOVED", "ASK ")):
         return StoreUnavailableError(
             f"Redis at {where} is a node of a Redis Cluster ({text}); open it with a "
             "redis+cluster:// URL"
