@@ -26,7 +26,10 @@ from statekeeper.server import ApiKeys, ServerConfig, create_app
 from statekeeper.stores import Store, open_store
 from statekeeper.testing.schemes import (
     POSTGRES_URL,
+    REDIS_CLUSTER_URL,
     REDIS_URL,
+    _require_redis_cluster,
+    delete_cluster_prefix,
     delete_prefix,
     drop_schema,
     postgres_reachable,
@@ -178,12 +181,17 @@ class SseReader:
         raise EOFError("the stream ended")
 
 
-@pytest.fixture(params=["postgres", "redis"])
+@pytest.fixture(params=["postgres", "redis", "redis-cluster"])
 async def feed_store_url(request: pytest.FixtureRequest) -> AsyncIterator[str]:
     """A store several servers can share, with its event feed: a fresh PostgreSQL schema
-    and LISTEN/NOTIFY channel, or a fresh Redis key prefix (removed afterwards)."""
+    and LISTEN/NOTIFY channel, or a fresh Redis key prefix on one server or on the
+    suite's cluster (removed afterwards)."""
     unique = f"feed{uuid.uuid4().hex[:10]}"
-    if request.param == "redis":
+    if request.param == "redis-cluster":
+        await _require_redis_cluster(REDIS_CLUSTER_URL)
+        yield f"{REDIS_CLUSTER_URL}?prefix={unique}"
+        await delete_cluster_prefix(REDIS_CLUSTER_URL, unique)
+    elif request.param == "redis":
         url = f"{REDIS_URL}?prefix={unique}"
         try:
             async with await open_store(url):
