@@ -66,6 +66,9 @@ def test_dev_anonymous_refuses_a_public_host(tmp_path: Path) -> None:
     code, _, err = cli(url, "serve", "--app", "no_colon")
     assert code == 1
     assert "MODULE:ATTR" in err
+    code, _, err = cli(url, "serve", "--take-over", "5")
+    assert code == 1
+    assert "--take-over needs --app" in err
 
 
 async def test_dev_anonymous_serves_tenant_default_as_admin(tmp_path: Path) -> None:

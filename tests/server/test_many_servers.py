@@ -55,13 +55,15 @@ class Cluster:
     folder: Path
     servers: list[Server] = field(default_factory=list)
 
-    def start(self, name: str, *, grace: float = 10.0, **env: str) -> Server:
+    def start(
+        self, name: str, *, grace: float = 10.0, args: tuple[str, ...] = (), **env: str
+    ) -> Server:
         port = free_port()
         log = self.folder / f"{name}.log"
         path = os.pathsep.join([str(SRC), str(TESTS), os.environ.get("PYTHONPATH", "")])
         command = [sys.executable, "-m", "statekeeper.cli", "--store", self.store_url, "serve"]
         command += ["--app", APP, "--port", str(port), "--poll-interval", "0.05"]
-        command += ["--shutdown-grace", str(grace)]
+        command += ["--shutdown-grace", str(grace), *args]
         env = {"SK_TEST_MARK": str(self.folder / "hold.marks"), **env}
         with log.open("ab") as err:
             process = subprocess.Popen(
@@ -265,6 +267,27 @@ async def test_a_killed_servers_run_is_taken_over_after_its_lease(cluster: Clust
     results = await tool_results(cluster.store_url, session_id, "c-hold")
     assert marks(cluster) == ["node-a", "node-b"]  # a died in it; b ran it again
     assert len(results) == 1  # and its one result, b's, is recorded once
+    assert "node-b" in results[0]
+
+
+async def test_with_take_over_a_killed_servers_run_goes_on_by_itself(cluster: Cluster) -> None:
+    a = cluster.start("a", SK_TEST_HOLD="1", SK_TEST_OWNER="node-a", SK_TEST_LEASE="2")
+    b = cluster.start("b", args=("--take-over", "0.2"), SK_TEST_OWNER="node-b", SK_TEST_LEASE="2")
+    await asyncio.gather(ready(a), ready(b))
+    run_id, session_id = await _holding(cluster, a)
+    assert marks(cluster) == ["node-a"]  # b leaves a run whose driver lives alone
+    a.process.kill()
+    await asyncio.to_thread(a.process.wait, BOUND)
+    async with await open_store(cluster.store_url) as store:
+        index, _ = await Runner(store, TENANT, []).runs.index(run_id)
+    assert index.lease_until is not None
+    async with cluster.client(b) as on_b:  # nobody asks: b finds the run and resumes it
+        done = await until(on_b, run_id, _status("completed", "error", "cancelled"))
+    assert done["status"] == "completed", done
+    assert f"taking over run {run_id} of tenant {TENANT}" in b.log.read_text()
+    results = await tool_results(cluster.store_url, session_id, "c-hold")
+    assert marks(cluster) == ["node-a", "node-b"]  # a died in its tool call; b ran it again
+    assert len(results) == 1
     assert "node-b" in results[0]
 
 

@@ -40,6 +40,23 @@ _Grace = Annotated[
     ),
 ]
 
+_Poll = Annotated[
+    float, typer.Option(min=0.01, help="Seconds between log reads when the store has no feed.")
+]
+_MaxBody = Annotated[
+    int, typer.Option(min=1024, help="The largest request body taken; larger ones get a 413.")
+]
+_TakeOver = Annotated[
+    float | None,
+    typer.Option(
+        min=0.1,
+        metavar="SECONDS",
+        help="Every SECONDS, resume the runs whose server went away (still 'running', "
+        "their lease expired). Needs --app. Off by default.",
+        show_default=False,
+    ),
+]
+
 
 def _server() -> None:
     try:
@@ -74,20 +91,17 @@ def serve(
         list[str] | None,
         typer.Option("--cors-origin", metavar="ORIGIN", help="Allow this origin (repeat)."),
     ] = None,
-    poll_interval: Annotated[
-        float,
-        typer.Option(min=0.01, help="Seconds between log reads when the store has no feed."),
-    ] = 0.25,
-    max_body_bytes: Annotated[
-        int,
-        typer.Option(min=1024, help="The largest request body taken; larger ones get a 413."),
-    ] = 32 * 1024 * 1024,
+    poll_interval: _Poll = 0.25,
+    max_body_bytes: _MaxBody = 32 * 1024 * 1024,
     shutdown_grace: _Grace = 10.0,
+    take_over: _TakeOver = None,
 ) -> None:
     """Serve the HTTP API, live events and the control UI over the store."""
     _server()
     from statekeeper.server import ServerConfig
 
+    if take_over is not None and app_spec is None:
+        fail("--take-over needs --app: the agents the server resumes runs with")
     factory = load_app(app_spec) if app_spec is not None else None
 
     async def reachable(store: Store, _: str) -> None:
@@ -103,6 +117,7 @@ def serve(
         poll_interval=poll_interval,
         max_body_bytes=max_body_bytes,
         shutdown_grace=shutdown_grace,
+        take_over=take_over,
     )
     _run_server(config, host, port)
 

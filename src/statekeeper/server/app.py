@@ -28,6 +28,7 @@ from statekeeper.server.errors import (
 from statekeeper.server.limits import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from statekeeper.server.links import add_id_patterns, add_links
 from statekeeper.server.streams import EventHub, feed_of
+from statekeeper.server.takeover import taking_over
 from statekeeper.stores import open_store
 
 __all__ = ["ServerConfig", "check_host", "create_app"]
@@ -52,6 +53,9 @@ class ServerConfig:
     """A request body over this is a 413, refused before it is read (and before auth)."""
     shutdown_grace: float = 10.0
     """Seconds a stopping server lets the runs it drives finish before it releases them."""
+    take_over: float | None = None
+    """Every so many seconds, resume the runs whose driver went away (needs ``app``; see
+    `statekeeper.server.takeover`). None: never by itself."""
 
 
 def check_host(host: str, dev_anonymous: bool) -> None:
@@ -139,7 +143,8 @@ def create_app(config: ServerConfig) -> FastAPI:
         )
         app.state.context = context
         try:
-            yield
+            async with taking_over(context, config.take_over if config.factory else None):
+                yield
         finally:
             await context.aclose()
 
