@@ -16,12 +16,15 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
 from datetime import timedelta
+from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
+from redis_cluster import require_cluster_tools, start_cluster
 from statekeeper.errors import InvalidInputError, StoreUnavailableError
 from statekeeper.stores import open_store
 from statekeeper.stores.base import EntryDraft, SessionQuery, SessionRecord
@@ -227,3 +230,56 @@ async def test_a_cluster_node_opened_as_one_server_names_the_cluster_url(prefix:
 
     with pytest.raises(StoreUnavailableError, match=r"node of a Redis Cluster.*redis\+cluster://"):
         await create_some()
+
+
+async def test_appends_follow_a_session_whose_slot_moves_to_another_master(
+    tmp_path: Path,
+) -> None:
+    # A slot migrating (its keys moved, the slot not yet handed over) answers ASK; once
+    # handed over, its old master answers MOVED. Appends follow both, and go on where
+    # they were: nothing lost, nothing twice.
+    require_cluster_tools()
+    handle = await asyncio.to_thread(start_cluster, 7530, tmp_path / "cluster")
+    try:
+        async with open_store(f"{handle.url}?prefix=mv") as store:
+            assert isinstance(store, RedisStore)
+            await store.create_session(SessionRecord(tenant=TENANT, id="moving"))
+            await store.append_entries(TENANT, "moving", [_draft(0)])
+            keys = [store.keys.head(TENANT, "moving"), store.keys.entries(TENANT, "moving")]
+            keys.append(store.keys.entry_ids(TENANT, "moving"))
+            source = handle.master_for_key(keys[0])
+            masters = {port: node_id for port, node_id, _ in handle.masters()}
+            target = next(port for port in masters if port != source)
+            slot = int(handle.client(source).execute_command("CLUSTER", "KEYSLOT", keys[0]))
+            await asyncio.to_thread(_migrate_keys, handle, slot, source, target, masters, keys)
+
+            await store.append_entries(TENANT, "moving", [_draft(1)])  # ASK, then ASKING
+            await asyncio.to_thread(_hand_over, handle, slot, target, masters)
+            await store.append_entries(TENANT, "moving", [_draft(2)])  # MOVED
+            await store.append_entries(TENANT, "moving", [_draft(2)])  # a replay
+            entries = await store.read_entries(TENANT, "moving")
+        assert [(e.seq, e.id) for e in entries] == [(1, "e0"), (2, "e1"), (3, "e2")]
+        assert handle.master_for_key(keys[0]) == target
+    finally:
+        await asyncio.to_thread(handle.stop)
+
+
+def _draft(n: int) -> EntryDraft:
+    return EntryDraft(id=f"e{n}", kind="message", payload={"n": n})
+
+
+def _migrate_keys(
+    handle: Any, slot: int, source: int, target: int, masters: dict[int, str], keys: list[str]
+) -> None:
+    """Start moving ``slot`` from ``source`` to ``target`` and move ``keys`` over."""
+    handle.client(target).execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", masters[source])
+    handle.client(source).execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", masters[target])
+    handle.client(source).execute_command(
+        "MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", *keys
+    )
+
+
+def _hand_over(handle: Any, slot: int, target: int, masters: dict[int, str]) -> None:
+    """Finish the move: every master now says ``target`` serves the slot."""
+    for port in masters:
+        handle.client(port).execute_command("CLUSTER", "SETSLOT", slot, "NODE", masters[target])

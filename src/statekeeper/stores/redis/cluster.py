@@ -130,7 +130,12 @@ class ClusterScripts:
             node = ask or self._master(slot)
             try:
                 return await self._on(node).run(script, keys, args, asking=ask is not None)
-            except rx.AskError as exc:  # the slot is moving: this key is there already
+            except rx.AskError as exc:
+                if isinstance(exc, rx.MovedError):  # redis-py's MOVED is a kind of ASK
+                    ask = None
+                    self._stale = True
+                    continue
+                # The slot is moving, and these keys are at the node named already.
                 ask = self._client.nodes_manager.get_node(exc.host, exc.port) or ClusterNode(
                     exc.host, exc.port, **self._client.connection_kwargs
                 )

@@ -149,10 +149,7 @@ class ScriptConnections:
                 await conn.disconnect(nowait=True)
                 await conn.connect()  # type: ignore[no-untyped-call]  # untyped in redis-py
             try:
-                if asking:
-                    await conn.send_packed_command(_ASKING, check_health=False)
-                    await conn.read_response()
-                reply = await self._call(conn, script, keys, args)
+                reply = await self._call(conn, script, keys, args, asking)
                 if self._wait is not None and script.writes:
                     await self._wait.check(conn, self._where)
             except rx.ResponseError as exc:  # the server's whole answer: still in step
@@ -178,8 +175,16 @@ class ScriptConnections:
         return reply
 
     async def _call(
-        self, conn: AbstractConnection, script: Script, keys: Sequence[str], args: Sequence[Any]
+        self,
+        conn: AbstractConnection,
+        script: Script,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        asking: bool = False,
     ) -> Any:
+        if asking:  # ASKING lets the next command (only) use a slot being imported
+            await conn.send_packed_command(_ASKING, check_health=False)
+            await conn.read_response()
         fixed = (script.sha, tuple(keys))
         prefix = self._prefixes.get(fixed)
         if prefix is None:
@@ -192,7 +197,10 @@ class ScriptConnections:
         )
         try:
             return await conn.read_response()
-        except rx.NoScriptError:  # a restarted server forgot it: EVAL loads it again
+        except rx.NoScriptError:  # a restarted (or new) server lacks it: EVAL loads it
+            if asking:
+                await conn.send_packed_command(_ASKING, check_health=False)
+                await conn.read_response()
             await conn.send_packed_command(
                 pack(["EVAL", script.source, len(keys), *keys, *args]), check_health=False
             )
