@@ -36,6 +36,7 @@ from statekeeper.testing.schemes import (
     _require_redis_cluster,
     delete_cluster_prefix,
 )
+from statekeeper.testing.services import require_service, tcp_reachable
 
 TENANT = "tenant-a"
 SPREAD_SESSIONS = int(os.environ.get("STATEKEEPER_SPREAD_SESSIONS", "10000"))
@@ -283,3 +284,16 @@ def _hand_over(handle: Any, slot: int, target: int, masters: dict[int, str]) -> 
     """Finish the move: every master now says ``target`` serves the slot."""
     for port in masters:
         handle.client(port).execute_command("CLUSTER", "SETSLOT", slot, "NODE", masters[target])
+
+
+async def test_a_cluster_that_is_not_there_is_a_typed_error() -> None:
+    with pytest.raises(StoreUnavailableError, match="cannot reach Redis Cluster at 127.0.0.1:1"):
+        await open_store("redis+cluster://127.0.0.1:1")
+
+
+async def test_one_server_opened_as_a_cluster_names_the_redis_url() -> None:
+    server = urlsplit(REDIS_URL)
+    if not await tcp_reachable(server.hostname or "127.0.0.1", server.port or 6379):
+        require_service("redis", f"no Redis server at {REDIS_URL}")
+    with pytest.raises(StoreUnavailableError, match="is not a cluster.*redis:// URL"):
+        await open_store(f"redis+cluster://{server.hostname}:{server.port or 6379}")

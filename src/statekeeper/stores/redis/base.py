@@ -34,7 +34,13 @@ from statekeeper.stores.base import ClosingStore, Entry, Event
 from statekeeper.stores.redis.cluster import ClusterScripts, RedisCluster
 from statekeeper.stores.redis.keys import Keys
 from statekeeper.stores.redis.scripts import Script
-from statekeeper.stores.redis.wire import Replicas, ScriptArg, ScriptConnections, translate
+from statekeeper.stores.redis.wire import (
+    CLIENT_ERRORS,
+    Replicas,
+    ScriptArg,
+    ScriptConnections,
+    translate,
+)
 from statekeeper.stores.rules import corrupt_entry, from_micros, to_micros
 
 try:
@@ -204,7 +210,7 @@ class RedisBase(HomeLoop, ClosingStore):
         """Translate redis-py and socket errors into statekeeper's (see `translate`)."""
         try:
             yield
-        except (rx.RedisError, OSError) as exc:
+        except CLIENT_ERRORS as exc:
             raise translate(exc, self._where) from exc
 
     async def _run(self, script: Script, keys: Sequence[str], args: Sequence[ScriptArg]) -> Any:
@@ -232,7 +238,7 @@ async def run_script(
         except rx.NoScriptError:
             await client.script_load(script.source)
             return await client.evalsha(script.sha, len(keys), *keys, *args)
-    except (rx.RedisError, OSError) as exc:
+    except CLIENT_ERRORS as exc:
         raise translate(exc, where) from exc
 
 

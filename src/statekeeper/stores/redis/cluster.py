@@ -41,6 +41,7 @@ from statekeeper.errors import InvalidInputError, MissingExtraError, StoreUnavai
 from statekeeper.stores.redis.keys import Keys
 from statekeeper.stores.redis.scripts import Script
 from statekeeper.stores.redis.wire import (
+    CLIENT_ERRORS,
     REDIRECTS,
     Replicas,
     ScriptArg,
@@ -158,7 +159,7 @@ class ClusterScripts:
         self._client._initialize = True
         try:
             await self._client.initialize()
-        except (rx.RedisError, OSError) as exc:
+        except CLIENT_ERRORS as exc:
             raise translate(exc, self._where) from exc
         self._stale = False
 
@@ -216,7 +217,7 @@ async def listed_heads(
         for member, _ in rows:
             pipe.hmget(keys.head(tenant, _text(member)), "doc", "live")
         heads: Any = await pipe.execute()
-    except (rx.RedisError, OSError) as exc:
+    except CLIENT_ERRORS as exc:
         raise translate(exc, where) from exc
     out: list[Any] = [len(rows)]
     for (member, score), (doc, live) in zip(rows, heads, strict=True):

@@ -42,7 +42,6 @@ from typing import Any
 
 from statekeeper.errors import (
     InvalidInputError,
-    MissingExtraError,
     SessionLockLostError,
     SessionLockTimeoutError,
     StoreCorruptError,
@@ -55,13 +54,9 @@ from statekeeper.stores.redis.base import decode_event, run_script, to_text, tra
 from statekeeper.stores.redis.keys import Keys
 from statekeeper.stores.redis.scripts import Script
 from statekeeper.stores.redis.store import RedisStore
+from statekeeper.stores.redis.wire import CLIENT_ERRORS
 from statekeeper.stores.rules import check_record_ids, check_tenant_and_id, check_wait
 from statekeeper.tasks import cancel_and_wait
-
-try:
-    import redis.exceptions as rx
-except ImportError:  # pragma: no cover - depends on the environment
-    raise MissingExtraError("Redis coordination", "redis") from None
 
 __all__ = [
     "Lease",
@@ -341,5 +336,5 @@ async def _call(store: RedisStore, pending: Awaitable[Any]) -> Any:
     """Await a redis-py call, translating its errors (see `redis_base.translate`)."""
     try:
         return await pending
-    except (rx.RedisError, OSError) as exc:
+    except CLIENT_ERRORS as exc:
         raise translate(exc, store.where) from exc

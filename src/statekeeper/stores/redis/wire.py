@@ -32,13 +32,23 @@ try:
 except ImportError:  # pragma: no cover - depends on the environment
     raise MissingExtraError("Redis store", "redis") from None
 
-__all__ = ["REDIRECTS", "Replicas", "ScriptArg", "ScriptConnections", "pack", "translate"]
+__all__ = [
+    "CLIENT_ERRORS",
+    "REDIRECTS",
+    "Replicas",
+    "ScriptArg",
+    "ScriptConnections",
+    "pack",
+    "translate",
+]
 
 _UNAVAILABLE_REPLIES = ("LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS")
 
 
 ScriptArg = bytes | str | int | float
 """What scripts take as arguments."""
+CLIENT_ERRORS = (rx.RedisError, rx.RedisClusterException, OSError)
+"""What redis-py and sockets raise (`translate` makes statekeeper errors of them)."""
 
 
 def pack(args: Sequence[ScriptArg]) -> bytes:
@@ -307,6 +317,14 @@ async def _dirty(conn: AbstractConnection) -> bool:
 def translate(exc: Exception, where: str) -> StoreError:
     """The most specific statekeeper error for a redis-py or socket error."""
     text = str(exc)
+    if isinstance(exc, rx.RedisClusterException) and "not enabled" in text:
+        return StoreUnavailableError(
+            f"Redis at {where} is not a cluster ({text}); open it with a redis:// URL"
+        )
+    if isinstance(exc, rx.RedisClusterException):
+        return StoreUnavailableError(
+            f"cannot reach Redis Cluster at {where} ({text}); retry when it is back"
+        )
     if isinstance(exc, rx.ReadOnlyError) or text.startswith("READONLY"):
         return StoreReadOnlyError(
             f"Redis at {where} is a read-only replica and refuses writes ({text}); "
