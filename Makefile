@@ -43,6 +43,7 @@ FUZZ := tests/server/test_openapi_fuzz.py
 thorough: $(STAMP) browser
 	$(VENV)/bin/pytest -q -n auto --hypothesis-profile thorough --ignore=$(FUZZ)
 	$(VENV)/bin/pytest -q -s -p no:xdist --hypothesis-profile thorough $(FUZZ)
+	STATEKEEPER_FAILOVERS=20 $(VENV)/bin/pytest -q -s -p no:xdist tests/stores/test_redis_cluster_failover.py
 
 test: lint types unit
 
