@@ -220,12 +220,16 @@ def report(rows: dict[str, Any]) -> list[str]:
     """Print the figures; return the missed targets."""
     verdicts = Verdicts()
     head = f"{'side':<40} {'appends/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'read p50':>8}"
-    print(head + f" {'runs':>5} {'run p50':>8} {'errors':>6} {'cpu %':>6} {'srv cpu %':>9}")
+    print(
+        head + f" {'runs':>5} {'run p50':>8} {'run p99':>8} {'errors':>6} {'cpu %':>6}"
+        f" {'srv cpu %':>9}"
+    )
     errors = 0
     for name, t in rows.items():
         print(
             f"{name:<40} {t.rate:>9.0f} {_ms(t.appends, 0.5):>8.1f} {_ms(t.appends, 0.99):>8.1f}"
-            f" {_ms(t.reads, 0.5):>8.1f} {len(t.runs):>5} {_ms(t.runs, 0.5):>8.1f} {t.errors:>6}"
+            f" {_ms(t.reads, 0.5):>8.1f} {len(t.runs):>5} {_ms(t.runs, 0.5):>8.1f}"
+            f" {_ms(t.runs, 0.99):>8.1f} {t.errors:>6}"
             f" {100 * t.cpu / t.elapsed:>6.0f} {100 * t.server_cpu / t.elapsed:>9.0f}"
         )
         for sample in t.samples:

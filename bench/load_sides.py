@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -65,7 +66,15 @@ class Tally:
 
 
 class Agent:
-    """One session's three operations; a side makes one per session."""
+    """One session's three operations; a side makes one per session. ``step`` names the
+    call under way and ``since`` when it began (what a session that did not stop was
+    doing)."""
+
+    step = "nothing"
+    since = 0.0
+
+    def at(self, step: str) -> None:
+        self.step, self.since = step, time.perf_counter()
 
     async def append(self, role: str, text: str) -> int:
         raise NotImplementedError
@@ -94,13 +103,22 @@ async def _session(agent: Agent, number: int, deadline: float, runs: bool, tally
     while time.perf_counter() < deadline:
         turn += 1
         try:
+            agent.at("append user")
             seq = await _timed(tally.appends, agent.append("user", _text("user", turn)))
+            agent.at("read")
             await _timed(tally.reads, agent.read(seq))
+            agent.at("append assistant")
             await _timed(tally.appends, agent.append("assistant", _text("assistant", turn)))
             if runs and turn % RUN_EVERY == 0:
+                agent.at("run")
                 await _timed(tally.runs, agent.approval_run())
         except Exception as exc:
             tally.error(exc)
+
+
+def _call_kind(step: str) -> str:
+    """A step without its run id and poll number (``GET /runs/{id} #n (was running)``)."""
+    return re.sub(r"/runs/[^/ ]+", "/runs/{id}", re.sub(r"#\d+", "#n", step))
 
 
 async def _drive(agents: list[Agent], seconds: float, runs: bool) -> Tally:
@@ -112,9 +130,18 @@ async def _drive(agents: list[Agent], seconds: float, runs: bool) -> Tally:
         for n, agent in enumerate(agents)
     ]
     _, late = await asyncio.wait(tasks, timeout=seconds + TIMEOUT + 10)
-    for task in late:  # bounded: a session still busy long after the deadline is an error
-        task.cancel()
-        tally.error(TimeoutError("a session did not stop"))
+    now, stuck = time.perf_counter(), Counter[str]()
+    for task, agent in zip(tasks, agents, strict=True):
+        if task in late:  # bounded: a session still busy long after the deadline is an error
+            task.cancel()
+            tally.error(
+                TimeoutError(
+                    f"a session did not stop: in {agent.step} for {now - agent.since:.1f} s"
+                )
+            )
+            stuck[_call_kind(agent.step)] += 1
+    if stuck:
+        tally.samples.insert(0, f"sessions that did not stop, by call: {dict(stuck)}")
     tally.elapsed = time.perf_counter() - started
     tally.cpu = time.process_time() - cpu
     return tally
@@ -229,27 +256,39 @@ class HttpAgent(Agent):
             raise RuntimeError(f"read {len(items)} entries, expected {min(seq, PAGE)}")
 
     async def approval_run(self) -> None:
+        self.at("POST /runs")
         run = _ok(
             await self.client.post("/runs", json={"agent": "support", "input": "refund?"}), 202
         )
         path = f"/runs/{run['run_id']}"
-        for _ in range(int(TIMEOUT / POLL)):
+        for poll in range(int(TIMEOUT / POLL)):
             if run["status"] == "waiting_for_approval":
                 break
+            self.at(f"GET {path} #{poll + 1} (was {run['status']})")
             await asyncio.sleep(POLL)  # the run goes on in the server's background
             run = _ok(await self.client.get(path))
         else:
             raise RuntimeError(f"run {path} never waited for approval: {run['status']}")
+        self.at(f"POST {path}/approve")
         _ok(await self.client.post(f"{path}/approve", json={"call_id": "c-refund"}))
+        self.at(f"POST {path}/resume wait")
         done = _ok(await self.client.post(f"{path}/resume", json={"wait": True}))
         if done["status"] != "completed":
             raise RuntimeError(f"run {path} ended {done['status']}")
 
 
+def _log_dir(tmp: Path) -> Path:
+    """Where the servers' logs go: ``STATEKEEPER_BENCH_LOAD_LOGS`` (to keep them) or ``tmp``."""
+    logs = Path(os.environ.get("STATEKEEPER_BENCH_LOAD_LOGS") or tmp)
+    logs.mkdir(parents=True, exist_ok=True)
+    return logs
+
+
 async def http_side(store_url: str, servers: int, sessions: int, tmp: Path) -> Side:
     """Start the servers and create the sessions; the side drives them (``close`` stops)."""
     key = create_key(store_url)
-    procs = [Server(store_url, tmp / f"server-{n}.log") for n in range(servers)]
+    logs = _log_dir(tmp)
+    procs = [Server(store_url, logs / f"server-{n}.log") for n in range(servers)]
     try:
         await asyncio.gather(*(p.ready(key) for p in procs))
     except BaseException:
@@ -310,10 +349,13 @@ class LibAgent(Agent):
             raise RuntimeError(f"read {len(page)} entries, expected {min(seq, PAGE)}")
 
     async def approval_run(self) -> None:
+        self.at("runner.start")
         started = await self.runner.start("support", "refund?")
         if started.status != "waiting_for_approval":
             raise RuntimeError(f"run {started.run_id} is {started.status}")
+        self.at(f"runner.approve {started.run_id}")
         await self.runner.approve(started.run_id, "c-refund")
+        self.at(f"runner.resume {started.run_id}")
         done = await self.runner.resume(started.run_id)
         if done.status != "completed":
             raise RuntimeError(f"run {started.run_id} ended {done.status}")
