@@ -17,6 +17,7 @@ from statekeeper.testing import (
     BACKENDS,
     BASE,
     DAMAGE,
+    JOINT,
     PROCESSES,
     REWRITE,
     SHARED,
@@ -115,13 +116,16 @@ def test_a_backend_declares_only_known_capabilities() -> None:
 
 
 def test_builtin_capabilities() -> None:
-    assert BACKENDS["memory"].capabilities == {REWRITE, THREADS}
-    assert BACKENDS["memory-sealed"].capabilities == {THREADS}
-    served = {SHARED, PROCESSES, DAMAGE, REWRITE, THREADS}
-    for name in (*ALL_BACKENDS[1:], "files", "postgres", "redis"):
-        assert BACKENDS[name].capabilities == served, name
+    assert BACKENDS["memory"].capabilities == {REWRITE, THREADS, JOINT}
+    assert BACKENDS["memory-sealed"].capabilities == {THREADS, JOINT}
+    served = {SHARED, PROCESSES, DAMAGE, REWRITE, THREADS, JOINT}
+    for name in (*ALL_BACKENDS[1:], "files", "postgres", "redis", "redis-cluster"):
+        # Entries and events in two steps: two files, or two slots of a cluster.
+        two_steps = name in ("files", "redis-cluster")
+        assert BACKENDS[name].capabilities == served - ({JOINT} if two_steps else set()), name
         sealed = BACKENDS.get(f"{name}-sealed")
-        assert sealed is None or sealed.capabilities == served - {REWRITE}, name
+        wanted = served - {REWRITE} - ({JOINT} if two_steps else set())
+        assert sealed is None or sealed.capabilities == wanted, name
     assert all(b.has(BASE) for b in BACKENDS.values())
 
 

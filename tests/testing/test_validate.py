@@ -140,11 +140,11 @@ def test_bad_usage_exits_2_with_the_reason(tmp_path: Path) -> None:
     listed = run_kit(tmp_path, "--list")
     assert listed.returncode == 0
     assert re.search(
-        r"^  sqlite +base, damage, processes, rewrite, shared, threads$",
+        r"^  sqlite +base, damage, joint, processes, rewrite, shared, threads$",
         listed.stdout,
         re.MULTILINE,
     )
-    assert re.search(r"^  memory +base, rewrite, threads$", listed.stdout, re.MULTILINE)
+    assert re.search(r"^  memory +base, joint, rewrite, threads$", listed.stdout, re.MULTILINE)
 
 
 THIRD_PARTY = {
