@@ -39,7 +39,8 @@ from statekeeper.testing.schemes import (
 from statekeeper.testing.services import require_service, tcp_reachable
 
 TENANT = "tenant-a"
-SPREAD_SESSIONS = int(os.environ.get("STATEKEEPER_SPREAD_SESSIONS", "10000"))
+SPREAD_SESSIONS = int(os.environ.get("STATEKEEPER_SPREAD_SESSIONS", "2000"))
+"""Sessions the spread test creates (`make thorough`: 10,000, as docs/stores.md reports)."""
 
 
 @pytest.fixture
