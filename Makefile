@@ -41,7 +41,7 @@ unit: $(STAMP) browser
 # OpenAPI fuzz at 10,000 requests or more (its own run, to print the count; docs/testing.md).
 FUZZ := tests/server/test_openapi_fuzz.py
 thorough: $(STAMP) browser
-	$(VENV)/bin/pytest -q -n auto --hypothesis-profile thorough --ignore=$(FUZZ)
+	STATEKEEPER_SPREAD_SESSIONS=10000 $(VENV)/bin/pytest -q -n auto --hypothesis-profile thorough --ignore=$(FUZZ)
 	$(VENV)/bin/pytest -q -s -p no:xdist --hypothesis-profile thorough $(FUZZ)
 	STATEKEEPER_FAILOVERS=20 $(VENV)/bin/pytest -q -s -p no:xdist tests/stores/test_redis_cluster_failover.py
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -257,3 +258,31 @@ async def test_by_default_failovers_may_lose_acknowledged_appends_but_never_dupl
     assert outcome.acked >= WRITERS * PROGRESS * (FAILOVERS + 1)
     assert outcome.retries > 0, "no append met a failover: the test tested nothing"
     assert outcome.duplicates == 0
+
+
+@pytest.mark.parametrize("cluster", [7520], indirect=True)
+async def test_a_replay_is_not_acknowledged_before_a_replica_holds_it(
+    cluster: ClusterHandle,
+) -> None:
+    # The first call's write reaches its master but not the (frozen) replica: its WAIT
+    # fails. Repeating the call is answered as a replay of what is stored, which writes
+    # nothing: it must not be acknowledged either until a replica holds that entry.
+    async with open_store(f"{cluster.url}?prefix=rp&wait_replicas=1&wait_timeout=0.5") as store:
+        assert isinstance(store, RedisStore)
+        await store.create_session(SessionRecord(id="s1", tenant=TENANT))
+        master = cluster.master_for_key(store.keys.head(TENANT, "s1"))
+        master_id = next(n.id for n in cluster.nodes() if n.port == master)
+        replica = next(n.port for n in cluster.nodes() if n.master_id == master_id)
+        with cluster.client(replica) as client:
+            replica_pid = int(client.info("server")["process_id"])
+        os.kill(replica_pid, signal.SIGSTOP)
+        try:
+            draft = EntryDraft(id="x1", kind="message", payload={"n": 1})
+            for _ in range(2):  # the call, then the same call again
+                with pytest.raises(StoreUnavailableError, match="0 of 1 replica"):
+                    await store.append_entries(TENANT, "s1", [draft])
+        finally:
+            os.kill(replica_pid, signal.SIGCONT)
+        replayed = await store.append_entries(TENANT, "s1", [draft])  # the replica is back
+        assert replayed.replayed
+        assert [e.id for e in await store.read_entries(TENANT, "s1")] == ["x1"]

@@ -31,6 +31,7 @@ from statekeeper.stores.redis.scripts import (
     COMMIT_EVENTS,
     LOAD,
     SESSION_INDEX,
+    SETTLE,
 )
 from statekeeper.stores.redis.wire import ScriptArg
 from statekeeper.stores.rules import (
@@ -116,7 +117,7 @@ class RedisHeads:
         # Generation '' matches no head: the script only reads and answers the snapshot.
         args: list[ScriptArg] = [b"", 0, 0, "", 0, session_id, len(ids), *ids, 0]
         reply = await self._base._run(LOAD, self._session_keys(tenant, session_id), args)
-        return self._current(tenant, session_id, reply)
+        return await self._settled(tenant, session_id, self._current(tenant, session_id, reply))
 
     async def commit_head(
         self,
@@ -160,7 +161,7 @@ class RedisHeads:
             for log, first in zip(events, reply[1:], strict=True):
                 log.stored(int(first))
             return None
-        return self._current(tenant, session_id, reply)
+        return await self._settled(tenant, session_id, self._current(tenant, session_id, reply))
 
     async def _commit_spread(
         self,
@@ -200,7 +201,15 @@ class RedisHeads:
         reply = await self._base._run(COMMIT, self._session_keys(tenant, session_id), args)
         if reply == 1:
             return None
-        return self._current(tenant, session_id, reply)
+        return await self._settled(tenant, session_id, self._current(tenant, session_id, reply))
+
+    async def _settled(self, tenant: str, session_id: str, found: Snapshot) -> Snapshot:
+        """``found``, once replicas hold its stored entries when the store waits for
+        replicas: an append may be acknowledged as a replay of them (no write, so no
+        WAIT of its own), and the call that wrote them may have failed its WAIT."""
+        if found.existing and self._base.wait is not None:
+            await self._base._run(SETTLE, [self._base.keys.settled(tenant, session_id)], [])
+        return found
 
     def _current(self, tenant: str, session_id: str, reply: Any) -> Snapshot:
         """The state a commit script answered instead of writing (nothing was written)."""

@@ -49,6 +49,12 @@ class Keys:
     def entry_ids(self, tenant: str, session_id: str) -> str:
         return self._session(tenant, session_id, "i")
 
+    def settled(self, tenant: str, session_id: str) -> str:
+        """A short-lived key in the session's slot whose write proves, once a replica
+        confirms it, that the replica holds everything the session's master wrote
+        before (see `scripts.SETTLE`)."""
+        return self._session(tenant, session_id, "w")
+
     def sessions(self, tenant: str) -> str:
         return f"{self.prefix}/{{{tenant}}}/sessions"
 

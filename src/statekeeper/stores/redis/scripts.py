@@ -33,6 +33,7 @@ __all__ = [
     "REWRITE_ENTRIES",
     "REWRITE_EVENTS",
     "SESSION_INDEX",
+    "SETTLE",
     "Script",
 ]
 
@@ -458,3 +459,16 @@ return redis.call('ZREM', KEYS[1], ARGV[3])
 """,
 )
 """Keep a cluster store's session index (see `statekeeper.stores.redis.cluster`)."""
+
+SETTLE = Script(
+    "settle",
+    """
+-- KEYS: the session's settle key (keys.Keys.settled)
+-- A write whose WAIT covers everything its master wrote before it (replication is in
+-- order): what an append answered as a replay waits on under wait_replicas, as the
+-- write it repeats may never have reached a replica.
+redis.call('SET', KEYS[1], '1', 'PX', 60000)
+return 1
+""",
+)
+"""A replicated write of no meaning in the session's slot (see `keys.Keys.settled`)."""
