@@ -20,12 +20,13 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
+from asgi_client import served
 from statekeeper.cli import app as cli_app
 from statekeeper.core.messages import utcnow
 from statekeeper.errors import InvalidInputError, NotFoundError
 from statekeeper.runs import Finish, Runner, RunState, RunStore
 from statekeeper.runs.scripted import ScriptedAgent
-from statekeeper.server import ApiKeys, ServerConfig, create_app
+from statekeeper.server import ApiKeys
 from statekeeper.sessions import SessionManager
 from statekeeper.stores import Store, open_store
 from statekeeper.stores.base import WrappingStore
@@ -156,14 +157,8 @@ async def server(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, Store
     url = f"sqlite:///{tmp_path}/state.db"
     async with await open_store(url) as store:
         _, key = await ApiKeys(store).create("t", "operate", label="ops")
-        app = create_app(ServerConfig(url))
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app)
-            headers = {"Authorization": f"Bearer {key}"}
-            async with httpx.AsyncClient(
-                transport=transport, base_url="http://test", headers=headers
-            ) as client:
-                yield client, store
+        async with served(url, key) as client:
+            yield client, store
 
 
 async def test_the_server_shows_and_cancels_a_run_that_failed_to_start(

@@ -8,16 +8,16 @@ import json
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from otel_spans import named, only, records, under
 
+from asgi_client import served
 from statekeeper.core.messages import Message, ToolCallBlock
 from statekeeper.errors import NotFoundError
 from statekeeper.runs import Finish, Respond, Runner, Tool, ToolContext
 from statekeeper.runs.scripted import ScriptedAgent
-from statekeeper.server import ApiKeys, ServerConfig, create_app
+from statekeeper.server import ApiKeys
 from statekeeper.stores import Store, open_store
 
 
@@ -111,14 +111,8 @@ async def test_an_approval_through_the_server_is_a_span_in_the_runs_trace(
         run_id, trace_id, step_id = await waiting_run(store)
         _, key = await ApiKeys(store).create("t", "operate", label="ops")
     exporter.clear()
-    app = create_app(ServerConfig(url))
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        headers = {"Authorization": f"Bearer {key}"}
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://test", headers=headers
-        ) as client:
-            answer = await client.post(f"/api/v1/runs/{run_id}/approve", json={"call_id": "pay"})
+    async with served(url, key) as client:
+        answer = await client.post(f"/api/v1/runs/{run_id}/approve", json={"call_id": "pay"})
     assert answer.status_code == 200, answer.text
 
     spans = records(exporter)
