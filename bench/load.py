@@ -37,11 +37,15 @@ without runs, ours through the library against the plainest raw code, a
 ``(session_id, seq, payload jsonb)`` with one ``INSERT`` per append and one ``SELECT ...
 ORDER BY seq DESC LIMIT 20`` per read. Target: ours >= 0.7x raw in appends per second.
 
-Everything is loopback, bounded in sessions and time, and stops by itself; requests time
-out after 60 s. The client (one Python process driving every session) and the servers
-share the machine's cores: the table gives each side's CPU use (``cpu %``: this process,
-which on the library side does all the work; ``srv cpu %``: the servers, summed), so a
-saturated client or server shows. Ours / raw is also given per half (one ratio each).
+Each side has a tenant of its own (``load-http``, ``load-lib``): a run's detail
+(``GET /runs/{id}``) reads the tenant's whole run index, so a side sharing the library's
+tenant would pay for its runs too. Everything is loopback, bounded in sessions and time,
+and stops by itself; requests time out after 60 s, and a session still busy 70 s after
+its side's time is up is an error naming the call it was in. The client (one Python
+process driving every session) and the servers share the machine's cores: the table
+gives each side's CPU use (``cpu %``: this process, which on the library side does all
+the work; ``srv cpu %``: the servers, summed), so a saturated client or server shows.
+Ours / raw is also given per half (one ratio each).
 """
 
 from __future__ import annotations

@@ -23,7 +23,10 @@ from statekeeper.sessions import SessionManager
 
 SRC = Path(__file__).parents[1] / "src"
 APP = "statekeeper.demo_app:make_runner"
-TENANT = "load"
+# Each side its own tenant: GET /runs/{id} lists the tenant's whole run index (for the
+# run's children), so with one tenant a side would pay for the runs the other made.
+TENANT_HTTP = "load-http"
+TENANT_LIB = "load-lib"
 PAGE = 20
 RUN_EVERY = 10  # one turn in RUN_EVERY also runs an agent that stops for approval
 POLL = 0.25  # seconds between reads of a run until it waits for approval (HTTP side)
@@ -172,7 +175,7 @@ def _env() -> dict[str, str]:
 
 def create_key(store_url: str) -> str:
     """``statekeeper keys create``: the key it prints once."""
-    command = _cli(store_url, "keys", "create", "--tenant", TENANT, "--scope", "operate")
+    command = _cli(store_url, "keys", "create", "--tenant", TENANT_HTTP, "--scope", "operate")
     done = subprocess.run(command, env=_env(), capture_output=True, text=True, check=True)
     found = re.search(r"sk_[A-Za-z0-9_\-]+", done.stdout)
     if not found:
@@ -288,7 +291,8 @@ async def http_side(store_url: str, servers: int, sessions: int, tmp: Path) -> S
     """Start the servers and create the sessions; the side drives them (``close`` stops)."""
     key = create_key(store_url)
     logs = _log_dir(tmp)
-    procs = [Server(store_url, logs / f"server-{n}.log") for n in range(servers)]
+    scheme = store_url.partition(":")[0]
+    procs = [Server(store_url, logs / f"server-{scheme}-{n}.log") for n in range(servers)]
     try:
         await asyncio.gather(*(p.ready(key) for p in procs))
     except BaseException:
@@ -362,8 +366,8 @@ class LibAgent(Agent):
 
 
 async def lib_side(store: Any, sessions: int, prefix: str, runs: bool = True) -> Side:
-    manager = SessionManager(store, TENANT, max_messages=None, auto_continue=False)
-    runner = make_runner(store, TENANT)
+    manager = SessionManager(store, TENANT_LIB, max_messages=None, auto_continue=False)
+    runner = make_runner(store, TENANT_LIB)
     agents: list[Agent] = [
         LibAgent(await manager.create(session_id=f"{prefix}-{n}"), runner) for n in range(sessions)
     ]
