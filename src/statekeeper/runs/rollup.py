@@ -49,7 +49,7 @@ from statekeeper.errors import (
 from statekeeper.ids import validate_id
 from statekeeper.runs.lifecycle import FINISHED
 from statekeeper.runs.state import RunState
-from statekeeper.runs.store import CHILDREN_NAMESPACE, RunStore, check_not_held
+from statekeeper.runs.store import CHILDREN_NAMESPACE, RunIndex, RunStore, check_not_held
 
 __all__ = [
     "ABANDONED_AFTER",
@@ -57,6 +57,7 @@ __all__ = [
     "LiveChildren",
     "Reserved",
     "child_limits",
+    "children_of",
     "current_parent",
     "live_children",
     "release",
@@ -105,6 +106,22 @@ async def live_children(runs: RunStore, parent_id: str) -> tuple[LiveChildren, i
             f"the live-children record of run {parent_id!r} is damaged ({exc.errors()[0]['msg']}); "
             f"delete record {CHILDREN_NAMESPACE}/{parent_id} (its children's reservations go)"
         ) from exc
+
+
+async def children_of(runs: RunStore, parent: RunIndex) -> list[RunIndex]:
+    """The runs ``parent`` delegated to, in id (creation) order, read without listing
+    the tenant's runs: every child is in the parent's live-children record from before
+    it exists until it reported (then in the index's ``child_usage``)."""
+    live, _ = await live_children(runs, parent.run_id)
+    found = []
+    for child_id in sorted({*parent.child_usage, *live.children}):
+        try:
+            child, _ = await runs.index(child_id)
+        except NotFoundError:  # deleted, or a reservation whose run never came to be
+            continue
+        if child.parent_run_id == parent.run_id:
+            found.append(child)
+    return found
 
 
 async def _put(runs: RunStore, parent_id: str, live: LiveChildren, version: int) -> None:

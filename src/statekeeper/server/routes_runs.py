@@ -14,6 +14,7 @@ from statekeeper.runs.approvals import record_decision, settle
 from statekeeper.runs.index import check_not_held
 from statekeeper.runs.lifecycle import FINISHED
 from statekeeper.runs.operations import status_filter
+from statekeeper.runs.rollup import children_of
 from statekeeper.runs.runner import Runner
 from statekeeper.runs.spans import decision_span
 from statekeeper.runs.state import RunState
@@ -26,7 +27,6 @@ from statekeeper.server.views import event_json, run_detail, run_summary
 __all__ = ["load_run", "router"]
 
 router = APIRouter(prefix="/runs", tags=["runs"])
-_ALL = 100_000  # runs scanned for a run's children
 
 
 class _Body(BaseModel):
@@ -131,27 +131,25 @@ async def _index_exists(runs: RunStore, run_id: str) -> bool:
     return True
 
 
-async def _children(runs: RunStore, run_id: str) -> list[dict[str, Any]]:
-    everything = await runs.list(limit=_ALL)
-    by_parent: dict[str, list[RunIndex]] = {}
-    for index in everything:
-        if index.parent_run_id:
-            by_parent.setdefault(index.parent_run_id, []).append(index)
-
-    async def tree(parent: str, depth: int) -> list[dict[str, Any]]:
-        found = await _summaries(runs, by_parent.get(parent, []))
-        for child in found:
-            child["children"] = await tree(child["run_id"], depth + 1) if depth < 32 else []
-        return found
-
-    return await tree(run_id, 0)
+async def _children(runs: RunStore, parent: RunIndex, depth: int = 0) -> list[dict[str, Any]]:
+    """The summaries of the runs ``parent`` delegated to, each with its own children
+    (read from the parents' records, never by listing the tenant's runs)."""
+    kids = await children_of(runs, parent)
+    found = await _summaries(runs, kids)
+    by_id = {kid.run_id: kid for kid in kids}
+    for child in found:
+        deeper = depth < 32 and child["run_id"] in by_id
+        child["children"] = (
+            await _children(runs, by_id[child["run_id"]], depth + 1) if deeper else []
+        )
+    return found
 
 
 async def detail(runner: Runner, run_id: str) -> dict[str, Any]:
     """The `RunDetail` of a run."""
     index, state = await load_run(runner.runs, run_id)
     events = await runner.store.read_events(runner.tenant, run_id)
-    return run_detail(index, state, events, await _children(runner.runs, run_id))
+    return run_detail(index, state, events, await _children(runner.runs, index))
 
 
 @router.get("")
