@@ -23,6 +23,7 @@ does not answer. Their servers are ``STATEKEEPER_TEST_POSTGRES_URL`` (default
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -166,25 +167,48 @@ async def _drop_redis_cluster(url: str, ctx: BackendContext) -> None:
 
 async def delete_cluster_prefix(url: str, prefix: str) -> None:
     """Delete every key under ``prefix/`` on every master of the cluster a node of which
-    ``url`` names (one key per UNLINK: keys of different slots never share a command)."""
-    from redis.asyncio import Redis
+    ``url`` names (one key per UNLINK: keys of different slots never share a command).
+    The masters are looked up once per URL, and again when one of them fails."""
+    parts = urlsplit(url)
+    seed = (parts.hostname or "127.0.0.1", parts.port or 7101)
+    for attempt in range(2):
+        masters = _cluster_masters.get(seed) if not attempt else None
+        if masters is None:
+            masters = _cluster_masters[seed] = await _masters_of(*seed)
+        try:
+            await asyncio.gather(*(_delete_on(host, port, prefix) for host, port in masters))
+            return
+        except Exception:  # a master gone or moved (a failover): look again, once
+            _cluster_masters.pop(seed, None)
+            if attempt:
+                raise
+
+
+_cluster_masters: dict[tuple[str, int], list[tuple[str, int]]] = {}
+
+
+async def _masters_of(host: str, port: int) -> list[tuple[str, int]]:
     from redis.asyncio.cluster import RedisCluster
 
-    parts = urlsplit(url)
-    cluster = RedisCluster(host=parts.hostname or "127.0.0.1", port=parts.port or 7101)
+    cluster = RedisCluster(host=host, port=port)
     try:
         await cluster.initialize()
-        for node in cluster.get_primaries():
-            client = Redis(host=node.host, port=int(node.port))
-            try:
-                async with client.pipeline(transaction=False) as pipe:
-                    async for key in client.scan_iter(match=f"{prefix}/*", count=1000):
-                        pipe.unlink(key)
-                    await pipe.execute()
-            finally:
-                await client.aclose()
+        return [(node.host, int(node.port)) for node in cluster.get_primaries()]
     finally:
         await cluster.aclose()
+
+
+async def _delete_on(host: str, port: int, prefix: str) -> None:
+    from redis.asyncio import Redis
+
+    client = Redis(host=host, port=port)
+    try:
+        async with client.pipeline(transaction=False) as pipe:
+            async for key in client.scan_iter(match=f"{prefix}/*", count=1000):
+                pipe.unlink(key)
+            await pipe.execute()
+    finally:
+        await client.aclose()
 
 
 async def _drop_redis(url: str, ctx: BackendContext) -> None:
