@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from statekeeper.errors import InvalidInputError, MissingExtraError, StoreUnavailableError
 from statekeeper.stores.redis.keys import Keys
@@ -51,6 +51,7 @@ from statekeeper.stores.redis.wire import (
 
 try:
     import redis.exceptions as rx
+    from redis._parsers.commands import AsyncCommandsParser
     from redis.asyncio.cluster import ClusterNode, RedisCluster
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
@@ -92,11 +93,28 @@ def seeds_of(location: str) -> tuple[dict[str, Any], list[tuple[str, int]]]:
     return settings, seeds
 
 
+class _KnownCommands(AsyncCommandsParser):
+    """redis-py's table of commands (where each keeps its keys), read with ``COMMAND``
+    once per node address and process rather than at every (re)initialisation of every
+    client: that reply is the bulk of opening a cluster store (~40 ms)."""
+
+    _tables: ClassVar[dict[str, dict[str, Any]]] = {}
+
+    async def initialize(self, node: ClusterNode | None = None) -> None:
+        if node:
+            self.node = node
+        known = self._tables.get(self.node.name)
+        if known is None:
+            await super().initialize()
+            known = self._tables[self.node.name] = self.commands
+        self.commands = known
+
+
 def connect_cluster(location: str, *, socket_timeout: float) -> RedisCluster:
     """A cluster client for the seeds of ``location`` (see `seeds_of`); commands are
     not retried after a lost connection (see the module docstring)."""
     settings, seeds = seeds_of(location)
-    return RedisCluster(
+    client = RedisCluster(
         startup_nodes=[ClusterNode(host, port) for host, port in seeds],
         socket_timeout=socket_timeout,
         socket_connect_timeout=socket_timeout,
@@ -105,6 +123,8 @@ def connect_cluster(location: str, *, socket_timeout: float) -> RedisCluster:
         protocol=2,
         **settings,
     )
+    client.commands_parser = _KnownCommands()
+    return client
 
 
 class ClusterScripts:
