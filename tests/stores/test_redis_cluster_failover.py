@@ -42,7 +42,7 @@ from statekeeper.stores.redis.store import RedisStore
 
 pytestmark = pytest.mark.slow
 
-FAILOVERS = int(os.environ.get("STATEKEEPER_FAILOVERS", "3"))
+FAILOVERS = int(os.environ.get("STATEKEEPER_FAILOVERS", "2"))
 WRITERS = 4
 PROGRESS = 5
 """Appends each writer has acknowledged after a failover before the next one."""
