@@ -1,6 +1,6 @@
 """Failover under load on Redis Cluster: writers append to sessions whose slots live on
 one master while the test kills that master, again and again (``STATEKEEPER_FAILOVERS``
-times, default 3; ``make thorough`` runs 20). Each writer retries the same append (same
+times, default 2; ``make thorough`` runs 20). Each writer retries the same append (same
 entry ids) after `StoreUnavailableError` until it returns: a returned append is
 acknowledged. Read back afterwards, no entry is there twice and each session's entries
 form one chain, seqs 1..n; with ``wait_replicas=1`` every acknowledged append is there.
