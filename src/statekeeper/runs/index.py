@@ -25,6 +25,7 @@ __all__ = [
     "RunList",
     "carry",
     "check_not_held",
+    "checkpoint_id",
     "decode_index",
     "held",
     "index_of",
@@ -129,6 +130,11 @@ def index_of(state: RunState, *, checkpoint_seq: int) -> RunIndex:
         created_at=state.created_at,
         updated_at=state.updated_at,
     )
+
+
+def checkpoint_id(run_id: str, revision: int) -> str:
+    """The entry id of a run's checkpoint: unique, so a retried write is idempotent."""
+    return f"{run_id}.c{revision}"
 
 
 def carry(index: RunIndex, current: RunIndex) -> RunIndex:

@@ -38,6 +38,7 @@ from statekeeper.runs.index import (
     RunIndex,
     RunList,
     carry,
+    checkpoint_id,
     decode_index,
     read_indexes,
     started_view,
@@ -82,11 +83,6 @@ class Saved(BaseModel):
     checkpoint_seq: int
     events: list[Event] = []
     """The events logged with the checkpoint (``save(events=...)``), in seq order."""
-
-
-def checkpoint_id(run_id: str, revision: int) -> str:
-    """The entry id of a run's checkpoint: unique, so a retried write is idempotent."""
-    return f"{run_id}.c{revision}"
 
 
 class RunStore:
@@ -268,13 +264,18 @@ class RunStore:
         return await self._put_keeping_cancel(index, index_version)
 
     async def _put_keeping_cancel(self, index: RunIndex, expected_version: int | None) -> int:
-        try:
-            return await self.put_index(index, expected_version=expected_version)
-        except ConflictError:
-            # Someone else touched the index (a cancel request, say): keep their flag.
-            current, current_version = await self.index(index.run_id)
-            carry(index, current)
-            return await self.put_index(index, expected_version=current_version)
+        """Write ``index``; when others wrote meanwhile (a reader rolling it forward, a
+        cancel request, a decision's checkpoint) keep what they wrote, and never point
+        the index back at an older checkpoint than the one it names."""
+        for _ in range(10):
+            try:
+                return await self.put_index(index, expected_version=expected_version)
+            except ConflictError:
+                current, expected_version = await self.index(index.run_id)
+                if current.checkpoint_seq > index.checkpoint_seq:
+                    return expected_version  # a newer checkpoint is indexed: it stands
+                carry(index, current)
+        raise ConflictError(f"run {index.run_id!r} kept changing; could not index it")
 
     async def release(
         self, state: RunState, *, owner: str | None, checkpoint_seq: int | None
