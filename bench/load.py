@@ -65,6 +65,7 @@ from bench.load_sides import Tally, abba, http_side, lib_side, raw_side
 from bench.postgres import URL as POSTGRES
 from bench.postgres import reachable
 from statekeeper.stores import open_store
+from statekeeper.testing.schemes import delete_cluster_prefix
 
 REDIS = os.environ.get("STATEKEEPER_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 REDIS_CLUSTER = os.environ.get(
@@ -149,30 +150,7 @@ async def _drop_keys(prefix: str) -> None:
 
 
 async def _drop_cluster_keys(prefix: str) -> None:
-    """Delete the prefix's keys on every master, one key per UNLINK (keys of different
-    slots never go in one command on a cluster)."""
-    from redis.asyncio import Redis
-    from redis.asyncio.cluster import RedisCluster
-
-    from statekeeper.stores.redis.cluster import seeds_of
-
-    settings, seeds = seeds_of(REDIS_CLUSTER.split("://", 1)[1].split("?", 1)[0])
-    cluster = RedisCluster(host=seeds[0][0], port=seeds[0][1], **settings)
-    try:
-        await cluster.initialize()
-        for node in cluster.get_primaries():
-            client = Redis(host=node.host, port=int(node.port), **settings)
-            try:
-                keys = [key async for key in client.scan_iter(match=f"{prefix}/*", count=1000)]
-                for start in range(0, len(keys), 1000):
-                    async with client.pipeline(transaction=False) as pipe:
-                        for key in keys[start : start + 1000]:
-                            pipe.unlink(key)
-                        await pipe.execute()
-            finally:
-                await client.aclose()
-    finally:
-        await cluster.aclose()
+    await delete_cluster_prefix(REDIS_CLUSTER.split("?", 1)[0], prefix)
 
 
 async def _redis(rows: dict[str, Any], tmp: Path) -> None:
