@@ -30,12 +30,15 @@ function headers(extra) {
   return out;
 }
 
-function unauthorized() {
-  window.dispatchEvent(new CustomEvent("sk:unauthorized"));
+// A 401 for `key`, the key the request carried: the app ignores it if that key is no
+// longer the one in use (a late answer to a request sent before a new sign-in).
+function unauthorized(key) {
+  window.dispatchEvent(new CustomEvent("sk:unauthorized", { detail: { key } }));
 }
 
 /** Call the JSON API: api("/runs"), api("/runs/x/approve", {method: "POST", body: {...}}). */
 export async function api(path, { method = "GET", body, signal } = {}) {
+  const sent = auth.key;
   const init = { method, signal, headers: headers(body ? { "Content-Type": "application/json" } : {}) };
   if (body !== undefined) init.body = JSON.stringify(body);
   const res = await fetch(BASE + path, init);
@@ -47,7 +50,7 @@ export async function api(path, { method = "GET", body, signal } = {}) {
     data = { error: { type: "HTTPError", message: text.slice(0, 300) } };
   }
   if (!res.ok) {
-    if (res.status === 401) unauthorized();
+    if (res.status === 401) unauthorized(sent);
     const err = (data && data.error) || {};
     throw new ApiError(res.status, err.type, err.message || (data && data.detail && JSON.stringify(data.detail)));
   }
@@ -97,9 +100,10 @@ export function follow(params, onEvent, onState = () => {}) {
   async function once() {
     const extra = { Accept: "text/event-stream" };
     if (lastId) extra["Last-Event-ID"] = lastId;
+    const sent = auth.key;
     const res = await fetch(url, { headers: headers(extra), signal: controller.signal });
     if (res.status === 401) {
-      unauthorized();
+      unauthorized(sent);
       throw new ApiError(401, "AuthenticationError", "the API key was refused");
     }
     if (!res.ok || !res.body) throw new ApiError(res.status, "HTTPError", `stream answered ${res.status}`);

@@ -72,7 +72,8 @@ function showLogin(reason) {
   input.focus();
 }
 
-window.addEventListener("sk:unauthorized", () => {
+window.addEventListener("sk:unauthorized", (event) => {
+  if (event.detail && event.detail.key !== auth.key) return; // for a key given up since
   if (!askingForKey) showLogin(auth.key ? "The server refused this key." : "This server needs an API key.");
 });
 window.addEventListener("hashchange", () => {
