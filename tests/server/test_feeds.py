@@ -1,53 +1,23 @@
-"""A server over a store with an event feed (Redis, PostgreSQL with ``notify_channel``)
-uses it: events another process writes reach the stream."""
+"""A server over a store with an event feed (Redis, on one server or a cluster, and
+PostgreSQL with ``notify_channel``) uses it: events another process writes reach the stream."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import AsyncIterator
-
 import httpx
-import pytest
 
 from statekeeper.server import ApiKeys, ServerConfig
 from statekeeper.stores import open_store
-from statekeeper.testing.schemes import (
-    POSTGRES_URL,
-    REDIS_URL,
-    delete_prefix,
-    drop_schema,
-    postgres_reachable,
-)
 
 from .conftest import SseReader, ThreadServer
 from .test_streams import publish
 
 
-@pytest.fixture(params=["redis", "postgres"])
-async def feed_url(request: pytest.FixtureRequest) -> AsyncIterator[str]:
-    unique = f"srv{uuid.uuid4().hex[:10]}"
-    if request.param == "redis":
-        url = f"{REDIS_URL}?prefix={unique}"
-        try:
-            async with await open_store(url):
-                pass
-        except Exception as exc:
-            pytest.skip(f"no Redis server: {exc}")
-        yield url
-        await delete_prefix(REDIS_URL, unique)
-    else:
-        if not await postgres_reachable():
-            pytest.skip("no PostgreSQL server")
-        yield f"{POSTGRES_URL}?schema={unique}&notify_channel={unique}"
-        await drop_schema(unique)
-
-
-async def test_the_feed_pushes_other_processes_events_to_the_stream(feed_url: str) -> None:
-    store = await open_store(feed_url)
+async def test_the_feed_pushes_other_processes_events_to_the_stream(feed_store_url: str) -> None:
+    store = await open_store(feed_store_url)
     try:
         _, key = await ApiKeys(store).create("acme", "read")
         await publish(store, "run-feed", 1, 1)
-        server = ThreadServer(ServerConfig(feed_url, poll_interval=60)).start()
+        server = ThreadServer(ServerConfig(feed_store_url, poll_interval=60)).start()
         try:
             assert server.server.config.app.state.context.hub.has_feed
             headers = {"Authorization": f"Bearer {key}"}
@@ -66,11 +36,11 @@ async def test_the_feed_pushes_other_processes_events_to_the_stream(feed_url: st
     assert [m["data"]["seq"] for m in got] == [1, 2, 3, 4, 5, 6]
 
 
-async def test_the_tenant_stream_reads_the_runs_the_feed_names(feed_url: str) -> None:
-    store = await open_store(feed_url)
+async def test_the_tenant_stream_reads_the_runs_the_feed_names(feed_store_url: str) -> None:
+    store = await open_store(feed_store_url)
     try:
         _, key = await ApiKeys(store).create("acme", "read")
-        server = ThreadServer(ServerConfig(feed_url, poll_interval=60)).start()
+        server = ThreadServer(ServerConfig(feed_store_url, poll_interval=60)).start()
         try:
             headers = {"Authorization": f"Bearer {key}"}
             async with (
