@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -138,18 +139,25 @@ async def db(tmp_path: Path) -> AsyncIterator[tuple[str, Store]]:
         await store.close()
 
 
-@pytest.fixture
-async def live(db: tuple[str, Store]) -> AsyncIterator[Live]:
+@asynccontextmanager
+async def live_server(db: tuple[str, Store], app: str) -> AsyncIterator[Live]:
+    """A server in a thread on ``db``'s store, its ``--app`` ``app``, with keys of each scope."""
     url, store = db
     keys, ids, other = await make_keys(store)
     from statekeeper.runs.operations import load_factory
 
-    config = ServerConfig(url, app=DEMO_APP, factory=load_factory(DEMO_APP), poll_interval=0.05)
+    config = ServerConfig(url, app=app, factory=load_factory(app), poll_interval=0.05)
     server = ThreadServer(config).start()
     try:
         yield Live(server.url, url, keys, ids, other)
     finally:
         server.stop()
+
+
+@pytest.fixture
+async def live(db: tuple[str, Store]) -> AsyncIterator[Live]:
+    async with live_server(db, DEMO_APP) as server:
+        yield server
 
 
 class SseReader:

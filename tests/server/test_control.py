@@ -12,11 +12,10 @@ from typing import Any
 import httpx
 import pytest
 
-from statekeeper.runs.operations import load_factory
 from statekeeper.server import ServerConfig
 from statekeeper.stores import Store
 
-from .conftest import Live, ThreadServer, make_keys
+from .conftest import Live, ThreadServer, live_server, make_keys
 from .steer_app import make_runner as steer_runner
 
 APP = "server.steer_app:make_runner"
@@ -25,14 +24,8 @@ APP = "server.steer_app:make_runner"
 @pytest.fixture
 async def steer(db: tuple[str, Store]) -> AsyncIterator[Live]:
     """A server whose --app has the ``listener`` agent (steer_app)."""
-    url, store = db
-    keys, ids, other = await make_keys(store)
-    config = ServerConfig(url, app=APP, factory=load_factory(APP), poll_interval=0.05)
-    server = ThreadServer(config).start()
-    try:
-        yield Live(server.url, url, keys, ids, other)
-    finally:
-        server.stop()
+    async with live_server(db, APP) as server:
+        yield server
 
 
 async def until(

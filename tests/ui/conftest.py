@@ -18,6 +18,7 @@ import shutil
 import socket
 import sys
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,29 +117,25 @@ async def create_key(store_url: str, tenant: str, scope: str) -> str:
     return found.group(0)
 
 
-@pytest.fixture
-async def ui_server(tmp_path: Path) -> AsyncIterator[UIServer]:
-    """``statekeeper serve --app demo_app`` on a fresh SQLite file, with an operate key."""
+@asynccontextmanager
+async def serving(tmp_path: Path, app: str) -> AsyncIterator[UIServer]:
+    """``statekeeper serve --app APP`` on a fresh SQLite file, with an operate key of
+    tenant ``alice`` (``tests/`` on the path, for apps of the test suite)."""
     store_url = f"sqlite:///{tmp_path / 'state.db'}"
     key = await create_key(store_url, TENANT, "operate")
     port = _free_port()
+    paths = [str(ROOT / "tests"), str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+    command = _cli(store_url, "serve", "--app", app, "--host", "127.0.0.1", "--port", str(port))
     log_path = tmp_path / "server.log"
     with log_path.open("wb") as log:
         proc = await asyncio.create_subprocess_exec(
-            *_cli(
-                store_url,
-                "serve",
-                "--app",
-                APP,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--poll-interval",
-                "0.05",
-            ),
+            *command,
+            "--poll-interval",
+            "0.05",
             stdout=log,
             stderr=asyncio.subprocess.STDOUT,
+            env=env,
         )
         base = f"http://127.0.0.1:{port}"
         try:
@@ -154,6 +151,13 @@ async def ui_server(tmp_path: Path) -> AsyncIterator[UIServer]:
                 await proc.wait()
     if proc.returncode not in (0, -15):
         print(log_path.read_text(errors="replace"))
+
+
+@pytest.fixture
+async def ui_server(tmp_path: Path) -> AsyncIterator[UIServer]:
+    """`serving` the demo app."""
+    async with serving(tmp_path, APP) as server:
+        yield server
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ a finished checkpoint forked with new input; at 1366 and at 700 px."""
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,7 +17,7 @@ from playwright.async_api import expect
 from statekeeper.core.limits import IterationFlag, Limits
 from statekeeper.stores import open_store
 
-from .conftest import ROOT, UIServer, _cli, _free_port, _wait_ready, create_key
+from .conftest import UIServer, serving
 from .test_browser import WAIT, shot, signed_in_page
 
 APP = "server.steer_app:make_runner"  # the demo's agents and `listener` (tests/server)
@@ -28,28 +27,8 @@ NARROW = {"width": 700, "height": 900}
 @pytest.fixture
 async def ui_server(tmp_path: Path) -> AsyncIterator[UIServer]:
     """``statekeeper serve --app steer_app`` on a fresh SQLite file, with an operate key."""
-    store_url = f"sqlite:///{tmp_path / 'state.db'}"
-    key = await create_key(store_url, "alice", "operate")
-    port = _free_port()
-    paths = [str(ROOT / "tests"), str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
-    command = _cli(store_url, "serve", "--app", APP, "--host", "127.0.0.1", "--port", str(port))
-    with (tmp_path / "server.log").open("wb") as log:
-        proc = await asyncio.create_subprocess_exec(
-            *command, "--poll-interval", "0.05", stdout=log, stderr=log, env=env
-        )
-        base = f"http://127.0.0.1:{port}"
-        try:
-            await _wait_ready(proc, base, key)
-            yield UIServer(base=base, store_url=store_url, key=key)
-        finally:
-            if proc.returncode is None:
-                proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), 10)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+    async with serving(tmp_path, APP) as server:
+        yield server
 
 
 async def press(page: Any, key: str, times: int = 1) -> None:
