@@ -8,14 +8,12 @@ Uses only the stdlib and redis-py.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +23,12 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 from redis.retry import Retry
 
-from statekeeper.testing.services import require_service
+from statekeeper.testing.services import (
+    CLUSTER_SCRIPT,
+    cluster_directory,
+    cluster_lock,
+    require_service,
+)
 
 __all__ = [
     "SCRIPT",
@@ -39,7 +42,7 @@ __all__ = [
     "stop_cluster",
 ]
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "redis-cluster.sh"
+SCRIPT = CLUSTER_SCRIPT
 HOST = "127.0.0.1"
 SLOTS = 16384
 _SCRIPT_SECONDS = 120.0
@@ -51,7 +54,7 @@ class ClusterError(RuntimeError):
 
 def default_directory(port_base: int) -> Path:
     """The script's default DIR: ``${TMPDIR:-/tmp}/statekeeper-redis-cluster-PORT_BASE``."""
-    return Path(os.environ.get("TMPDIR") or "/tmp") / f"statekeeper-redis-cluster-{port_base}"
+    return cluster_directory(port_base)
 
 
 def require_cluster_tools() -> None:
@@ -64,18 +67,8 @@ def require_cluster_tools() -> None:
         )
 
 
-@contextmanager
-def _locked(directory: Path) -> Iterator[None]:
-    """Hold an exclusive flock on DIR.lock (beside DIR): one starter or failover at a time,
-    across processes (xdist workers). Not reentrant within one process."""
-    lock = directory.with_name(directory.name + ".lock")
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    with lock.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+_locked = cluster_lock
+"""One start, stop or failover of a cluster at a time (the lock the suite's start takes)."""
 
 
 def _script(*args: str) -> str:

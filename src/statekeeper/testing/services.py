@@ -12,12 +12,20 @@ import fcntl
 import os
 import shutil
 import subprocess
-import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
 
-__all__ = ["require_service", "services_required", "start_local_cluster", "tcp_reachable"]
+__all__ = [
+    "CLUSTER_SCRIPT",
+    "cluster_directory",
+    "cluster_lock",
+    "require_service",
+    "services_required",
+    "start_local_cluster",
+    "tcp_reachable",
+]
 
 _TRUE = {"1", "true", "yes", "on"}
 
@@ -69,20 +77,38 @@ CLUSTER_SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "redis-cluste
 """Starts the suite's local Redis Cluster (in a source checkout of statekeeper)."""
 
 
+def cluster_directory(port_base: int) -> Path:
+    """The script's default DIR for a cluster on ``port_base``+1..+6:
+    ``${TMPDIR:-/tmp}/statekeeper-redis-cluster-PORT_BASE``, as the script computes it."""
+    temp = os.environ.get("TMPDIR") or "/tmp"  # noqa: S108 (the script's own default)
+    return Path(temp) / f"statekeeper-redis-cluster-{port_base}"
+
+
+@contextmanager
+def cluster_lock(directory: Path) -> Iterator[None]:
+    """Hold an exclusive flock on DIR.lock (beside DIR): one start, stop or failover of
+    that cluster at a time across processes (xdist workers). Not reentrant."""
+    lock = directory.with_name(directory.name + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 async def start_local_cluster(port: int, host: str = "127.0.0.1") -> bool:
     """Start the suite's Redis Cluster (3 masters, 3 replicas, ports ``port``..``port+5``)
     with ``scripts/redis-cluster.sh`` when it exists and redis-server is installed;
     whether the cluster now answers. Several test processes may call it at once: the
-    script runs under a file lock, and does nothing when the cluster already runs."""
+    script runs under `cluster_lock`, and does nothing when the cluster already runs."""
     bash = shutil.which("bash")
     if not CLUSTER_SCRIPT.exists() or bash is None or shutil.which("redis-server") is None:
         return False
-    # the lock tests/redis_cluster.py takes: DIR.lock beside the script's default DIR
-    lock_path = Path(tempfile.gettempdir()) / f"statekeeper-redis-cluster-{port - 1}.lock"
 
     def start() -> bool:
-        with open(lock_path, "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with cluster_lock(cluster_directory(port - 1)):
             done = subprocess.run(  # noqa: S603 (our own script, our own arguments)
                 [bash, str(CLUSTER_SCRIPT), "start", str(port - 1)],
                 capture_output=True,
