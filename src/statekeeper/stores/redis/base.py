@@ -33,7 +33,7 @@ from statekeeper.loops import HomeLoop, on_their_loops, per_loop, running_loop
 from statekeeper.stores.base import ClosingStore, Entry, Event
 from statekeeper.stores.redis.cluster import ClusterScripts, RedisCluster
 from statekeeper.stores.redis.keys import Keys
-from statekeeper.stores.redis.scripts import Script
+from statekeeper.stores.redis.scripts import SESSION_INDEX, Script
 from statekeeper.stores.redis.wire import (
     CLIENT_ERRORS,
     Replicas,
@@ -212,6 +212,13 @@ class RedisBase(HomeLoop, ClosingStore):
             yield
         except CLIENT_ERRORS as exc:
             raise translate(exc, self._where) from exc
+
+    async def _index(
+        self, tenant: str, op: str, session_id: str, active: datetime | None = None
+    ) -> None:
+        """Keep a cluster's session index (its own slot; see `SESSION_INDEX`)."""
+        score = 0 if active is None else us(active)
+        await self._run(SESSION_INDEX, [self.keys.sessions(tenant)], [op, score, session_id])
 
     async def _run(self, script: Script, keys: Sequence[str], args: Sequence[ScriptArg]) -> Any:
         if self._given is None:

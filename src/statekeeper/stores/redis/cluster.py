@@ -220,13 +220,19 @@ class ClusterScripts:
 
 
 async def listed_heads(
-    client: RedisCluster, keys: Keys, tenant: str, high: str, low: str, start: int, count: int
+    client: RedisCluster,
+    keys: Keys,
+    where: str,
+    tenant: str,
+    high: str,
+    low: str,
+    start: int,
+    count: int,
 ) -> list[Any]:
     """One batch of a tenant's session heads in list order, answered as the one-server
     ``list_sessions`` script answers (``[scanned, b"<score> <id>\\n<head>", ...]``):
     the index rows, then their heads from every slot they live in (one pipeline, a round
     trip per node). Not one snapshot; index members whose head is gone are left out."""
-    where = ",".join(f"{n.host}:{n.port}" for n in client.startup_nodes)
     try:
         rows: Any = await client.zrevrangebyscore(
             keys.sessions(tenant), high, low, start=start, num=count, withscores=True

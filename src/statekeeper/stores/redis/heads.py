@@ -17,20 +17,17 @@ from statekeeper.jsoncodec import loads
 from statekeeper.stores.base import SessionRecord
 from statekeeper.stores.engine import EventWrite, Snapshot, Write
 from statekeeper.stores.redis.base import (
-    RedisBase,
     decode_entry,
     encode_entry,
     to_bytes,
     to_text,
     us,
 )
-from statekeeper.stores.redis.records import EVENT_NOTICES_KEPT
+from statekeeper.stores.redis.records import EVENT_NOTICES_KEPT, RedisRecords
 from statekeeper.stores.redis.scripts import (
-    APPEND_EVENTS,
     COMMIT,
     COMMIT_EVENTS,
     LOAD,
-    SESSION_INDEX,
     SETTLE,
 )
 from statekeeper.stores.redis.wire import ScriptArg
@@ -78,7 +75,7 @@ class RedisHeads:
     KEYS_KEPT = 4096
     """Sessions whose key names are kept (all are dropped when there are more)."""
 
-    def __init__(self, base: RedisBase) -> None:
+    def __init__(self, base: RedisRecords) -> None:
         self._base = base
         self._keys: dict[tuple[str, str], tuple[str, ...]] = {}
 
@@ -176,15 +173,9 @@ class RedisHeads:
         current = await self._commit(tenant, session_id, args)
         if current is not None:
             return current
-        names = self._base.keys
         for log in events:
-            logged: list[ScriptArg] = [log.log_id, EVENT_NOTICES_KEPT]
-            for draft, text in zip(log.drafts, log.texts, strict=True):
-                logged += (draft.stream, draft.kind, us(draft.ts), text)
-            keys = [names.events(tenant, log.log_id), names.event_notices(tenant)]
-            log.stored(int(await self._base._run(APPEND_EVENTS, keys, logged)))
-        index = names.sessions(tenant)
-        await self._base._run(SESSION_INDEX, [index], ["touch", us(head.last_active), session_id])
+            log.stored(await self._base._log_events(tenant, log.log_id, log.drafts, log.texts))
+        await self._base._index(tenant, "touch", session_id, head.last_active)
         return None
 
     def _session_keys(self, tenant: str, session_id: str) -> tuple[str, ...]:

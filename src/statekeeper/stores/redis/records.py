@@ -158,15 +158,22 @@ class RedisRecords(RedisBase):
         texts = event_texts(tenant, log_id, events, self.max_payload_bytes)
         if not events:
             return []
-        args: list[Any] = [log_id, EVENT_NOTICES_KEPT]
-        for event, text in zip(events, texts, strict=True):
-            args += [event.stream, event.kind, us(event.ts), text]
-        keys = [self.keys.events(tenant, log_id), self.keys.event_notices(tenant)]
-        first = int(await self._run(APPEND_EVENTS, keys, args))
+        first = await self._log_events(tenant, log_id, events, texts)
         return [
             Event(log_id, first + i, e.stream, e.kind, dt(us(e.ts)), loads(text))
             for i, (e, text) in enumerate(zip(events, texts, strict=True))
         ]
+
+    async def _log_events(
+        self, tenant: str, log_id: str, events: Sequence[EventDraft], texts: Sequence[str]
+    ) -> int:
+        """Append checked events (``texts``: their payloads' JSON) to the log and note it
+        tenant-wide, in one script: the first new seq."""
+        args: list[Any] = [log_id, EVENT_NOTICES_KEPT]
+        for event, text in zip(events, texts, strict=True):
+            args += [event.stream, event.kind, us(event.ts), text]
+        keys = [self.keys.events(tenant, log_id), self.keys.event_notices(tenant)]
+        return int(await self._run(APPEND_EVENTS, keys, args))
 
     async def read_events(
         self, tenant: str, log_id: str, *, after_seq: int = 0, limit: int | None = None

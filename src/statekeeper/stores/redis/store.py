@@ -93,7 +93,6 @@ from statekeeper.stores.redis.scripts import (
     PRUNE,
     READ_ENTRIES,
     REWRITE_ENTRIES,
-    SESSION_INDEX,
 )
 from statekeeper.stores.redis.wire import Replicas
 from statekeeper.stores.rules import (
@@ -239,7 +238,9 @@ class RedisStore(EngineWrites, RedisRecords):
             if self.cluster:
                 client = self._redis
                 assert isinstance(client, RedisCluster)
-                reply = await listed_heads(client, self.keys, tenant, high, low, start, batch)
+                reply = await listed_heads(
+                    client, self.keys, self.where, tenant, high, low, start, batch
+                )
             else:
                 reply = await self._run(
                     LIST_SESSIONS,
@@ -289,13 +290,6 @@ class RedisStore(EngineWrites, RedisRecords):
             await self._index(tenant, "drop", session_id)
         if not deleted:
             raise session_not_found(session_id)
-
-    async def _index(
-        self, tenant: str, op: str, session_id: str, active: datetime | None = None
-    ) -> None:
-        """Keep a cluster's session index (its own slot; see `SESSION_INDEX`)."""
-        score = 0 if active is None else us(active)
-        await self._run(SESSION_INDEX, [self.keys.sessions(tenant)], [op, score, session_id])
 
     # -- transcripts ---------------------------------------------------------------------
 
