@@ -192,9 +192,8 @@ class ScriptConnections:
         args: Sequence[Any],
         asking: bool = False,
     ) -> Any:
-        if asking:  # ASKING lets the next command (only) use a slot being imported
-            await conn.send_packed_command(_ASKING, check_health=False)
-            await conn.read_response()
+        if asking:
+            await _asking(conn)
         fixed = (script.sha, tuple(keys))
         prefix = self._prefixes.get(fixed)
         if prefix is None:
@@ -209,8 +208,7 @@ class ScriptConnections:
             return await conn.read_response()
         except rx.NoScriptError:  # a restarted (or new) server lacks it: EVAL loads it
             if asking:
-                await conn.send_packed_command(_ASKING, check_health=False)
-                await conn.read_response()
+                await _asking(conn)
             await conn.send_packed_command(
                 pack(["EVAL", script.source, len(keys), *keys, *args]), check_health=False
             )
@@ -231,6 +229,13 @@ class ScriptConnections:
 
 
 _ASKING = pack(["ASKING"])
+
+
+async def _asking(conn: AbstractConnection) -> None:
+    """ASKING: the next command (only) may use a slot the node is importing."""
+    await conn.send_packed_command(_ASKING, check_health=False)
+    await conn.read_response()
+
 
 REDIRECTS = (rx.MovedError, rx.AskError, rx.TryAgainError, rx.ClusterDownError)
 """A cluster's answers that nothing ran: the slot is elsewhere (now or for this call),
