@@ -47,8 +47,8 @@ async def take_over_once(context: ServerContext) -> list[str]:
         after: str | None = None
         while True:
             page = await runner.runs.list(status=AgentStatus.RUNNING, after=after, limit=_PAGE)
-            for index in page:
-                if index.revision > 0 and not held(index):
+            for index in page:  # (listed as failed to start if it never checkpointed)
+                if not held(index):
                     _log.warning(
                         "taking over run %s of tenant %s (its driver %s went away)",
                         index.run_id,
