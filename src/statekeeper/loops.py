@@ -322,16 +322,33 @@ class _Values(Generic[T]):
     """The values of a `per_loop` attribute of one object: by loop (weakly), and one for
     no loop."""
 
-    __slots__ = ("by_loop", "no_loop")
+    __slots__ = ("__weakref__", "by_loop", "last", "no_loop")
 
     def __init__(self) -> None:
         self.by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, T] = (
             weakref.WeakKeyDictionary()
         )
         self.no_loop: T | None = None
+        # The loop asked for last and its value: most calls come from one loop, and a
+        # weak reference's call costs less than a weak dictionary's lookup. Cleared
+        # when that loop goes, so that its value goes with it.
+        self.last: tuple[weakref.ref[asyncio.AbstractEventLoop], T] | None = None
 
     def get(self, loop: asyncio.AbstractEventLoop | None) -> T | None:
-        return self.no_loop if loop is None else self.by_loop.get(loop)
+        if loop is None:
+            return self.no_loop
+        last = self.last
+        if last is not None and last[0]() is loop:
+            return last[1]
+        value = self.by_loop.get(loop)
+        if value is not None:
+            self.last = (weakref.ref(loop, self._forget_last), value)
+        return value
+
+    def _forget_last(self, gone: weakref.ref[asyncio.AbstractEventLoop]) -> None:
+        last = self.last
+        if last is not None and last[0] is gone:
+            self.last = None
 
     def put(self, loop: asyncio.AbstractEventLoop | None, value: T) -> None:
         if loop is None:
@@ -342,6 +359,10 @@ class _Values(Generic[T]):
     def drop_closed(self) -> None:
         for loop in [k for k in list(self.by_loop.keys()) if k.is_closed()]:
             self.by_loop.pop(loop, None)
+        if self.last is not None:
+            gone = self.last[0]()
+            if gone is None or gone.is_closed():
+                self.last = None
 
     def items(self) -> list[tuple[asyncio.AbstractEventLoop | None, T]]:
         found: list[tuple[asyncio.AbstractEventLoop | None, T]] = list(self.by_loop.items())

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Hashable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -144,7 +144,7 @@ class AppendEngine:
 
     # -- the two operations --------------------------------------------------------------
 
-    async def append(
+    def append(
         self,
         tenant: str,
         session_id: str,
@@ -154,54 +154,23 @@ class AppendEngine:
         patch: SessionPatch | None,
         move_head: bool,
         events: EventBatch | None = None,
-    ) -> AppendResult:
-        """`TranscriptStore.append_entries`, for any backend."""
-        limit = self.max_payload_bytes
+    ) -> Awaitable[AppendResult]:
+        """`TranscriptStore.append_entries`, for any backend (to be awaited at once).
+
+        Not a coroutine itself, nor is `submit`: every append waits for its commit
+        through as few frames as can be, each one an object the collector counts."""
         logged: EventWrite | None = None
         if events is not None:
             # Checked before anything is planned or written, as append_events checks them.
-            texts = event_texts(tenant, events.log_id, events.events, limit)
+            texts = event_texts(tenant, events.log_id, events.events, self.max_payload_bytes)
             if texts:
                 logged = EventWrite(events.log_id, events.events, texts)
-
-        def plan(record: SessionRecord, existing: dict[str, Entry]) -> Planned:
-            planned = plan_append(
-                record,
-                drafts,
-                existing,
-                expected_version=expected_version,
-                patch=patch,
-                move_head=move_head,
-                max_payload_bytes=limit,
-                now=utcnow(),
-            )
-            if planned.replayed:
-                # Its events were logged with the first attempt: never twice.
-                replay = AppendResult(session=record, entries=planned.replayed, replayed=True)
-                return Planned(record, result=replay)
-            if patch is not None and patch.set:
-                check_session_record(planned.session, limit)
-            # Every draft is new when anything is written (plan_append refuses a mix).
-            writes = [
-                Write(entry, text, draft.side)
-                for entry, text, draft in zip(planned.entries, planned.encoded, drafts, strict=True)
-            ]
-            # Built from checked parts: nothing to validate again.
-            result = trusted(
-                AppendResult,
-                {
-                    "session": planned.session,
-                    "entries": planned.entries,
-                    "replayed": False,
-                    "events": [],
-                },
-            )
-            return Planned(planned.session, writes, result, logged)
-
+        plan = _AppendPlan(
+            drafts, expected_version, patch, move_head, self.max_payload_bytes, logged
+        )
         # Checked before anything is read with them (a backend may refuse them untyped).
         ids = [validate_id(d.id, "entry id") for d in drafts]
-        appended: AppendResult = await self.submit(tenant, session_id, plan, ids)
-        return appended
+        return self.submit(tenant, session_id, plan, ids)
 
     async def update(
         self,
@@ -255,20 +224,18 @@ class AppendEngine:
             if idle and len(self._spare) < _SPARE_SLOTS:  # only a clean slot is reused
                 self._spare.append(slot)
 
-    async def submit(self, tenant: str, session_id: str, plan: Plan, ids: Sequence[str]) -> Any:
-        """Plan and commit a change (batched with concurrent ones); its result."""
+    def submit(
+        self, tenant: str, session_id: str, plan: Plan, ids: Sequence[str]
+    ) -> Awaitable[Any]:
+        """Plan and commit a change (batched with concurrent ones); await its result."""
+        if (tenant, session_id) not in self._slots:
+            return self._apply_alone(tenant, session_id, plan, ids)
+        return self._queued(tenant, session_id, plan, ids)
+
+    async def _queued(self, tenant: str, session_id: str, plan: Plan, ids: Sequence[str]) -> Any:
+        """`submit` while this handle writes the session: queue the change behind the
+        lock; whoever takes the lock commits what is queued."""
         key = (tenant, session_id)
-        if key not in self._slots:
-            # Nobody else writes this session through this handle: no queue, no future,
-            # and the lock is free (taken without waiting). Callers arriving meanwhile
-            # find the slot and queue behind its lock.
-            slot = self._slot(key)
-            slot.try_acquire()  # a slot nobody holds: always free
-            try:
-                return await self._apply_alone(tenant, session_id, plan, ids)
-            finally:
-                slot.release()
-                self._release(key, slot)
         done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         # A batch may finish after its leader was cancelled: nobody reads that result.
         done.add_done_callback(_consume)
@@ -320,29 +287,40 @@ class AppendEngine:
     async def _apply_alone(
         self, tenant: str, session_id: str, plan: Plan, ids: Sequence[str]
     ) -> Any:
-        """`_apply_batch` for a batch of one, returning its result or raising its error."""
-        state, proved = await self._start(tenant, session_id, ids)
-        while True:
-            try:
-                planned = plan(state.record, state.existing)
-            except Exception:
-                if proved:
-                    raise
-                state, proved = await self._load(tenant, session_id, ids), True
-                continue
-            if planned.session is state.record:  # nothing to write (a replay)
-                if proved:
-                    return planned.result
-                state, proved = await self._load(tenant, session_id, ids), True
-                continue
-            unknown = [i for i in ids if i not in state.existing]
-            logs = () if planned.events is None else (planned.events,)
-            current = await self._commit(
-                tenant, session_id, state, planned.session, planned.writes, unknown, logs
-            )
-            if current is None:
-                return planned.outcome()
-            state, proved = current, True
+        """`submit` when nobody else writes the session through this handle: no queue,
+        no future, and the lock is free (taken without waiting). Callers arriving
+        meanwhile find the slot and queue behind its lock."""
+        key = (tenant, session_id)
+        if key in self._slots:  # taken since `submit` looked (if not awaited at once)
+            return await self._queued(tenant, session_id, plan, ids)
+        slot = self._slot(key)
+        slot.try_acquire()  # a slot nobody holds: always free
+        try:
+            state, proved = await self._start(tenant, session_id, ids)
+            while True:
+                try:
+                    planned = plan(state.record, state.existing)
+                except Exception:
+                    if proved:
+                        raise
+                    state, proved = await self._load(tenant, session_id, ids), True
+                    continue
+                if planned.session is state.record:  # nothing to write (a replay)
+                    if proved:
+                        return planned.result
+                    state, proved = await self._load(tenant, session_id, ids), True
+                    continue
+                unknown = [i for i in ids if i not in state.existing]
+                logs = () if planned.events is None else (planned.events,)
+                current = await self._commit(
+                    tenant, session_id, state, planned.session, planned.writes, unknown, logs
+                )
+                if current is None:
+                    return planned.outcome()
+                state, proved = current, True
+        finally:
+            slot.release()
+            self._release(key, slot)
 
     async def _apply(self, tenant: str, session_id: str, batch: list[_Change]) -> None:
         """Plan and commit a batch; every change in it gets its result or error."""
@@ -445,6 +423,65 @@ class AppendEngine:
         else:
             self.remember(tenant, current.token, current.record)
         return current
+
+
+class _AppendPlan:
+    """The `Plan` of an append. An object rather than a closure: every append makes one
+    and it lives until the commit, and one object is fewer for the garbage collector to
+    count and walk than a function with a cell per variable it uses."""
+
+    __slots__ = ("drafts", "expected_version", "logged", "max_payload_bytes", "move_head", "patch")
+
+    def __init__(
+        self,
+        drafts: Sequence[EntryDraft],
+        expected_version: int | None,
+        patch: SessionPatch | None,
+        move_head: bool,
+        max_payload_bytes: int,
+        logged: EventWrite | None,
+    ) -> None:
+        self.drafts = drafts
+        self.expected_version = expected_version
+        self.patch = patch
+        self.move_head = move_head
+        self.max_payload_bytes = max_payload_bytes
+        self.logged = logged
+
+    def __call__(self, record: SessionRecord, existing: dict[str, Entry]) -> Planned:
+        patch, drafts, limit = self.patch, self.drafts, self.max_payload_bytes
+        planned = plan_append(
+            record,
+            drafts,
+            existing,
+            expected_version=self.expected_version,
+            patch=patch,
+            move_head=self.move_head,
+            max_payload_bytes=limit,
+            now=utcnow(),
+        )
+        if planned.replayed:
+            # Its events were logged with the first attempt: never twice.
+            replay = AppendResult(session=record, entries=planned.replayed, replayed=True)
+            return Planned(record, result=replay)
+        if patch is not None and patch.set:
+            check_session_record(planned.session, limit)
+        # Every draft is new when anything is written (plan_append refuses a mix).
+        writes = [
+            Write(entry, text, draft.side)
+            for entry, text, draft in zip(planned.entries, planned.encoded, drafts, strict=True)
+        ]
+        # Built from checked parts: nothing to validate again.
+        result = trusted(
+            AppendResult,
+            {
+                "session": planned.session,
+                "entries": planned.entries,
+                "replayed": False,
+                "events": [],
+            },
+        )
+        return Planned(planned.session, writes, result, self.logged)
 
 
 def _consume(future: asyncio.Future[Any]) -> None:

@@ -274,6 +274,7 @@ class PostgresBase(HomeLoop, ClosingStore):
         tasks = self._tasks
         while tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+            tasks.difference_update([task for task in tasks if task.done()])
         await source.close()
 
     async def migrate(self) -> None:
@@ -384,17 +385,19 @@ class PostgresBase(HomeLoop, ClosingStore):
         middle of a statement), which hands its outcome to ``done`` itself: the caller
         wakes one event-loop turn after the write ends (`asyncio.shield` takes two).
         """
-        done: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        task = asyncio.ensure_future(self._settle(done, op, tx, idempotent))
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[T] = loop.create_future()
+        task = loop.create_task(self._settle(done, op, tx, idempotent))
+        # `_settle` takes it out when it ends; one cancelled before it started is taken
+        # out here or by `_drain` (no done callback: every write would pay for one).
         tasks = self._tasks
         tasks.add(task)
-        # (not in _settle's finally: a task cancelled before it starts never runs it)
-        task.add_done_callback(tasks.discard)
         try:
             return await done
         except asyncio.CancelledError:
             if not task.done():
                 await asyncio.wait([task])
+            tasks.discard(task)
             if done.done() and not done.cancelled():
                 done.exception()  # retrieved, so asyncio does not log it as lost
             raise
@@ -420,7 +423,7 @@ class PostgresBase(HomeLoop, ClosingStore):
         else:
             if not done.done():
                 done.set_result(result)
-        finally:  # at once (the done callback of `_write` also covers a task never started)
+        finally:  # at once, so that `close` does not wait for it
             task = asyncio.current_task()
             if task is not None:
                 self._tasks.discard(task)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import UTC
+from functools import partial
 from typing import Any, TypeVar, cast
 
 from statekeeper.core.messages import utcnow
@@ -164,23 +165,9 @@ class PostgresTranscripts(EngineWrites, PostgresBase):
     ) -> Snapshot | None:
         """The engine's write primitive (see the module docstring); ``events`` are
         logged in the same transaction, once the head has moved."""
+        # A partial, not a closure: one object fewer per cell for the garbage collector.
         sk = cast(int, base.token)
-        old = base.record
-
-        async def write(conn: Connection) -> bool:
-            if writes:
-                moved = await self._insert(conn, sk, old, head, writes)
-            else:
-                changed = head.metadata is not old.metadata
-                params = self._head_params(head, metadata_changed=changed)
-                cur = await conn.execute(
-                    self._q.save_head, (*params, tenant, session_id, sk, old.version)
-                )
-                moved = cur.rowcount == 1
-            for log in events if moved else ():
-                await log_events(self, conn, tenant, log)
-            return moved
-
+        write = partial(self._commit_write, sk, base.record, head, writes, events)
         try:
             # Idempotent: a retry after a lost commit finds its entries and replays them.
             # With events, a transaction holds the head, the entries and the events.
@@ -189,6 +176,29 @@ class PostgresTranscripts(EngineWrites, PostgresBase):
         except Careful:
             pass  # an entry id is already stored: look at it
         return await self.load_head(tenant, session_id, ids)
+
+    async def _commit_write(
+        self,
+        sk: int,
+        old: SessionRecord,
+        head: SessionRecord,
+        writes: Sequence[Write],
+        events: Sequence[EventWrite],
+        conn: Connection,
+    ) -> bool:
+        """`commit_head`'s transaction: True if the head moved (and the rest was written)."""
+        if writes:
+            moved = await self._insert(conn, sk, old, head, writes)
+        else:
+            changed = head.metadata is not old.metadata
+            params = self._head_params(head, metadata_changed=changed)
+            cur = await conn.execute(
+                self._q.save_head, (*params, old.tenant, old.id, sk, old.version)
+            )
+            moved = cur.rowcount == 1
+        for log in events if moved else ():
+            await log_events(self, conn, old.tenant, log)
+        return moved
 
     async def _insert(
         self,
