@@ -316,7 +316,8 @@ class Session(SessionBasics):
         drafts = [message_draft(m, n) for m, n in zip(messages, tokens, strict=True)]
         origin = self.id
         for _ in range(_NON_STRICT_ATTEMPTS):
-            await self._follow()
+            if self._record.continued_to is not None:  # (the usual append awaits nothing)
+                await self._follow()
             if manager.auto_continue and crosses_boundary(
                 self._record, len(messages), sum(tokens), manager.max_messages, manager.max_tokens
             ):

@@ -296,7 +296,11 @@ class AppendEngine:
         slot = self._slot(key)
         slot.try_acquire()  # a slot nobody holds: always free
         try:
-            state, proved = await self._start(tenant, session_id, ids)
+            cached = self._cached_start(tenant, session_id)
+            if cached is None:
+                state, proved = await self._load(tenant, session_id, ids), True
+            else:
+                state, proved = cached, False
             while True:
                 try:
                     planned = plan(state.record, state.existing)
@@ -382,10 +386,15 @@ class AppendEngine:
 
         Errors count only against a proved head, one the backend returned.
         """
-        cached = self.heads.get((tenant, session_id))
+        cached = self._cached_start(tenant, session_id)
         if cached is None:
             return await self._load(tenant, session_id, ids), True
-        return Snapshot(cached[0], cached[1], {}), False
+        return cached, False
+
+    def _cached_start(self, tenant: str, session_id: str) -> Snapshot | None:
+        """`_start`'s cached head, if any (the usual append: no coroutine to await)."""
+        cached = self.heads.get((tenant, session_id))
+        return None if cached is None else Snapshot(cached[0], cached[1], {})
 
     async def _load(self, tenant: str, session_id: str, ids: Sequence[str]) -> Snapshot:
         try:

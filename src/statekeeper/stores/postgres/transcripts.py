@@ -18,9 +18,10 @@ The engine's token is the session row's key (``sk``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC
 from functools import partial
+from operator import attrgetter
 from typing import Any, TypeVar, cast
 
 from statekeeper.core.messages import utcnow
@@ -85,8 +86,8 @@ def stored_head(
     return record.model_copy(update=update)
 
 
-def _counters(record: SessionRecord) -> tuple[int, ...]:
-    return tuple(getattr(record, name) for name in COUNTERS)
+_counters: Callable[[SessionRecord], tuple[int, ...]] = attrgetter(*COUNTERS)
+"""A head's `COUNTERS`, in order."""
 
 
 class PostgresTranscripts(EngineWrites, PostgresBase):
@@ -258,11 +259,7 @@ class PostgresTranscripts(EngineWrites, PostgresBase):
     ) -> list[Entry]:
         """Entries from a query joining the session (one row, NULL entry, if it has none)."""
 
-        async def read(conn: Connection) -> list[tuple[Any, ...]]:
-            cur = await conn.execute(sql, params)
-            return await cur.fetchall()
-
-        rows = await self._run(read, idempotent=True)
+        rows = await self._run(partial(_fetch_all, sql, params), idempotent=True)
         if not rows:
             raise session_not_found(session_id)
         return self._entries([row[1:] for row in rows if row[1] is not None])
@@ -339,6 +336,11 @@ class PostgresTranscripts(EngineWrites, PostgresBase):
             return done
 
         return await self._write(rewrite, tx=True)
+
+
+async def _fetch_all(sql: bytes, params: tuple[Any, ...], conn: Connection) -> list[Any]:
+    cur = await conn.execute(sql, params)
+    return await cur.fetchall()
 
 
 async def log_events(
