@@ -69,3 +69,33 @@ async def test_an_index_write_never_goes_back_to_an_older_checkpoint(tmp_path: P
         assert stored.checkpoint_seq == index.checkpoint_seq + 2  # theirs stands
     finally:
         await store.close()
+
+
+async def test_a_look_at_a_run_gives_an_index_and_a_checkpoint_that_go_together(
+    tmp_path: Path,
+) -> None:
+    # The server's run view once said `waiting_for_approval` with no pending call
+    # (tests/server/test_many_servers.py, under load): its look at the run rolled the
+    # index forward, lost that write to the runner's index write for a newer checkpoint,
+    # and paired the runner's index with the older checkpoint it had read.
+    store, runs, run_id = await waiting_run(tmp_path)
+    try:
+        state, version, _ = await runs.load(run_id)
+        state.turn += 1  # a running runner's checkpoint, its index not written yet
+        saved = await runs.save(state, index_version=version, update_index=False)
+        real = runs.put_index
+
+        async def put_index(index: RunIndex, *, expected_version: int | None) -> int:
+            runs.put_index = real  # type: ignore[method-assign]
+            newer, newer_version, _ = await runs.load(run_id)
+            newer.turn += 1  # meanwhile the runner checkpoints again, index and all
+            await runs.save(newer, index_version=newer_version)
+            return await real(index, expected_version=expected_version)
+
+        runs.put_index = put_index  # type: ignore[method-assign]
+        loaded = await runs.load_latest(run_id)
+        assert loaded.state.turn == state.turn + 1  # the newest checkpoint
+        assert loaded.index.turn == loaded.state.turn
+        assert loaded.index.checkpoint_seq == loaded.checkpoint_seq > saved.checkpoint_seq
+    finally:
+        await store.close()

@@ -144,8 +144,23 @@ class Loaded:
     ``checkpoint_id`` is empty and ``state`` is `failed_start`'s view."""
 
 
+_LOOKS = 8  # reads of a run racing its runner's index writes before the last is kept
+
+
 async def load_latest(runs: CheckpointReader, run_id: str) -> Loaded:
-    """See `RunStore.load_latest`."""
+    """See `RunStore.load_latest`.
+
+    Read again when rolling the index forward lost to a write indexing a newer
+    checkpoint: the index and the checkpoint given always go together (a run view said
+    ``waiting_for_approval`` with the pending call of the checkpoint before)."""
+    for _ in range(_LOOKS - 1):
+        loaded = await _load_once(runs, run_id)
+        if loaded.index.checkpoint_seq <= loaded.checkpoint_seq:
+            return loaded
+    return await _load_once(runs, run_id)
+
+
+async def _load_once(runs: CheckpointReader, run_id: str) -> Loaded:
     index, version = await runs.index(run_id)
     at_seq = index.checkpoint_seq if index.revision else None
     scan = Scan(run_id, lambda e: runs.decode(e, run_id), at_seq=at_seq)
