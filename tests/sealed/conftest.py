@@ -17,6 +17,7 @@ SEALED_BACKENDS = [
     "sqlite-sealed",
     "files-sealed",
     "redis-sealed",
+    "redis-cluster-sealed",
     "postgres-sealed",
 ]
 

@@ -19,7 +19,13 @@ from statekeeper.stores.sealed.marker import MARKER, read_marker
 from statekeeper.testing.registry import BACKENDS, new_context
 from statekeeper.testing.schemes import TEST_KEYRING_VAR
 
-DURABLE = ["sqlite-sealed", "files-sealed", "postgres-sealed", "redis-sealed"]
+DURABLE = [
+    "sqlite-sealed",
+    "files-sealed",
+    "postgres-sealed",
+    "redis-sealed",
+    "redis-cluster-sealed",
+]
 
 
 def without_keyring(url: str) -> str:

@@ -286,3 +286,8 @@ url_backend(
     f"{REDIS_URL}{'&' if '?' in REDIS_URL else '?'}{_SEALED}",
     capabilities=_SEALED_SERVED,
 )
+url_backend(
+    "redis-cluster-sealed",
+    f"{REDIS_CLUSTER_URL}{'&' if '?' in REDIS_CLUSTER_URL else '?'}{_SEALED}",
+    capabilities=_SEALED_SERVED[:-1],  # an append's events come after it, as on files
+)
