@@ -199,12 +199,8 @@ class PostgresRecordsAndEvents(PostgresBase):
             "sep": separator,
         }
 
-        async def run(conn: Connection) -> list[tuple[str, str]]:
-            cur = await conn.execute(_key_heads_sql(self._q.quoted), params)
-            return [(key, value) for key, value in await cur.fetchall()]
-
         heads = []
-        for key, value in await self._run(run, idempotent=True):
+        for key, value in await self._select(_key_heads_sql(self._q.quoted), params):
             head, sep, _ = key.partition(separator)
             if not sep:
                 continue
@@ -234,12 +230,9 @@ class PostgresRecordsAndEvents(PostgresBase):
         check_record_ids(tenant, log_id)
         check_read(after_seq, None, limit)
 
-        async def read(conn: Connection) -> list[tuple[Any, ...]]:
-            cur = await conn.execute(self._q.read_events, (tenant, log_id, after_seq, limit))
-            return await cur.fetchall()
-
         out: list[Event] = []
-        for seq, stream, kind, ts, text in await self._run(read, idempotent=True):
+        rows = await self._select(self._q.read_events, (tenant, log_id, after_seq, limit))
+        for seq, stream, kind, ts, text in rows:
             try:
                 payload = loads(text)
             except ValueError as exc:

@@ -179,12 +179,8 @@ class PostgresStore(PostgresTranscripts, PostgresRecordsAndEvents):
         ).encode()
         params += [query.limit + 1, query.offset]
 
-        async def run(conn: Connection) -> list[tuple[Any, ...]]:
-            cur = await conn.execute(sql, params)
-            return await cur.fetchall()
-
         rows: list[tuple[datetime, str, str | SessionRecord]] = []
-        for active, sid, doc, *columns in await self._run(run, idempotent=True):
+        for active, sid, doc, *columns in await self._select(sql, params):
             if len(rows) == query.limit:  # the row past the page: only its position counts
                 rows.append((active, sid, doc))
                 break

@@ -259,7 +259,7 @@ class PostgresTranscripts(EngineWrites, PostgresBase):
     ) -> list[Entry]:
         """Entries from a query joining the session (one row, NULL entry, if it has none)."""
 
-        rows = await self._run(partial(_fetch_all, sql, params), idempotent=True)
+        rows = await self._select(sql, params)
         if not rows:
             raise session_not_found(session_id)
         return self._entries([row[1:] for row in rows if row[1] is not None])
@@ -336,11 +336,6 @@ class PostgresTranscripts(EngineWrites, PostgresBase):
             return done
 
         return await self._write(rewrite, tx=True)
-
-
-async def _fetch_all(sql: bytes, params: tuple[Any, ...], conn: Connection) -> list[Any]:
-    cur = await conn.execute(sql, params)
-    return await cur.fetchall()
 
 
 async def log_events(
